@@ -1,0 +1,353 @@
+//! The command line, as clap parses it. Nothing here is validated beyond its type: see
+//! [`crate::config`] for the checks that turn these flags into a safe configuration.
+//!
+//! Every flag also reads a `LEAD_EXEC_*` environment variable, so a systemd unit or a crontab can
+//! set them once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Run a command on exactly one of many workers, under an etcd lease, with a fencing token.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lead-exec",
+    version,
+    about,
+    long_about = "Run a command on exactly one of many workers, under an etcd lease, with a \
+fencing token.\n\nEvery worker runs the same `lead-exec run ELECTION -- COMMAND`. One of them wins \
+the election and runs COMMAND with FENCING_TOKEN in its environment; the others wait in line. If \
+the leader cannot renew its lease, its job is stopped (SIGTERM, then SIGKILL to the whole process \
+group) before the lease can expire on the server.",
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Campaign for leadership and run COMMAND while leading.
+    Run(RunArgs),
+    /// Show the leader, its token, the waiting candidates and recent terms.
+    Status(StatusArgs),
+    /// Stream leader changes until interrupted.
+    Watch(WatchArgs),
+    /// Make the current leader stop its job and go to the back of the queue.
+    Resign(ResignArgs),
+    /// Stop the job everywhere and keep it stopped until `resume`.
+    Pause(PauseArgs),
+    /// Lift a pause.
+    Resume(ElectionArgs),
+    /// Show the audit record of past terms.
+    History(HistoryArgs),
+    /// From inside a job: exit 0 only if FENCING_TOKEN still belongs to the leader.
+    Check(CheckArgs),
+    /// Print a shell completion script.
+    Completions(CompletionsArgs),
+}
+
+/// Logging flags, shared by every subcommand.
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides both.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+
+    /// Only warnings and errors.
+    #[arg(short, long, global = true, env = "LEAD_EXEC_QUIET")]
+    pub quiet: bool,
+
+    /// Log line format on stderr.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "LEAD_EXEC_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// How to reach etcd. Names and fallbacks follow etcdctl.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connection")]
+pub struct ConnArgs {
+    /// Comma-separated etcd endpoints (also read from ETCDCTL_ENDPOINTS).
+    #[arg(long, env = "LEAD_EXEC_ENDPOINTS", value_name = "URLS")]
+    pub endpoints: Option<String>,
+
+    /// How long to wait for etcd to answer the first request.
+    #[arg(long, env = "LEAD_EXEC_DIAL_TIMEOUT", default_value = "2s", value_parser = duration, value_name = "DURATION")]
+    pub dial_timeout: Duration,
+
+    /// How long one etcd request may take once connected.
+    #[arg(long, env = "LEAD_EXEC_COMMAND_TIMEOUT", default_value = "5s", value_parser = duration, value_name = "DURATION")]
+    pub command_timeout: Duration,
+
+    /// CA bundle that signs the etcd server certificates (also ETCDCTL_CACERT).
+    #[arg(long, env = "LEAD_EXEC_CACERT", value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+
+    /// Client certificate for TLS client authentication (also ETCDCTL_CERT).
+    #[arg(long, env = "LEAD_EXEC_CERT", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+
+    /// Private key of --cert (also ETCDCTL_KEY).
+    #[arg(long, env = "LEAD_EXEC_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+
+    /// etcd user name. The password comes from LEAD_EXEC_PASSWORD or --password-file, never argv.
+    #[arg(long, env = "LEAD_EXEC_USER", value_name = "NAME")]
+    pub user: Option<String>,
+
+    /// File whose first line is the etcd password.
+    #[arg(long, env = "LEAD_EXEC_PASSWORD_FILE", value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+}
+
+/// The election every subcommand acts on.
+#[derive(Debug, Clone, Args)]
+pub struct ElectionArgs {
+    /// Election name: letters, digits, '.', '_' and '-', 1 to 128 characters.
+    #[arg(env = "LEAD_EXEC_ELECTION")]
+    pub election: String,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLoss {
+    /// Stop the job, then campaign again on a fresh lease.
+    Campaign,
+    /// Stop the job, then exit with code 76.
+    Exit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CgroupMode {
+    /// Contain the job in its own cgroup v2 when one can be created.
+    Auto,
+    /// Require a cgroup; refuse to run without one.
+    On,
+    /// Process group only.
+    Off,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+
+    /// Lease TTL. etcd may grant more; the granted TTL is used.
+    #[arg(long, env = "LEAD_EXEC_TTL", default_value = "10s", value_parser = duration, value_name = "DURATION", help_heading = "Lease")]
+    pub ttl: Duration,
+
+    /// Time between SIGTERM and SIGKILL when the job is stopped.
+    #[arg(long, env = "LEAD_EXEC_GRACE", default_value = "3s", value_parser = duration, value_name = "DURATION", help_heading = "Lease")]
+    pub grace: Duration,
+
+    /// Subtracted from the lease deadline, for clock-rate error and signal latency.
+    #[arg(long, env = "LEAD_EXEC_SAFETY_MARGIN", default_value = "1s", value_parser = duration, value_name = "DURATION", help_heading = "Lease")]
+    pub safety_margin: Duration,
+
+    /// This candidate's identity, stored in its key (default HOST:PID).
+    #[arg(
+        long,
+        env = "LEAD_EXEC_ID",
+        value_name = "ID",
+        help_heading = "Election"
+    )]
+    pub id: Option<String>,
+
+    /// What to do when leadership is lost while the job runs.
+    #[arg(long, env = "LEAD_EXEC_ON_LOSS", value_enum, default_value_t = OnLoss::Campaign, help_heading = "Election")]
+    pub on_loss: OnLoss,
+
+    /// If someone else leads, exit at once with --conflict-exit-code.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_NO_WAIT",
+        conflicts_with = "wait",
+        help_heading = "Election"
+    )]
+    pub no_wait: bool,
+
+    /// Give up waiting for leadership after this long.
+    #[arg(long, env = "LEAD_EXEC_WAIT", value_parser = duration, value_name = "DURATION", help_heading = "Election")]
+    pub wait: Option<Duration>,
+
+    /// Exit code when leadership was not acquired (--no-wait, --wait).
+    #[arg(
+        long,
+        env = "LEAD_EXEC_CONFLICT_EXIT_CODE",
+        default_value_t = 75,
+        value_name = "N",
+        help_heading = "Election"
+    )]
+    pub conflict_exit_code: u8,
+
+    /// Keep this many term records in the history.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_HISTORY_KEEP",
+        default_value_t = 100,
+        value_name = "N",
+        help_heading = "Election"
+    )]
+    pub history_keep: u32,
+
+    /// Run at most once per KEY: skip if KEY is recorded as done, record it when the job exits 0.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_RUN_KEY",
+        value_name = "KEY",
+        help_heading = "Election"
+    )]
+    pub run_key: Option<String>,
+
+    /// How long a --run-key record is kept.
+    #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", help_heading = "Election")]
+    pub run_key_ttl: Duration,
+
+    /// Contain the job's processes in a cgroup v2 (kills setsid escapees too).
+    #[arg(long, env = "LEAD_EXEC_CGROUP", value_enum, default_value_t = CgroupMode::Auto, help_heading = "Job")]
+    pub cgroup: CgroupMode,
+
+    /// Serve Prometheus metrics on HOST:PORT.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_METRICS_ADDR",
+        value_name = "HOST:PORT",
+        help_heading = "Observability"
+    )]
+    pub metrics_addr: Option<String>,
+
+    /// The command to run while leading, and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text, env = "LEAD_EXEC_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text, env = "LEAD_EXEC_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ResignArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+
+    /// Act only if T is still the leader's fencing token.
+    #[arg(long, value_name = "T")]
+    pub token: Option<i64>,
+
+    /// How long to wait for the leader to stop its job and step down.
+    #[arg(long, default_value = "60s", value_parser = duration, value_name = "DURATION")]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+
+    /// Why: shown by `status` and kept in the history.
+    #[arg(long, env = "LEAD_EXEC_PAUSE_REASON", value_name = "TEXT")]
+    pub reason: String,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+
+    /// Show the last N terms.
+    #[arg(short = 'n', long, default_value_t = 20, value_name = "N")]
+    pub count: usize,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text, env = "LEAD_EXEC_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// Election to check (default: LEAD_EXEC_ELECTION, as set for the job).
+    #[arg(long, env = "LEAD_EXEC_ELECTION", value_name = "NAME")]
+    pub election: String,
+
+    /// Token to check (default: FENCING_TOKEN, as set for the job).
+    #[arg(long, env = "FENCING_TOKEN", value_name = "T")]
+    pub token: i64,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to generate for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// Parses a duration the way humantime does ("500ms", "10s", "1m30s").
+pub fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 10s, 2m)"))
+}
+
+/// The clap command, for the man pages and completions.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert!(duration("5x").unwrap_err().contains("examples"));
+    }
+}

@@ -1,0 +1,234 @@
+//! The etcd side: key layout, lease keepalive, the campaign, and the lifecycle state machine.
+//!
+//! # Key layout
+//!
+//! ```text
+//! lead-exec/elections/NAME/<lease id, hex>   one key per candidate, attached to its lease;
+//!                                             the lowest create revision leads. Same layout as
+//!                                             etcd's own election, so `etcdctl elect --listen
+//!                                             lead-exec/elections/NAME` shows the leader.
+//! lead-exec/meta/NAME/paused                  the kill switch (`pause`/`resume`)
+//! lead-exec/meta/NAME/resign                  a resign request: the leader's token
+//! lead-exec/meta/NAME/history/<token, 20 digits>  one record per term
+//! lead-exec/meta/NAME/runs/<run key>          completed `--run-key`s, with their own lease
+//! ```
+//!
+//! Metadata lives outside `lead-exec/elections/NAME/` because every key under a candidate
+//! prefix counts as a candidate. Names cannot contain `/`, so no election's prefix nests inside
+//! another's.
+
+pub mod campaign;
+pub mod lease;
+pub mod state;
+pub mod watch;
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use crate::exit::{fail, Exit};
+
+/// Top of every key this program writes.
+pub const ROOT: &str = "lead-exec";
+
+/// A validated election name and the keys that belong to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Election {
+    name: String,
+}
+
+impl Election {
+    /// Accepts 1 to 128 letters, digits, `.`, `_` and `-`.
+    pub fn new(name: &str) -> Result<Election> {
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if name.is_empty() || name.len() > 128 {
+            return Err(fail(
+                Exit::Usage,
+                format!("invalid election name '{name}': must be 1 to 128 characters"),
+            ));
+        }
+        if let Some(bad) = name.chars().find(|c| !ok_char(*c)) {
+            return Err(fail(
+                Exit::Usage,
+                format!(
+                    "invalid election name '{name}': '{bad}' is not allowed (use letters, digits, '.', '_' and '-')"
+                ),
+            ));
+        }
+        if name == "." || name == ".." {
+            return Err(fail(Exit::Usage, format!("invalid election name '{name}'")));
+        }
+        Ok(Election {
+            name: name.to_string(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The candidates' prefix, without the trailing slash (what `etcdctl elect` takes).
+    pub fn prefix(&self) -> String {
+        format!("{ROOT}/elections/{}", self.name)
+    }
+
+    /// Range prefix that holds exactly this election's candidate keys.
+    pub fn candidates(&self) -> String {
+        format!("{}/", self.prefix())
+    }
+
+    /// The candidate key for a lease, as etcd's own election names it.
+    pub fn candidate_key(&self, lease: i64) -> String {
+        format!("{}/{:x}", self.prefix(), lease)
+    }
+
+    fn meta(&self) -> String {
+        format!("{ROOT}/meta/{}", self.name)
+    }
+
+    pub fn paused_key(&self) -> String {
+        format!("{}/paused", self.meta())
+    }
+
+    /// A resign request: holds the token of the leader asked to step down, on that leader's
+    /// lease, so it vanishes with the term.
+    pub fn resign_key(&self) -> String {
+        format!("{}/resign", self.meta())
+    }
+
+    pub fn history_prefix(&self) -> String {
+        format!("{}/history/", self.meta())
+    }
+
+    /// History keys sort by token because the token is zero-padded.
+    pub fn history_key(&self, token: i64) -> String {
+        format!("{}{:020}", self.history_prefix(), token)
+    }
+
+    pub fn run_key(&self, key: &str) -> String {
+        format!("{}/runs/{key}", self.meta())
+    }
+}
+
+/// Run keys become part of an etcd key: same alphabet as names, plus ':' and '+' for timestamps.
+pub fn validate_run_key(key: &str) -> Result<()> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '+');
+    if key.is_empty() || key.len() > 256 || !key.chars().all(ok) {
+        return Err(fail(
+            Exit::Usage,
+            format!("invalid --run-key '{key}': use 1 to 256 letters, digits, '.', '_', '-', ':' or '+'"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a candidate key's value says about its owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    /// When this lead-exec process started, in Unix milliseconds.
+    pub started_ms: u64,
+}
+
+impl Candidate {
+    pub fn this_process(id: &str) -> Candidate {
+        Candidate {
+            id: id.to_string(),
+            host: crate::config::hostname(),
+            pid: std::process::id(),
+            started_ms: unix_ms(),
+        }
+    }
+
+    /// Reads a candidate value; values written by other tools (`etcdctl elect NAME VALUE`)
+    /// become a candidate whose id is the raw value.
+    pub fn parse(value: &[u8]) -> Candidate {
+        serde_json::from_slice(value).unwrap_or_else(|_| Candidate {
+            id: String::from_utf8_lossy(value).into_owned(),
+            host: String::new(),
+            pid: 0,
+            started_ms: 0,
+        })
+    }
+
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("candidate serializes")
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch, for human-facing timestamps only.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        for ok in ["a", "settlement", "eu-west.settle_1", &"x".repeat(128)] {
+            Election::new(ok).unwrap();
+        }
+        for bad in ["", "a/b", "a b", "ünï", "..", &"x".repeat(129)] {
+            let e = Election::new(bad).unwrap_err();
+            assert!(
+                e.to_string().contains("invalid election name"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn layout_matches_etcd_election() {
+        let e = Election::new("settle").unwrap();
+        assert_eq!(e.candidate_key(0x694d), "lead-exec/elections/settle/694d");
+        assert!(e.candidate_key(1).starts_with(&e.candidates()));
+    }
+
+    #[test]
+    fn metadata_is_outside_every_candidate_prefix() {
+        let e = Election::new("settle").unwrap();
+        for k in [
+            e.paused_key(),
+            e.resign_key(),
+            e.history_key(5),
+            e.run_key("x"),
+        ] {
+            assert!(!k.starts_with(&e.candidates()));
+            assert!(!k.starts_with(&format!("{ROOT}/elections/")));
+        }
+    }
+
+    #[test]
+    fn sibling_names_do_not_share_a_prefix() {
+        let a = Election::new("a").unwrap();
+        let ab = Election::new("a-b").unwrap();
+        assert!(!ab.candidate_key(1).starts_with(&a.candidates()));
+    }
+
+    #[test]
+    fn history_keys_sort_by_token() {
+        let e = Election::new("s").unwrap();
+        assert!(e.history_key(9) < e.history_key(10));
+    }
+
+    #[test]
+    fn foreign_values_parse_as_ids() {
+        let c = Candidate::parse(b"etcdctl-proposal");
+        assert_eq!(c.id, "etcdctl-proposal");
+        let me = Candidate::this_process("w1");
+        assert_eq!(Candidate::parse(me.encode().as_bytes()), me);
+    }
+
+    #[test]
+    fn run_keys_are_validated() {
+        validate_run_key("20261202T1530").unwrap();
+        assert!(validate_run_key("a/b").is_err());
+        assert!(validate_run_key("").is_err());
+    }
+}

@@ -1,0 +1,150 @@
+//! What a leader watches while its job runs: its own key (an operator's delete, `resign`, a
+//! revoke) and the election's pause switch. Watches can break or be compacted away; after any
+//! break the current state is read again, so no change is missed.
+
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream};
+
+use super::Election;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaderEvent {
+    KeyDeleted,
+    Paused,
+    ResignRequested,
+}
+
+pub struct LeaderWatch {
+    client: Client,
+    key: String,
+    paused: String,
+    resign: String,
+    token: i64,
+    /// Last revision we know the state at.
+    rev: i64,
+    stream: Option<WatchStream>,
+}
+
+impl LeaderWatch {
+    /// Watches the term whose key is `key` and whose token is `token`.
+    pub fn new(client: &Client, election: &Election, key: &str, token: i64) -> LeaderWatch {
+        LeaderWatch {
+            client: client.clone(),
+            key: key.to_string(),
+            paused: election.paused_key(),
+            resign: election.resign_key(),
+            token,
+            rev: token,
+            stream: None,
+        }
+    }
+
+    /// Waits for the next event. Never fails: etcd trouble is retried, and the lease deadline
+    /// is what bounds a leader that cannot reach etcd.
+    pub async fn next(&mut self) -> LeaderEvent {
+        loop {
+            if self.stream.is_none() {
+                match self.open().await {
+                    Ok(Some(ev)) => return ev,
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::debug!("leader watch: {e}");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue;
+                    }
+                }
+            }
+            let stream = self.stream.as_mut().expect("opened above");
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    if resp.canceled() || resp.compact_revision() != 0 {
+                        self.stream = None;
+                        continue;
+                    }
+                    if let Some(h) = resp.header() {
+                        self.rev = self.rev.max(h.revision());
+                    }
+                    for e in resp.events() {
+                        let Some(kv) = e.kv() else { continue };
+                        if kv.key() == self.key.as_bytes() && e.event_type() == EventType::Delete {
+                            return LeaderEvent::KeyDeleted;
+                        }
+                        if kv.key() == self.paused.as_bytes() && e.event_type() == EventType::Put {
+                            return LeaderEvent::Paused;
+                        }
+                        if kv.key() == self.resign.as_bytes() && self.is_for_us(kv.value()) {
+                            return LeaderEvent::ResignRequested;
+                        }
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    self.stream = None;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    fn is_for_us(&self, value: &[u8]) -> bool {
+        std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            == Some(self.token)
+    }
+
+    /// Re-reads the state, then watches from just after it.
+    async fn open(&mut self) -> Result<Option<LeaderEvent>, etcd_client::Error> {
+        let limit = Duration::from_secs(5);
+        let read = async {
+            let own = self
+                .client
+                .get(self.key.clone(), Some(GetOptions::new().with_count_only()))
+                .await?;
+            let paused = self
+                .client
+                .get(
+                    self.paused.clone(),
+                    Some(GetOptions::new().with_count_only()),
+                )
+                .await?;
+            let resign = self.client.get(self.resign.clone(), None).await?;
+            Ok::<_, etcd_client::Error>((own, paused, resign))
+        };
+        let (own, paused, resign) = tokio::time::timeout(limit, read)
+            .await
+            .map_err(|_| etcd_client::Error::WatchError("re-read timed out".into()))??;
+        if own.count() == 0 {
+            return Ok(Some(LeaderEvent::KeyDeleted));
+        }
+        if paused.count() > 0 {
+            return Ok(Some(LeaderEvent::Paused));
+        }
+        if resign
+            .kvs()
+            .first()
+            .is_some_and(|kv| self.is_for_us(kv.value()))
+        {
+            return Ok(Some(LeaderEvent::ResignRequested));
+        }
+        let rev = own.header().map(|h| h.revision()).unwrap_or(self.rev);
+        let opts = WatchOptions::new()
+            .with_start_revision(rev + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream =
+            tokio::time::timeout(limit, self.client.watch(self.key.clone(), Some(opts)))
+                .await
+                .map_err(|_| etcd_client::Error::WatchError("watch timed out".into()))??;
+        let opts = WatchOptions::new()
+            .with_start_revision(rev + 1)
+            .with_filters([WatchFilterType::NoDelete]);
+        stream.watch(self.paused.clone(), Some(opts)).await?;
+        let opts = WatchOptions::new()
+            .with_start_revision(rev + 1)
+            .with_filters([WatchFilterType::NoDelete]);
+        stream.watch(self.resign.clone(), Some(opts)).await?;
+        self.rev = rev;
+        self.stream = Some(stream);
+        Ok(None)
+    }
+}

@@ -1,0 +1,114 @@
+//! Connecting to etcd and classifying its failures into exit codes.
+//!
+//! The client's channel connects lazily, and a per-request gRPC timeout would also cut the
+//! long-lived keepalive and watch streams, so every unary request is bounded here, with
+//! [`bounded`], instead.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+
+use crate::config::Conn;
+use crate::exit::{fail, Exit};
+
+/// Connects and proves the cluster answers, within the dial timeout.
+pub async fn connect(conn: &Conn) -> Result<Client> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(conn.dial_timeout)
+        // HTTP/2 pings notice a dead or blackholed connection, so that the channel reconnects
+        // while the lease still has time left.
+        .with_keep_alive(Duration::from_secs(1), conn.dial_timeout)
+        .with_keep_alive_while_idle(true);
+    if let Some((user, password)) = &conn.auth {
+        opts = opts.with_user(user, password.expose());
+    }
+    if let Some(tls) = &conn.tls {
+        let mut t = TlsOptions::new();
+        if let Some(ca) = &tls.cacert {
+            let pem = std::fs::read(ca)
+                .map_err(|e| fail(Exit::Usage, format!("--cacert {}: {e}", ca.display())))?;
+            t = t.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+            let c = std::fs::read(cert)
+                .map_err(|e| fail(Exit::Usage, format!("--cert {}: {e}", cert.display())))?;
+            let k = std::fs::read(key)
+                .map_err(|e| fail(Exit::Usage, format!("--key {}: {e}", key.display())))?;
+            t = t.identity(Identity::from_pem(c, k));
+        }
+        opts = opts.with_tls(t);
+    }
+    let endpoints: Vec<String> = conn
+        .endpoints
+        .iter()
+        .map(|e| {
+            if conn.tls.is_some() && !e.starts_with("http") {
+                format!("https://{e}")
+            } else {
+                e.clone()
+            }
+        })
+        .collect();
+    let what = format!("etcd at {}", conn.endpoints.join(","));
+    let mut client = bounded(
+        conn.dial_timeout,
+        &what,
+        Client::connect(&endpoints, Some(opts)),
+    )
+    .await?;
+    // The channel is lazy: one cheap linearizable read proves the cluster is there and has a
+    // quorum.
+    bounded(
+        conn.dial_timeout,
+        &what,
+        client.get(
+            format!("{}/", crate::election::ROOT),
+            Some(etcd_client::GetOptions::new().with_count_only()),
+        ),
+    )
+    .await?;
+    Ok(client)
+}
+
+/// Runs one etcd request, bounded by `limit`, and classifies its failure.
+pub async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, fut).await {
+        Err(_) => Err(fail(
+            Exit::Unavailable,
+            format!(
+                "{what} unavailable: no answer within {}",
+                humantime::format_duration(limit)
+            ),
+        )),
+        Ok(Err(e)) => Err(classify(e)).with_context(|| format!("{what} unavailable")),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+/// Turns a client error into a coded error: credentials problems are [`Exit::Auth`], anything
+/// else means the cluster could not serve us ([`Exit::Unavailable`]).
+pub fn classify(e: etcd_client::Error) -> anyhow::Error {
+    let auth = match &e {
+        etcd_client::Error::GRpcStatus(s) => {
+            matches!(
+                s.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ) || s.message().contains("authentication failed")
+                || s.message().contains("user name is empty")
+                || s.message().contains("permission denied")
+        }
+        _ => false,
+    };
+    let msg = match &e {
+        etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+        other => format!("{other}"),
+    };
+    let msg = if msg.is_empty() { format!("{e}") } else { msg };
+    fail(if auth { Exit::Auth } else { Exit::Unavailable }, msg)
+}

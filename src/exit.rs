@@ -1,0 +1,177 @@
+//! Exit codes: the contract with scripts, cron and systemd.
+//!
+//! Every way `lead-exec` can end maps to exactly one [`Exit`]. The numbers follow the shell
+//! (126, 127, 128+N) and `sysexits.h` (64, 69, 70, 75, 77) so that scripts can branch on them.
+
+use std::fmt;
+
+/// How a `lead-exec` invocation ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The job ran and exited with this code.
+    Job(u8),
+    /// The job (or `lead-exec` while campaigning) was killed by signal N: exit 128+N.
+    Signal(i32),
+    /// Someone else leads and `--no-wait` or `--wait` gave up. The number is
+    /// `--conflict-exit-code` (default 75, `EX_TEMPFAIL`).
+    NotAcquired(u8),
+    /// Leadership was lost while the job ran and `--on-loss exit` was given.
+    LeadershipLost,
+    /// `status`: the election has no leader right now.
+    NoLeader,
+    /// `check` or `resign --token`: the token is not the current leader's.
+    StaleToken,
+    /// Bad flags, durations, names or unsafe settings (`EX_USAGE`).
+    Usage,
+    /// etcd could not be reached or did not answer in time (`EX_UNAVAILABLE`).
+    Unavailable,
+    /// An internal error (`EX_SOFTWARE`).
+    Software,
+    /// etcd refused our credentials or certificate (`EX_NOPERM`).
+    Auth,
+    /// The command exists but cannot be executed (as shells do).
+    NotExecutable,
+    /// The command was not found (as shells do).
+    NotFound,
+}
+
+impl Exit {
+    /// Conventional `--conflict-exit-code` default.
+    pub const DEFAULT_CONFLICT: u8 = 75;
+
+    /// The process exit status.
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Job(code) => code,
+            Exit::Signal(sig) => 128u8.saturating_add(sig.clamp(0, 127) as u8),
+            Exit::NotAcquired(code) => code,
+            Exit::LeadershipLost => 76,
+            Exit::NoLeader => 3,
+            Exit::StaleToken => 4,
+            Exit::Usage => 64,
+            Exit::Unavailable => 69,
+            Exit::Software => 70,
+            Exit::Auth => 77,
+            Exit::NotExecutable => 126,
+            Exit::NotFound => 127,
+        }
+    }
+
+    /// The exit for a job that ended with a raw wait status already decoded.
+    pub fn from_job(end: JobStatus) -> Exit {
+        match end {
+            JobStatus::Exited(code) => Exit::Job(code.clamp(0, 255) as u8),
+            JobStatus::Signaled(sig) => Exit::Signal(sig),
+        }
+    }
+}
+
+impl From<Exit> for std::process::ExitCode {
+    fn from(e: Exit) -> Self {
+        std::process::ExitCode::from(e.code())
+    }
+}
+
+/// How the job's main process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JobStatus::Exited(c) => write!(f, "exit code {c}"),
+            JobStatus::Signaled(s) => write!(f, "signal {s}"),
+        }
+    }
+}
+
+/// An error that carries the exit code it must end the process with.
+///
+/// Created with [`fail`]; found again anywhere in an `anyhow` chain by [`exit_of`].
+#[derive(Debug)]
+pub struct Coded {
+    pub exit: Exit,
+    pub message: String,
+}
+
+impl fmt::Display for Coded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Coded {}
+
+/// An error that ends the process with `exit`.
+pub fn fail(exit: Exit, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Coded {
+        exit,
+        message: message.into(),
+    })
+}
+
+/// The exit code an error ends the process with: the innermost [`Coded`] in the chain, or
+/// [`Exit::Software`] for errors nobody classified.
+pub fn exit_of(err: &anyhow::Error) -> Exit {
+    err.chain()
+        .find_map(|e| e.downcast_ref::<Coded>().map(|c| c.exit))
+        .unwrap_or(Exit::Software)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct() {
+        let all = [
+            Exit::NotAcquired(Exit::DEFAULT_CONFLICT),
+            Exit::LeadershipLost,
+            Exit::NoLeader,
+            Exit::StaleToken,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::Software,
+            Exit::Auth,
+            Exit::NotExecutable,
+            Exit::NotFound,
+        ];
+        let mut codes: Vec<u8> = all.iter().map(|e| e.code()).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes.len(), all.len());
+    }
+
+    #[test]
+    fn signals_map_to_128_plus_n() {
+        assert_eq!(Exit::Signal(15).code(), 143);
+        assert_eq!(Exit::Signal(9).code(), 137);
+        assert_eq!(Exit::from_job(JobStatus::Signaled(2)).code(), 130);
+    }
+
+    #[test]
+    fn job_codes_pass_through() {
+        assert_eq!(Exit::from_job(JobStatus::Exited(7)).code(), 7);
+        assert_eq!(Exit::from_job(JobStatus::Exited(0)).code(), 0);
+    }
+
+    #[test]
+    fn shell_and_sysexits_numbers() {
+        assert_eq!(Exit::Usage.code(), 64);
+        assert_eq!(Exit::Unavailable.code(), 69);
+        assert_eq!(Exit::NotExecutable.code(), 126);
+        assert_eq!(Exit::NotFound.code(), 127);
+        assert_eq!(Exit::NotAcquired(75).code(), 75);
+    }
+
+    #[test]
+    fn coded_errors_are_found_through_context() {
+        let err = fail(Exit::Unavailable, "no etcd").context("connecting");
+        assert_eq!(exit_of(&err), Exit::Unavailable);
+        assert_eq!(format!("{err:#}"), "connecting: no etcd");
+        assert_eq!(exit_of(&anyhow::anyhow!("plain")), Exit::Software);
+    }
+}

@@ -1,0 +1,31 @@
+//! The fencing token and the environment a job receives.
+//!
+//! The token is the create revision of the leader's key. etcd revisions are cluster-wide,
+//! strictly increasing and durable, and a candidate leads only after every key created before
+//! its own is gone, so each term's token is larger than every earlier term's. A downstream
+//! resource that remembers the highest token it accepted and rejects lower ones is safe even
+//! against a frozen old leader.
+
+use crate::config::RunConfig;
+
+/// The variables set for the job.
+pub fn job_env(cfg: &RunConfig, token: i64, key: &str, lease: i64) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("FENCING_TOKEN".to_string(), token.to_string()),
+        (
+            "LEAD_EXEC_ELECTION".to_string(),
+            cfg.election.name().to_string(),
+        ),
+        ("LEAD_EXEC_LEADER_KEY".to_string(), key.to_string()),
+        ("LEAD_EXEC_LEASE_ID".to_string(), format!("{lease:x}")),
+        ("LEAD_EXEC_ID".to_string(), cfg.id.clone()),
+        (
+            "LEAD_EXEC_ENDPOINTS".to_string(),
+            cfg.conn.endpoints.join(","),
+        ),
+    ];
+    if let Some(k) = &cfg.run_key {
+        env.push(("LEAD_EXEC_RUN_KEY".to_string(), k.clone()));
+    }
+    env
+}

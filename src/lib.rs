@@ -1,0 +1,143 @@
+//! lead-exec runs a command on exactly one of many workers, under an etcd lease, with a
+//! fencing token.
+//!
+//! # Theory of operation
+//!
+//! Every worker runs `lead-exec run ELECTION -- COMMAND`. Each one grants an etcd lease and
+//! creates a candidate key `lead-exec/elections/ELECTION/<lease hex>` on it, only if absent.
+//! The key with the lowest create revision leads; the others watch the key just ahead of
+//! theirs and wait for it to be deleted. Before spawning, the winner confirms in one
+//! transaction that its key still exists with that create revision, which becomes the job's
+//! `FENCING_TOKEN`: assigned by etcd, strictly larger every term.
+//!
+//! The job does not run inside lead-exec. A watchdog process (lead-exec re-executed in a
+//! hidden mode) forks it into its own process group, and cgroup when possible, and enforces
+//! the lease deadline D = send time of the last renewed keepalive + TTL − safety margin on
+//! CLOCK_BOOTTIME: SIGTERM to the group at D − grace, SIGKILL at D. lead-exec only ever moves
+//! D forward, over a pipe. If lead-exec dies, the pipe closes and the group is killed at once;
+//! if it freezes, the deadline fires anyway. So the job never outlives the lease on the
+//! server, and a frozen old leader's late writes carry a token the resource already rejects.
+//!
+//! When the job exits, lead-exec revokes the lease so the next candidate takes over at once,
+//! and exits with the job's code. When leadership is lost, it stops the job and campaigns
+//! again on a fresh lease (or exits with `--on-loss exit`).
+//!
+//! # Layout
+//!
+//! - [`cli`] → [`config`]: flags as typed, then checked into a safe [`config::RunConfig`].
+//! - [`exit`]: every exit code, as a type.
+//! - [`election`]: key layout, [`election::lease`] (keepalive timer and deadline),
+//!   [`election::campaign`] (etcd's election protocol plus confirmation),
+//!   [`election::watch`] (what a leader watches), [`election::state`] (the pure lifecycle).
+//! - [`run`]: the driver that performs the state machine's actions.
+//! - [`supervisor`]: the watchdog process, the process group and cgroup, signal forwarding.
+//! - [`fencing`]: the token and the job's environment.
+//! - [`ops`]: status, watch, resign, pause, history, check, run keys.
+//! - [`metrics`], [`notify`], [`logging`]: Prometheus, systemd, tracing.
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod election;
+pub mod etcd;
+pub mod exit;
+pub mod fencing;
+pub mod logging;
+pub mod metrics;
+pub mod notify;
+pub mod ops;
+pub mod run;
+pub mod supervisor;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+
+use cli::{Cli, Command};
+use exit::{exit_of, Exit};
+
+/// Parses argv. Usage errors print one line and give [`Exit::Usage`]; `--help` and
+/// `--version` print and give success.
+pub fn parse(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, ExitCode> {
+    match Cli::try_parse_from(args) {
+        Ok(cli) => Ok(cli),
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                let ok = e.kind() != ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
+                return Err(if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    Exit::Usage.into()
+                });
+            }
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("lead-exec: {first} (see --help)");
+            Err(Exit::Usage.into())
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> Result<Exit> {
+    match cli.command {
+        Command::Run(a) => run::run(config::RunConfig::from_args(&a)?).await,
+        Command::Status(a) => ops::status::run(a).await,
+        Command::Watch(a) => ops::watch::run(a).await,
+        Command::Resign(a) => ops::resign::run(a).await,
+        Command::Pause(a) => ops::pause::pause(a).await,
+        Command::Resume(a) => ops::pause::resume(a).await,
+        Command::History(a) => ops::history_cmd::run(a).await,
+        Command::Check(a) => ops::check::run(a).await,
+        Command::Completions(a) => {
+            clap_complete::generate(
+                a.shell,
+                &mut cli::command(),
+                "lead-exec",
+                &mut std::io::stdout(),
+            );
+            Ok(Exit::Job(0))
+        }
+    }
+}
+
+/// The whole program after argv: the watchdog's hidden mode, or the CLI on a
+/// single-threaded runtime (so that the thread that forks the watchdog lives as long as the
+/// process: see [`supervisor`]).
+pub fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == supervisor::watchdog::ARG) {
+        return supervisor::watchdog::main(args);
+    }
+    let cli = match parse(args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    logging::init(&cli.log);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lead-exec: cannot start the runtime: {e}");
+            return Exit::Software.into();
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(exit) => exit.into(),
+        Err(err) => {
+            eprintln!("lead-exec: {err:#}");
+            exit_of(&err).into()
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Prometheus metrics, served by `run --metrics-addr HOST:PORT` at `/metrics`.
+//!
+//! The values live in one process-wide registry; the election and supervisor code update them
+//! through the small functions below, so no metrics type leaks into their signatures.
+
+use std::net::SocketAddr;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Metrics {
+    registry: Registry,
+    is_leader: IntGauge,
+    token: IntGauge,
+    ttl_remaining: Gauge,
+    keepalive_rtt: Histogram,
+    campaigns_won: IntCounter,
+    campaign_seconds: Histogram,
+    lost: IntCounterVec,
+    job_starts: IntCounter,
+    job_exits: IntCounterVec,
+    slack: Gauge,
+}
+
+static M: LazyLock<Metrics> = LazyLock::new(|| {
+    let registry = Registry::new();
+    let is_leader = IntGauge::new("lead_exec_is_leader", "1 while this worker leads").unwrap();
+    let token = IntGauge::new(
+        "lead_exec_fencing_token",
+        "Fencing token of the current (or last) term",
+    )
+    .unwrap();
+    let ttl_remaining = Gauge::new(
+        "lead_exec_lease_ttl_remaining_seconds",
+        "Time left before the local lease deadline, at the last renewal",
+    )
+    .unwrap();
+    let keepalive_rtt = Histogram::with_opts(
+        HistogramOpts::new(
+            "lead_exec_keepalive_rtt_seconds",
+            "Round trip of lease keepalives",
+        )
+        .buckets(vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        ]),
+    )
+    .unwrap();
+    let campaigns_won = IntCounter::new(
+        "lead_exec_campaigns_won_total",
+        "Campaigns won and confirmed",
+    )
+    .unwrap();
+    let campaign_seconds = Histogram::with_opts(
+        HistogramOpts::new(
+            "lead_exec_campaign_duration_seconds",
+            "From lease grant to confirmed leadership",
+        )
+        .buckets(prometheus::exponential_buckets(0.005, 4.0, 10).unwrap()),
+    )
+    .unwrap();
+    let lost = IntCounterVec::new(
+        Opts::new(
+            "lead_exec_leadership_lost_total",
+            "Terms that ended without the job exiting on its own",
+        ),
+        &["reason"],
+    )
+    .unwrap();
+    let job_starts = IntCounter::new("lead_exec_job_starts_total", "Jobs started").unwrap();
+    let job_exits = IntCounterVec::new(
+        Opts::new("lead_exec_job_exits_total", "Job exits by exit code"),
+        &["code"],
+    )
+    .unwrap();
+    let slack = Gauge::new(
+        "lead_exec_deadline_slack_seconds",
+        "Lease deadline minus the time the last job's group died",
+    )
+    .unwrap();
+    for c in [
+        Box::new(is_leader.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(token.clone()),
+        Box::new(ttl_remaining.clone()),
+        Box::new(keepalive_rtt.clone()),
+        Box::new(campaigns_won.clone()),
+        Box::new(campaign_seconds.clone()),
+        Box::new(lost.clone()),
+        Box::new(job_starts.clone()),
+        Box::new(job_exits.clone()),
+        Box::new(slack.clone()),
+    ] {
+        registry.register(c).unwrap();
+    }
+    Metrics {
+        registry,
+        is_leader,
+        token,
+        ttl_remaining,
+        keepalive_rtt,
+        campaigns_won,
+        campaign_seconds,
+        lost,
+        job_starts,
+        job_exits,
+        slack,
+    }
+});
+
+pub fn keepalive_rtt(d: Duration) {
+    M.keepalive_rtt.observe(d.as_secs_f64());
+}
+
+pub fn elected(token: i64, campaign: Duration) {
+    M.campaigns_won.inc();
+    M.campaign_seconds.observe(campaign.as_secs_f64());
+    M.token.set(token);
+}
+
+pub fn leading(on: bool) {
+    M.is_leader.set(on as i64);
+}
+
+pub fn ttl_remaining(d: Duration) {
+    M.ttl_remaining.set(d.as_secs_f64());
+}
+
+pub fn lost(reason: &str) {
+    M.lost.with_label_values(&[reason]).inc();
+}
+
+pub fn job_started() {
+    M.job_starts.inc();
+}
+
+pub fn job_exited(code: u8, slack_ms: i64) {
+    M.job_exits.with_label_values(&[&code.to_string()]).inc();
+    M.slack.set(slack_ms as f64 / 1000.0);
+}
+
+/// The exposition text.
+pub fn render() -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&M.registry.gather(), &mut buf)
+        .expect("text encoding cannot fail");
+    String::from_utf8(buf).expect("exposition is UTF-8")
+}
+
+/// Binds now (so a bad address fails at start-up) and serves in the background.
+pub async fn serve(addr: SocketAddr) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics-addr {addr}"))?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut req = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut req)).await;
+                let body = render();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! `lead-exec history`: the audit record of terms, oldest first.
+
+use anyhow::Result;
+
+use super::{fmt_ms, history, Ctx};
+use crate::cli::{HistoryArgs, Output};
+use crate::exit::Exit;
+
+pub async fn run(a: HistoryArgs) -> Result<Exit> {
+    let ctx = Ctx::connect(&a.election).await?;
+    let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.limit).await?;
+    match a.output {
+        Output::Json => {
+            for r in &recs {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        }
+        Output::Text => {
+            println!(
+                "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} END",
+                "TOKEN", "ID", "HOST", "PID", "STARTED", "ENDED"
+            );
+            for r in &recs {
+                println!(
+                    "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} {}",
+                    r.token,
+                    r.id,
+                    r.host,
+                    r.pid,
+                    fmt_ms(r.started_ms),
+                    r.ended_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
+                    r.end.as_deref().unwrap_or("running")
+                );
+            }
+        }
+    }
+    Ok(Exit::Job(0))
+}

@@ -1,0 +1,56 @@
+//! `lead-exec pause` / `resume`: the kill switch, stored in etcd.
+//!
+//! While `lead-exec/meta/NAME/paused` exists no candidate confirms a win, and a running
+//! leader, which watches the key, stops its job and goes back in line.
+
+use anyhow::Result;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use super::{Ctx, Pause};
+use crate::cli::{ElectionArgs, PauseArgs};
+use crate::election::unix_ms;
+use crate::etcd::bounded;
+use crate::exit::Exit;
+
+pub async fn pause(a: PauseArgs) -> Result<Exit> {
+    let ctx = Ctx::connect(&a.election).await?;
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let p = Pause {
+        reason: a.reason.clone(),
+        since_ms: unix_ms(),
+        by: format!("{user}@{}", crate::config::hostname()),
+    };
+    let key = ctx.election.paused_key();
+    let txn = Txn::new()
+        .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(key, serde_json::to_string(&p)?, None)]);
+    let mut c = ctx.client.clone();
+    let resp = bounded(ctx.limit, "etcd", c.txn(txn)).await?;
+    if resp.succeeded() {
+        println!("paused {}: {}", ctx.election.name(), a.reason);
+    } else if let Some(old) = ctx.paused().await? {
+        println!(
+            "{} was already paused by {}: {}",
+            ctx.election.name(),
+            old.by,
+            old.reason
+        );
+    }
+    Ok(Exit::Job(0))
+}
+
+pub async fn resume(a: ElectionArgs) -> Result<Exit> {
+    let ctx = Ctx::connect(&a).await?;
+    let key = ctx.election.paused_key();
+    let txn = Txn::new()
+        .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
+        .and_then([TxnOp::delete(key, None)]);
+    let mut c = ctx.client.clone();
+    let resp = bounded(ctx.limit, "etcd", c.txn(txn)).await?;
+    if resp.succeeded() {
+        println!("resumed {}", ctx.election.name());
+    } else {
+        println!("{} was not paused", ctx.election.name());
+    }
+    Ok(Exit::Job(0))
+}

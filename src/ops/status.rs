@@ -1,0 +1,108 @@
+//! `lead-exec status`: who leads, with which token, who waits, whether paused, recent terms.
+//!
+//! Exit 0 when a leader runs the job, [`Exit::NoLeader`] when none does (no candidate, or
+//! paused), [`Exit::Unavailable`] when etcd cannot say.
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::{fmt_ms, history, Ctx};
+use crate::cli::{Output, StatusArgs};
+use crate::exit::Exit;
+
+pub async fn run(a: StatusArgs) -> Result<Exit> {
+    let ctx = Ctx::connect(&a.election).await?;
+    let (entries, _) = ctx.candidates().await?;
+    let paused = ctx.paused().await?;
+    let recent = history::read(&ctx.client, &ctx.election, 5, ctx.limit).await?;
+    let leader = entries.first();
+    let ttl_left = match leader {
+        Some(l) if l.lease != 0 => {
+            let mut c = ctx.client.clone();
+            crate::etcd::bounded(ctx.limit, "etcd", c.lease_time_to_live(l.lease, None))
+                .await
+                .ok()
+                .map(|r| r.ttl())
+        }
+        _ => None,
+    };
+    let since = leader.and_then(|l| {
+        recent
+            .iter()
+            .find(|r| r.token == l.token)
+            .map(|r| r.started_ms)
+    });
+    let leading = leader.is_some() && paused.is_none();
+    match a.output {
+        Output::Json => {
+            let v = json!({
+                "election": ctx.election.name(),
+                "leader": leader.filter(|_| leading).map(|l| json!({
+                    "id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid,
+                    "token": l.token, "key": l.key, "since_ms": since, "lease_ttl_left_s": ttl_left,
+                })),
+                "waiting": entries.iter().skip(if leading { 1 } else { 0 }).collect::<Vec<_>>(),
+                "paused": paused,
+                "recent_terms": recent,
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        Output::Text => {
+            println!("election:  {}", ctx.election.name());
+            match (leader, &paused) {
+                (Some(l), None) => {
+                    println!(
+                        "leader:    {} (host {}, pid {}), token {}",
+                        l.candidate.id, l.candidate.host, l.candidate.pid, l.token
+                    );
+                    if let Some(s) = since {
+                        println!("since:     {}", fmt_ms(s));
+                    }
+                    if let Some(t) = ttl_left {
+                        println!("lease:     {t}s left");
+                    }
+                }
+                _ => println!("leader:    none"),
+            }
+            if let Some(p) = &paused {
+                println!(
+                    "paused:    yes, since {} by {}: {}",
+                    fmt_ms(p.since_ms),
+                    p.by,
+                    p.reason
+                );
+            } else {
+                println!("paused:    no");
+            }
+            let waiting: Vec<_> = entries.iter().skip(if leading { 1 } else { 0 }).collect();
+            println!("waiting:   {}", waiting.len());
+            for (i, w) in waiting.iter().enumerate() {
+                println!(
+                    "  {}. {} (host {}, pid {})",
+                    i + 1,
+                    w.candidate.id,
+                    w.candidate.host,
+                    w.candidate.pid
+                );
+            }
+            if !recent.is_empty() {
+                println!("recent terms:");
+                for r in recent.iter().rev() {
+                    println!(
+                        "  token {:<8} {:<24} {} .. {}  {}",
+                        r.token,
+                        r.id,
+                        fmt_ms(r.started_ms),
+                        r.ended_ms.map(fmt_ms).unwrap_or_else(|| "now".into()),
+                        r.end.as_deref().unwrap_or("running")
+                    );
+                }
+            }
+        }
+    }
+    Ok(if leading {
+        Exit::Job(0)
+    } else {
+        Exit::NoLeader
+    })
+}

@@ -1,0 +1,431 @@
+//! `lead-exec run`: the driver that performs the actions of [`crate::election::state`].
+//!
+//! All I/O of a run lives here: granting leases, campaigning, spawning the job under its
+//! watchdog, forwarding deadlines and signals, resigning. The decisions are
+//! [`step`]'s.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::Client;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::clock::BootInstant;
+use crate::config::{RunConfig, Wait};
+use crate::election::campaign::{Campaign, Outcome, Waiting};
+use crate::election::lease::{Lease, LeaseState, LossReason};
+use crate::election::state::{step, Action, Event, Phase, Policy, StopWhy};
+use crate::election::watch::{LeaderEvent, LeaderWatch};
+use crate::election::Candidate;
+use crate::exit::Exit;
+use crate::ops::history::{self, EndReason};
+use crate::supervisor::protocol::Cause;
+use crate::supervisor::{signals, Job, JobSpec};
+use crate::{etcd, fencing, metrics, notify};
+
+/// Runs until the job is done (or leadership is given up) and returns the exit code.
+pub async fn run(cfg: RunConfig) -> Result<Exit> {
+    crate::supervisor::preflight(&cfg.command[0])?;
+    if let Some(addr) = cfg.metrics_addr {
+        metrics::serve(addr).await?;
+    }
+    let signals = signals::listen()?;
+    let client = etcd::connect(&cfg.conn).await?;
+    if let Some(done) = crate::ops::runkey::already_done(&client, &cfg).await? {
+        tracing::info!(
+            election = cfg.election.name(),
+            run_key = done,
+            "run key already done; not running the job"
+        );
+        return Ok(Exit::Job(0));
+    }
+    let give_up_at = match cfg.wait {
+        Wait::For(d) => Some(Instant::now() + d),
+        _ => None,
+    };
+    let mut d = Driver {
+        cfg,
+        client,
+        signals,
+        give_up_at,
+        lease: None,
+        job: None,
+        term: None,
+        watch: None,
+    };
+    notify::ready();
+    d.drive().await
+}
+
+/// The current term, while we lead.
+struct Term {
+    token: i64,
+    key: String,
+}
+
+struct Driver {
+    cfg: RunConfig,
+    client: Client,
+    signals: mpsc::UnboundedReceiver<i32>,
+    give_up_at: Option<Instant>,
+    lease: Option<Lease>,
+    job: Option<Job>,
+    term: Option<Term>,
+    watch: Option<LeaderWatch>,
+}
+
+impl Driver {
+    async fn drive(&mut self) -> Result<Exit> {
+        let policy = Policy {
+            on_loss: self.cfg.on_loss,
+            conflict_exit_code: self.cfg.conflict_exit_code,
+        };
+        let mut phase = Phase::Campaigning { attempt: 0 };
+        let mut pending: VecDeque<Action> = VecDeque::from([Action::Campaign]);
+        loop {
+            let mut event = None;
+            while let Some(action) = pending.pop_front() {
+                match action {
+                    Action::Campaign => event = Some(self.campaign().await?),
+                    Action::Spawn { token } => event = self.spawn(token).await?,
+                    Action::StopJob { signal } => {
+                        if let Some(j) = self.job.as_mut() {
+                            j.stop(signal);
+                        }
+                    }
+                    Action::KillJob => {
+                        if let Some(j) = self.job.as_mut() {
+                            j.kill();
+                        }
+                    }
+                    Action::Resign => self.resign().await,
+                    Action::Backoff(d) => event = Some(self.backoff(d).await),
+                    Action::Exit(e) => return Ok(e),
+                }
+            }
+            let ev = match event {
+                Some(e) => e,
+                None => self.wait_leading(phase).await,
+            };
+            let (next, actions) = step(phase, ev, &policy);
+            if let (Phase::Leading { .. } | Phase::Draining { .. }, _) = (phase, ()) {
+                if let Event::JobEnded { exit, by_watchdog } = ev {
+                    self.record_end(phase, exit, by_watchdog).await;
+                }
+            }
+            tracing::info!(
+                election = self.cfg.election.name(),
+                id = self.cfg.id,
+                token = token_of(next).or(token_of(phase)),
+                "{} -> {} on {ev:?}",
+                phase.name(),
+                next.name()
+            );
+            phase = next;
+            pending.extend(actions);
+        }
+    }
+
+    /// Grants a fresh lease and campaigns on it, until elected, refused or interrupted.
+    async fn campaign(&mut self) -> Result<Event> {
+        let started = Instant::now();
+        let lease = match Lease::grant(
+            &self.client,
+            self.cfg.ttl,
+            self.cfg.safety_margin,
+            self.cfg.conn.command_timeout,
+        )
+        .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(
+                    election = self.cfg.election.name(),
+                    "cannot grant a lease: {e:#}"
+                );
+                return Ok(Event::CampaignFailed);
+            }
+        };
+        let value = Candidate::this_process(&self.cfg.id).encode();
+        let election = self.cfg.election.name().to_string();
+        let outcome = {
+            let camp = Campaign {
+                client: &self.client,
+                election: &self.cfg.election,
+                lease: &lease,
+                value,
+                wait: self.cfg.wait,
+                give_up_at: self.give_up_at,
+                limit: self.cfg.conn.command_timeout,
+            };
+            let mut last_wait = None;
+            let run = camp.run(|w| {
+                if last_wait.as_ref() != Some(w) {
+                    match w {
+                        Waiting::Behind { value, .. } => {
+                            let who = Candidate::parse(value).id;
+                            tracing::info!(election, "waiting behind {who}");
+                            notify::status(&format!("waiting behind {who}"));
+                        }
+                        Waiting::Paused => {
+                            tracing::info!(election, "election paused; waiting for resume");
+                            notify::status("paused");
+                        }
+                    }
+                    last_wait = Some(w.clone());
+                }
+            });
+            tokio::pin!(run);
+            loop {
+                tokio::select! {
+                    out = &mut run => break Ok(out),
+                    Some(sig) = self.signals.recv() => {
+                        if signals::is_stopping(sig) {
+                            break Err(sig);
+                        }
+                    }
+                }
+            }
+        };
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(signal) => {
+                self.lease = Some(lease);
+                return Ok(Event::Interrupted { signal });
+            }
+        };
+        let ev = match outcome {
+            Ok(Outcome::Elected { token, key }) => {
+                metrics::elected(token, started.elapsed());
+                self.watch = Some(LeaderWatch::new(
+                    &self.client,
+                    &self.cfg.election,
+                    &key,
+                    token,
+                ));
+                self.term = Some(Term { token, key });
+                Event::Elected { token }
+            }
+            Ok(Outcome::NotAcquired) => Event::NotAcquired,
+            Ok(Outcome::Lost(r)) => {
+                tracing::warn!(
+                    election = self.cfg.election.name(),
+                    "candidacy lost while queued: {}",
+                    r.as_str()
+                );
+                Event::CampaignFailed
+            }
+            Err(e) => {
+                tracing::warn!(
+                    election = self.cfg.election.name(),
+                    "campaign failed: {e:#}"
+                );
+                Event::CampaignFailed
+            }
+        };
+        self.lease = Some(lease);
+        Ok(ev)
+    }
+
+    /// Starts the job for a confirmed term. `Some(event)` when it could not start.
+    async fn spawn(&mut self, token: i64) -> Result<Option<Event>> {
+        let lease = self.lease.as_ref().expect("a term has a lease");
+        let deadline = match lease.state() {
+            LeaseState::Alive { deadline } if !deadline.has_passed() => deadline,
+            _ => {
+                // Lost between the confirmation and now: never spawn on an unconfirmed term.
+                return Ok(Some(Event::JobEnded {
+                    exit: Exit::LeadershipLost,
+                    by_watchdog: true,
+                }));
+            }
+        };
+        // Another worker may have finished this run key while we queued.
+        if let Some(k) = crate::ops::runkey::already_done(&self.client, &self.cfg).await? {
+            tracing::info!(
+                election = self.cfg.election.name(),
+                run_key = k,
+                "run key already done; not running the job"
+            );
+            self.term = None;
+            return Ok(Some(Event::JobEnded {
+                exit: Exit::Job(0),
+                by_watchdog: false,
+            }));
+        }
+        let term = self.term.as_ref().expect("a term was confirmed");
+        if let Err(e) = history::record_start(&self.client, &self.cfg, token, &term.key).await {
+            tracing::warn!("history: {e:#}");
+        }
+        let spec = JobSpec {
+            command: self.cfg.command.clone(),
+            env: fencing::job_env(&self.cfg, token, &term.key, lease.id),
+            grace: self.cfg.grace,
+            cgroup: self.cfg.cgroup,
+        };
+        match Job::spawn(&spec, deadline).await {
+            Ok(job) => {
+                tracing::info!(
+                    election = self.cfg.election.name(),
+                    id = self.cfg.id,
+                    token,
+                    pid = job.pid,
+                    "leading: job started"
+                );
+                metrics::leading(true);
+                metrics::job_started();
+                notify::status(&format!("leading, token {token}"));
+                self.job = Some(job);
+                Ok(None)
+            }
+            Err(e) => {
+                self.resign().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for what ends or disturbs the term.
+    async fn wait_leading(&mut self, phase: Phase) -> Event {
+        let draining = matches!(phase, Phase::Draining { .. });
+        let Driver {
+            job,
+            lease,
+            watch,
+            signals,
+            cfg,
+            ..
+        } = self;
+        let job_ref = job.as_mut().expect("leading means a job");
+        let mut lease_rx = lease.as_ref().map(|l| l.subscribe());
+        loop {
+            tokio::select! {
+                ended = job_ref.wait() => {
+                    *job = None;
+                    let exit = Exit::from_job(ended.status);
+                    metrics::leading(false);
+                    metrics::job_exited(exit.code(), ended.slack_ms);
+                    let by_watchdog = matches!(ended.cause, Cause::Deadline | Cause::Orphaned);
+                    if by_watchdog {
+                        tracing::error!(
+                            election = cfg.election.name(),
+                            id = cfg.id,
+                            "the watchdog stopped the job at the lease deadline ({}): lead-exec could not renew in time",
+                            ended.status
+                        );
+                    } else {
+                        tracing::info!(election = cfg.election.name(), id = cfg.id, slack_ms = ended.slack_ms, "job ended: {}", ended.status);
+                    }
+                    return Event::JobEnded { exit, by_watchdog };
+                }
+                changed = async { lease_rx.as_mut().expect("lease").changed().await }, if !draining && lease_rx.is_some() => {
+                    let state = if changed.is_ok() {
+                        *lease_rx.as_ref().expect("lease").borrow()
+                    } else {
+                        LeaseState::Lost(LossReason::Deadline)
+                    };
+                    match state {
+                        LeaseState::Alive { deadline } => {
+                            job_ref.extend(deadline, cfg.grace);
+                            metrics::ttl_remaining(deadline.remaining());
+                        }
+                        LeaseState::Lost(r) => {
+                            metrics::lost(r.as_str());
+                            return Event::Lost(r);
+                        }
+                    }
+                }
+                ev = async { watch.as_mut().expect("watch").next().await }, if !draining && watch.is_some() => {
+                    return match ev {
+                        LeaderEvent::KeyDeleted => {
+                            metrics::lost(LossReason::KeyDeleted.as_str());
+                            Event::Lost(LossReason::KeyDeleted)
+                        }
+                        LeaderEvent::Paused => Event::Paused,
+                        LeaderEvent::ResignRequested => Event::ResignRequested,
+                    };
+                }
+                Some(sig) = signals.recv() => {
+                    if signals::is_stopping(sig) {
+                        return Event::Interrupted { signal: sig };
+                    }
+                    job_ref.forward(sig);
+                }
+            }
+        }
+    }
+
+    async fn resign(&mut self) {
+        self.watch = None;
+        self.term = None;
+        metrics::leading(false);
+        if let Some(lease) = self.lease.take() {
+            lease.revoke(self.cfg.conn.command_timeout).await;
+        }
+    }
+
+    async fn backoff(&mut self, d: Duration) -> Event {
+        // Jitter spreads the candidates of a cluster that came back at once.
+        let jitter = Duration::from_millis(BootInstant::now().as_nanos() % 250);
+        let sleep = tokio::time::sleep(d + jitter);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => return Event::BackoffDone,
+                Some(sig) = self.signals.recv() => {
+                    if signals::is_stopping(sig) {
+                        return Event::Interrupted { signal: sig };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes how the term ended, while our key still guards the write; also the run key.
+    async fn record_end(&mut self, phase: Phase, exit: Exit, by_watchdog: bool) {
+        let Some(term) = self.term.as_ref() else {
+            return;
+        };
+        let reason = match phase {
+            _ if by_watchdog => EndReason::LeaseLost,
+            Phase::Draining {
+                why: StopWhy::Lost(_),
+                ..
+            } => EndReason::LeaseLost,
+            Phase::Draining {
+                why: StopWhy::Paused,
+                ..
+            } => EndReason::Paused,
+            Phase::Draining {
+                why: StopWhy::Resigned,
+                ..
+            } => EndReason::Resigned,
+            Phase::Draining {
+                why: StopWhy::Interrupted(s),
+                ..
+            } => EndReason::Signal(s),
+            _ => EndReason::Exited(exit.code()),
+        };
+        if let Err(e) =
+            history::record_end(&self.client, &self.cfg, term.token, &term.key, reason).await
+        {
+            tracing::warn!("history: {e:#}");
+        }
+        if reason == EndReason::Exited(0) {
+            if let Err(e) =
+                crate::ops::runkey::mark_done(&self.client, &self.cfg, &term.key, term.token).await
+            {
+                tracing::warn!("run key: {e:#}");
+            }
+        }
+    }
+}
+
+fn token_of(p: Phase) -> Option<i64> {
+    match p {
+        Phase::Leading { token } | Phase::Draining { token, .. } => Some(token),
+        _ => None,
+    }
+}

@@ -1,0 +1,192 @@
+//! The job's process group, and its cgroup when one could be made.
+//!
+//! The watchdog never reaps the group leader before its last signal to the group: while the
+//! leader is an unreaped zombie its pid (= the pgid) cannot be reused, so `killpg` cannot hit a
+//! stranger. Grandchildren that outlive their parents are reparented to the watchdog (it is a
+//! child subreaper) and reaped here.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+/// A cgroup v2 directory that holds only the job's processes.
+#[derive(Debug)]
+pub struct Cgroup {
+    dir: PathBuf,
+    /// `DIR/cgroup.procs` as a C string, so the child can join without allocating.
+    procs: CString,
+}
+
+impl Cgroup {
+    /// Creates `lead-exec-job-<pid>` beside the caller's own cgroup, if cgroup v2 is mounted
+    /// and writable.
+    pub fn create() -> std::io::Result<Cgroup> {
+        let mount = cgroup2_mount()?;
+        let own = fs::read_to_string("/proc/self/cgroup")?
+            .lines()
+            .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+            .ok_or_else(|| other("this process is in no cgroup v2"))?;
+        let parent = mount.join(own.trim_start_matches('/'));
+        let dir = parent.join(format!("lead-exec-job-{}", std::process::id()));
+        fs::create_dir(&dir)?;
+        let procs = dir.join("cgroup.procs");
+        let cg = Cgroup {
+            procs: CString::new(procs.as_os_str().as_encoded_bytes()).map_err(other)?,
+            dir,
+        };
+        // A cgroup we cannot move a process into (the "no internal processes" rule, or
+        // delegation) is no use: find out now rather than in the child.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(cg.dir.join("cgroup.procs"))?;
+        Ok(cg)
+    }
+
+    /// For the child between fork and exec: joins this cgroup. Only async-signal-safe calls.
+    pub fn join_self(procs: &CString) -> std::io::Result<()> {
+        // SAFETY: open/write/close on a C string we own; no allocation.
+        unsafe {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if n != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn procs_path(&self) -> &CString {
+        &self.procs
+    }
+
+    pub fn pids(&self) -> Vec<i32> {
+        fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        for pid in self.pids() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+        }
+    }
+
+    /// Kills every member at once, setsid escapees included.
+    pub fn kill(&self) {
+        let ok = fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+            .and_then(|mut f| f.write_all(b"1"))
+            .is_ok();
+        if !ok {
+            // Kernels before 5.14 have no cgroup.kill.
+            self.signal(Signal::SIGKILL);
+        }
+    }
+
+    pub fn remove(&self) {
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+fn other<E: std::fmt::Display>(e: E) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+/// Where cgroup v2 is mounted: `/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on
+/// hybrid ones.
+fn cgroup2_mount() -> std::io::Result<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    info.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let fstype = right.split_whitespace().next()?;
+            let mount = left.split_whitespace().nth(4)?;
+            (fstype == "cgroup2").then(|| PathBuf::from(mount))
+        })
+        .ok_or_else(|| other("no cgroup2 mount"))
+}
+
+/// The job: a process group led by `leader`, optionally inside a cgroup.
+pub struct Group {
+    pub leader: Pid,
+    pub cgroup: Option<Cgroup>,
+}
+
+impl Group {
+    /// Signals every member: the process group, and the cgroup's escapees.
+    pub fn signal(&self, sig: Signal) {
+        let _ = killpg(self.leader, sig);
+        if let Some(cg) = &self.cgroup {
+            cg.signal(sig);
+        }
+    }
+
+    pub fn kill(&self) {
+        let _ = killpg(self.leader, Signal::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+    }
+
+    /// Whether any member other than the (exited) leader is still alive.
+    pub fn has_live_members(&self) -> bool {
+        if let Some(cg) = &self.cgroup {
+            if cg.pids().iter().any(|&p| p != self.leader.as_raw()) {
+                return true;
+            }
+        }
+        live_in_pgrp(self.leader.as_raw())
+    }
+
+    /// Reaps zombies reparented to us, never the leader.
+    pub fn reap_orphans(&self) {
+        let me = std::process::id() as i32;
+        for (pid, stat) in procs() {
+            if pid != self.leader.as_raw() && stat.ppid == me && stat.state == 'Z' {
+                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            }
+        }
+    }
+}
+
+struct Stat {
+    state: char,
+    ppid: i32,
+    pgrp: i32,
+}
+
+fn procs() -> impl Iterator<Item = (i32, Stat)> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            Some((pid, read_stat(&e.path())?))
+        })
+}
+
+fn read_stat(dir: &Path) -> Option<Stat> {
+    let s = fs::read_to_string(dir.join("stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields start after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgrp = f.next()?.parse().ok()?;
+    Some(Stat { state, ppid, pgrp })
+}
+
+fn live_in_pgrp(pgid: i32) -> bool {
+    procs().any(|(pid, st)| pid != pgid && st.pgrp == pgid && st.state != 'Z')
+}

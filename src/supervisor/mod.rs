@@ -1,0 +1,232 @@
+//! Running the job: the watchdog process that owns the job's process group, and lead-exec's
+//! handle on it.
+//!
+//! ```text
+//! lead-exec ──ctl pipe (deadlines, signals)──▶ watchdog ──fork/exec──▶ job (own pgid, cgroup)
+//!           ◀──report pipe (spawned, ended)───
+//! ```
+//!
+//! The watchdog is spawned from the main thread (the runtime is single-threaded), so
+//! `PR_SET_PDEATHSIG` fires only when lead-exec itself exits, never when a worker thread does.
+
+pub mod group;
+pub mod protocol;
+pub mod signals;
+pub mod watchdog;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::net::unix::pipe;
+
+use crate::cli::CgroupMode;
+use crate::clock::BootInstant;
+use crate::exit::{fail, Exit, JobStatus};
+use protocol::{Cause, Command, Report};
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub grace: Duration,
+    pub cgroup: CgroupMode,
+}
+
+/// How the job's group ended, as the watchdog saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    pub status: JobStatus,
+    pub cause: Cause,
+    /// Lease deadline minus time of death.
+    pub slack_ms: i64,
+}
+
+/// A running job under its watchdog.
+pub struct Job {
+    pub pid: i32,
+    ctl: std::fs::File,
+    reports: Lines<BufReader<pipe::Receiver>>,
+    watchdog: std::process::Child,
+}
+
+/// Variables lead-exec reads that the job must not see.
+const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
+
+impl Job {
+    /// Starts the watchdog, which starts the job; returns once the job runs. The deadline `d`
+    /// is in force before the job's first instruction.
+    pub async fn spawn(spec: &JobSpec, d: BootInstant) -> Result<Job> {
+        let (ctl_r, ctl_w) = pipe2()?;
+        let (rep_r, rep_w) = pipe2()?;
+        let args = watchdog::Args {
+            parent: std::process::id() as i32,
+            ctl_fd: ctl_r.as_raw_fd(),
+            report_fd: rep_w.as_raw_fd(),
+            grace: spec.grace,
+            term_at: d.minus(spec.grace),
+            kill_at: d,
+            cgroup: spec.cgroup,
+            command: spec.command.iter().map(OsString::from).collect(),
+        };
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.args(args.to_argv()).arg0("lead-exec");
+        for k in SECRET_ENV {
+            cmd.env_remove(k);
+        }
+        cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
+        let (cfd, rfd) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
+        // SAFETY: fcntl is async-signal-safe; it only clears close-on-exec on the two pipe ends
+        // the watchdog must inherit.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in [cfd, rfd] {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let watchdog = cmd.spawn().context("starting the watchdog")?;
+        drop(ctl_r);
+        drop(rep_w);
+        let reports = BufReader::new(pipe::Receiver::from_owned_fd(rep_r)?).lines();
+        let mut job = Job {
+            pid: 0,
+            ctl: std::fs::File::from(ctl_w),
+            reports,
+            watchdog,
+        };
+        match job.next_report().await? {
+            Report::Spawned { pid } => {
+                job.pid = pid;
+                Ok(job)
+            }
+            Report::ExecFailed { errno } => {
+                job.reap_watchdog();
+                Err(exec_error(&spec.command[0], errno))
+            }
+            Report::SetupFailed { message } => {
+                job.reap_watchdog();
+                Err(fail(Exit::Software, message))
+            }
+            Report::Ended { .. } => anyhow::bail!("watchdog reported an end before a start"),
+        }
+    }
+
+    /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`.
+    pub fn extend(&mut self, d: BootInstant, grace: Duration) {
+        self.send(Command::Deadline {
+            term_at: d.minus(grace).as_nanos(),
+            kill_at: d.as_nanos(),
+        });
+    }
+
+    pub fn forward(&mut self, sig: i32) {
+        self.send(Command::Forward(sig));
+    }
+
+    /// `sig` now, SIGKILL after the grace.
+    pub fn stop(&mut self, sig: i32) {
+        self.send(Command::Stop(sig));
+    }
+
+    pub fn kill(&mut self) {
+        self.send(Command::Kill);
+    }
+
+    fn send(&mut self, c: Command) {
+        if let Err(e) = self.ctl.write_all(c.encode().as_bytes()) {
+            tracing::warn!("watchdog pipe: {e}");
+        }
+    }
+
+    /// Waits until the whole group is gone. Cancel-safe.
+    pub async fn wait(&mut self) -> Ended {
+        let ended = match self.next_report().await {
+            Ok(Report::Ended {
+                status,
+                cause,
+                slack_ms,
+            }) => Ended {
+                status,
+                cause,
+                slack_ms,
+            },
+            other => {
+                tracing::error!("watchdog ended unexpectedly: {other:?}");
+                Ended {
+                    status: JobStatus::Signaled(libc::SIGKILL),
+                    cause: Cause::Orphaned,
+                    slack_ms: 0,
+                }
+            }
+        };
+        self.reap_watchdog();
+        ended
+    }
+
+    async fn next_report(&mut self) -> Result<Report> {
+        loop {
+            let line = self
+                .reports
+                .next_line()
+                .await?
+                .context("watchdog closed its pipe")?;
+            if let Some(r) = Report::decode(&line) {
+                return Ok(r);
+            }
+        }
+    }
+
+    fn reap_watchdog(&mut self) {
+        // It exits right after its last report.
+        let _ = self.watchdog.wait();
+    }
+}
+
+fn pipe2() -> Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}
+
+/// 127 for a command that does not exist, 126 for one that cannot be executed, as shells do.
+pub fn exec_error(cmd: &str, errno: i32) -> anyhow::Error {
+    let err = std::io::Error::from_raw_os_error(errno);
+    match errno {
+        libc::ENOENT | libc::ENOTDIR => fail(Exit::NotFound, format!("{cmd}: command not found")),
+        _ => fail(Exit::NotExecutable, format!("{cmd}: cannot execute: {err}")),
+    }
+}
+
+/// Checks the command before campaigning, so a typo is reported at once instead of after
+/// winning an election.
+pub fn preflight(cmd: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let candidates: Vec<std::path::PathBuf> = if cmd.contains('/') {
+        vec![cmd.into()]
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(cmd)).collect())
+            .unwrap_or_default()
+    };
+    let mut found_unexecutable = false;
+    for c in candidates {
+        if let Ok(m) = std::fs::metadata(&c) {
+            if m.is_file() && m.permissions().mode() & 0o111 != 0 {
+                return Ok(());
+            }
+            found_unexecutable = true;
+        }
+    }
+    Err(if found_unexecutable {
+        exec_error(cmd, libc::EACCES)
+    } else {
+        exec_error(cmd, libc::ENOENT)
+    })
+}

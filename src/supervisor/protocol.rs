@@ -1,0 +1,197 @@
+//! The pipe protocol between lead-exec and its watchdog: one text line per message.
+//!
+//! lead-exec → watchdog (`Command`), watchdog → lead-exec (`Report`). Text keeps it debuggable
+//! with strace; every message is far below `PIPE_BUF`, so writes are atomic.
+
+use crate::exit::JobStatus;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// New deadlines on CLOCK_BOOTTIME (ns): SIGTERM at `term_at`, SIGKILL at `kill_at`.
+    Deadline { term_at: u64, kill_at: u64 },
+    /// Pass this signal on to the group.
+    Forward(i32),
+    /// Send this signal to the group now, SIGKILL after the grace (or at the deadline, if
+    /// sooner).
+    Stop(i32),
+    /// SIGKILL the group now.
+    Kill,
+}
+
+/// Why the job's group ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The job's main process exited on its own.
+    SelfExit,
+    /// lead-exec asked for the stop.
+    Stop,
+    /// The lease deadline passed without an extension.
+    Deadline,
+    /// lead-exec went away (pipe EOF or parent death).
+    Orphaned,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::SelfExit => "self",
+            Cause::Stop => "stop",
+            Cause::Deadline => "deadline",
+            Cause::Orphaned => "orphaned",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Cause> {
+        Some(match s {
+            "self" => Cause::SelfExit,
+            "stop" => Cause::Stop,
+            "deadline" => Cause::Deadline,
+            "orphaned" => Cause::Orphaned,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    Spawned {
+        pid: i32,
+    },
+    /// exec failed with this errno (ENOENT → 127, EACCES → 126).
+    ExecFailed {
+        errno: i32,
+    },
+    /// The watchdog could not set up (e.g. `--cgroup on` without cgroup v2).
+    SetupFailed {
+        message: String,
+    },
+    /// The whole group is gone and reaped. `slack_ms` = lease deadline − time of death.
+    Ended {
+        status: JobStatus,
+        cause: Cause,
+        slack_ms: i64,
+    },
+}
+
+impl Command {
+    pub fn encode(&self) -> String {
+        match self {
+            Command::Deadline { term_at, kill_at } => format!("D {term_at} {kill_at}\n"),
+            Command::Forward(s) => format!("S {s}\n"),
+            Command::Stop(s) => format!("T {s}\n"),
+            Command::Kill => "K\n".to_string(),
+        }
+    }
+
+    pub fn decode(line: &str) -> Option<Command> {
+        let mut w = line.split_whitespace();
+        let cmd = match w.next()? {
+            "D" => Command::Deadline {
+                term_at: w.next()?.parse().ok()?,
+                kill_at: w.next()?.parse().ok()?,
+            },
+            "S" => Command::Forward(w.next()?.parse().ok()?),
+            "T" => Command::Stop(w.next()?.parse().ok()?),
+            "K" => Command::Kill,
+            _ => return None,
+        };
+        Some(cmd)
+    }
+}
+
+impl Report {
+    pub fn encode(&self) -> String {
+        match self {
+            Report::Spawned { pid } => format!("P {pid}\n"),
+            Report::ExecFailed { errno } => format!("E {errno}\n"),
+            Report::SetupFailed { message } => format!("F {}\n", message.replace('\n', " ")),
+            Report::Ended {
+                status,
+                cause,
+                slack_ms,
+            } => {
+                let (kind, n) = match status {
+                    JobStatus::Exited(c) => ("exit", c),
+                    JobStatus::Signaled(s) => ("signal", s),
+                };
+                format!("X {kind} {n} {} {slack_ms}\n", cause.as_str())
+            }
+        }
+    }
+
+    pub fn decode(line: &str) -> Option<Report> {
+        let line = line.trim_end();
+        let (tag, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let mut w = rest.split_whitespace();
+        Some(match tag {
+            "P" => Report::Spawned {
+                pid: w.next()?.parse().ok()?,
+            },
+            "E" => Report::ExecFailed {
+                errno: w.next()?.parse().ok()?,
+            },
+            "F" => Report::SetupFailed {
+                message: rest.to_string(),
+            },
+            "X" => {
+                let kind = w.next()?;
+                let n: i32 = w.next()?.parse().ok()?;
+                let status = match kind {
+                    "exit" => JobStatus::Exited(n),
+                    "signal" => JobStatus::Signaled(n),
+                    _ => return None,
+                };
+                Report::Ended {
+                    status,
+                    cause: Cause::parse(w.next()?)?,
+                    slack_ms: w.next()?.parse().ok()?,
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_round_trip() {
+        for c in [
+            Command::Deadline {
+                term_at: 1,
+                kill_at: u64::MAX,
+            },
+            Command::Forward(10),
+            Command::Stop(15),
+            Command::Kill,
+        ] {
+            assert_eq!(Command::decode(&c.encode()), Some(c));
+        }
+        assert_eq!(Command::decode("bogus"), None);
+    }
+
+    #[test]
+    fn reports_round_trip() {
+        for r in [
+            Report::Spawned { pid: 42 },
+            Report::ExecFailed { errno: 2 },
+            Report::SetupFailed {
+                message: "no cgroup v2 here".into(),
+            },
+            Report::Ended {
+                status: JobStatus::Exited(7),
+                cause: Cause::SelfExit,
+                slack_ms: 900,
+            },
+            Report::Ended {
+                status: JobStatus::Signaled(9),
+                cause: Cause::Deadline,
+                slack_ms: -3,
+            },
+        ] {
+            assert_eq!(Report::decode(&r.encode()), Some(r));
+        }
+    }
+}

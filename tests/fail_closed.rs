@@ -1,0 +1,171 @@
+//! Fail closed: when renewal fails the job is dead before the lease could expire on the
+//! server; lost keys and expired candidacies never let a job run on a dead term.
+
+use std::time::{Duration, Instant};
+
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::*;
+
+/// A job that records each term's token, lease and pid, then runs until killed.
+fn recording_job(dir: &std::path::Path) -> String {
+    script(
+        dir,
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; echo $$ > $D/pid; exec sleep 120",
+    )
+}
+
+fn terms(dir: &std::path::Path) -> Vec<(i64, String)> {
+    lines(&dir.join("terms"))
+        .iter()
+        .map(|l| {
+            let (t, lease) = l.split_once(' ').unwrap();
+            (t.parse().unwrap(), lease.to_string())
+        })
+        .collect()
+}
+
+/// D is at most (last keepalive send) + TTL − margin, and the last send was at most one
+/// interval (TTL/3) before the cut: the job must be dead within TTL − margin of the cut.
+#[test]
+fn blackholed_etcd_kills_the_job_before_the_deadline_then_a_new_term_starts() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let job = recording_job(dir.path());
+    let ep = proxy.endpoint();
+    let mut w = spawn(dir.path(), "w", &run_args("fc", &ep, &[], &job));
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let cut = Instant::now();
+    proxy.set(Mode::Blackhole);
+    assert!(
+        wait_until(secs(10), || !alive(pid)),
+        "job survived the blackhole"
+    );
+    let died = cut.elapsed();
+    assert!(
+        died <= Duration::from_millis(2500 + 300),
+        "job died {died:?} after the cut; the deadline was at most 2.5 s"
+    );
+    proxy.set(Mode::Pass);
+    let ok = wait_until(secs(20), || terms(dir.path()).len() >= 2);
+    assert!(ok, "no new term after etcd came back:\n{}", w.log_text());
+    let t = terms(dir.path());
+    assert!(t[1].0 > t[0].0, "{t:?}");
+    assert_ne!(t[1].1, t[0].1, "a new term needs a fresh lease");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+#[test]
+fn stopped_etcd_member_kills_the_job_then_a_new_term_starts() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = recording_job(dir.path());
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("fc2", &etcd.endpoints(), &[], &job),
+    );
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let cut = Instant::now();
+    etcd.members[0].stop();
+    assert!(wait_until(secs(10), || !alive(pid)), "job survived");
+    assert!(
+        cut.elapsed() <= Duration::from_millis(2800),
+        "{:?}",
+        cut.elapsed()
+    );
+    etcd.members[0].cont();
+    let ok = wait_until(secs(20), || terms(dir.path()).len() >= 2);
+    assert!(ok, "no new term:\n{}", w.log_text());
+    let t = terms(dir.path());
+    assert!(t[1].0 > t[0].0, "{t:?}");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+#[test]
+fn deleting_the_leader_key_stops_the_job_and_campaigns_again() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = recording_job(dir.path());
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("del", &etcd.endpoints(), &[], &job),
+    );
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let keys = etcd.keys("lead-exec/elections/del/");
+    assert_eq!(keys.len(), 1);
+    etcd.ctl(&["del", &keys[0]]);
+    assert!(
+        wait_until(secs(5), || !alive(pid)),
+        "job survived the delete"
+    );
+    assert!(
+        wait_until(secs(10), || terms(dir.path()).len() >= 2),
+        "{}",
+        w.log_text()
+    );
+    let t = terms(dir.path());
+    assert!(t[1].0 > t[0].0);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+#[test]
+fn a_candidate_whose_lease_is_revoked_while_queued_never_spawns_on_it() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let a_job = script(dir.path(), "echo up > $D/a_up; exec sleep 120");
+    let b_job = script(
+        dir.path(),
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID > $D/b_term",
+    );
+    let mut a = spawn(dir.path(), "a", &run_args("queued", &ep, &[], &a_job));
+    wait_line(&dir.path().join("a_up"), secs(10), |l| l == "up");
+    let mut b = spawn(dir.path(), "b", &run_args("queued", &ep, &[], &b_job));
+    b.wait_log("waiting behind", secs(10));
+    let keys = etcd.keys("lead-exec/elections/queued/");
+    let b_lease = keys[1].rsplit('/').next().unwrap().to_string();
+    etcd.ctl(&["lease", "revoke", &b_lease]);
+    b.wait_log("candidacy lost while queued", secs(10));
+    a.signal(libc::SIGTERM);
+    assert_eq!(b.code(secs(20)), 0, "{}", b.log_text());
+    let line = lines(&dir.path().join("b_term")).remove(0);
+    let (_, lease) = line.split_once(' ').unwrap();
+    assert_ne!(lease, b_lease, "spawned on the revoked lease");
+    a.wait(secs(10));
+}
+
+#[test]
+fn a_frozen_candidate_whose_lease_expired_never_spawns_on_it() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let a_job = script(dir.path(), "echo up > $D/a_up; exec sleep 120");
+    let b_job = script(
+        dir.path(),
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID > $D/b_term",
+    );
+    let mut a = spawn(dir.path(), "a", &run_args("frozen", &ep, &[], &a_job));
+    wait_line(&dir.path().join("a_up"), secs(10), |l| l == "up");
+    let mut b = spawn(dir.path(), "b", &run_args("frozen", &ep, &[], &b_job));
+    b.wait_log("waiting behind", secs(10));
+    let keys = etcd.keys("lead-exec/elections/frozen/");
+    let b_key = keys[1].clone();
+    let b_lease = b_key.rsplit('/').next().unwrap().to_string();
+    b.signal(libc::SIGSTOP);
+    // The server expires B's lease (TTL 3 s) while B is frozen.
+    assert!(wait_until(secs(15), || !etcd
+        .keys("lead-exec/elections/frozen/")
+        .contains(&b_key)));
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    b.signal(libc::SIGCONT);
+    assert_eq!(b.code(secs(20)), 0, "{}", b.log_text());
+    let line = lines(&dir.path().join("b_term")).remove(0);
+    let (_, lease) = line.split_once(' ').unwrap();
+    assert_ne!(lease, b_lease, "spawned on the expired lease");
+}

@@ -1,0 +1,512 @@
+//! Test harness: real etcd processes on free loopback ports, the built binary, and helpers
+//! that wait for events (a file line, a key, an exit) instead of sleeping.
+
+#![allow(dead_code)]
+
+pub mod proxy;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_lead-exec");
+
+/// Lease settings that keep tests fast and still pass the safety check:
+/// grace 0.5 + margin 0.5 + interval 1 < ttl 3.
+pub const FAST: [&str; 6] = [
+    "--ttl",
+    "3s",
+    "--grace",
+    "500ms",
+    "--safety-margin",
+    "500ms",
+];
+
+fn need(binary: &str, package: &str) -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(dir).join(binary);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("`{binary}` not found on PATH: install the Debian package `{package}` (apt-get install {package}); bash .ci/run does this");
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// One etcd member process.
+pub struct Member {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    args: Vec<String>,
+}
+
+impl Member {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    fn spawn(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", self.name)))
+            .unwrap();
+        let child = Command::new(need("etcd", "etcd-server"))
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn stop(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    pub fn cont(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+}
+
+/// A throwaway etcd cluster (one or three members) in its own temp dir.
+pub struct Etcd {
+    pub members: Vec<Member>,
+    pub dir: TempDir,
+}
+
+impl Etcd {
+    pub fn start() -> Etcd {
+        Etcd::start_n(1)
+    }
+
+    pub fn start3() -> Etcd {
+        Etcd::start_n(3)
+    }
+
+    pub fn start_n(n: usize) -> Etcd {
+        let dir = tempfile::tempdir().unwrap();
+        let token = format!(
+            "t{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let cluster: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect();
+        let mut members = Vec::new();
+        for (i, (c, p)) in ports.iter().enumerate() {
+            let name = format!("m{i}");
+            let args = vec![
+                "--name".into(),
+                name.clone(),
+                "--data-dir".into(),
+                dir.path().join(&name).display().to_string(),
+                "--listen-client-urls".into(),
+                format!("http://127.0.0.1:{c}"),
+                "--advertise-client-urls".into(),
+                format!("http://127.0.0.1:{c}"),
+                "--listen-peer-urls".into(),
+                format!("http://127.0.0.1:{p}"),
+                "--initial-advertise-peer-urls".into(),
+                format!("http://127.0.0.1:{p}"),
+                "--initial-cluster".into(),
+                cluster.join(","),
+                "--initial-cluster-state".into(),
+                "new".into(),
+                "--initial-cluster-token".into(),
+                token.clone(),
+                "--heartbeat-interval".into(),
+                "50".into(),
+                "--election-timeout".into(),
+                "500".into(),
+            ];
+            let mut m = Member {
+                name,
+                client_port: *c,
+                peer_port: *p,
+                dir: dir.path().to_path_buf(),
+                child: None,
+                args,
+            };
+            m.spawn();
+            members.push(m);
+        }
+        let e = Etcd { members, dir };
+        e.wait_healthy(Duration::from_secs(20));
+        e
+    }
+
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| m.endpoint())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn wait_healthy(&self, limit: Duration) {
+        let ok = wait_until(limit, || {
+            etcdctl_status(&self.endpoints(), &["put", "lead-exec-test/health", "ok"]).success()
+        });
+        assert!(ok, "etcd did not become healthy within {limit:?}");
+    }
+
+    /// etcdctl against this cluster; panics on failure.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        etcdctl(&self.endpoints(), args)
+    }
+
+    /// Keys under a prefix, in create order.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        self.ctl(&["get", "--prefix", "--keys-only", "--sort-by=CREATE", prefix])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            if let Some(c) = &m.child {
+                signal(c.id() as i32, libc::SIGCONT);
+            }
+            m.kill();
+        }
+    }
+}
+
+pub fn etcdctl_status(endpoints: &str, args: &[&str]) -> ExitStatus {
+    Command::new(need("etcdctl", "etcd-client"))
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .arg("--dial-timeout=1s")
+        .arg("--command-timeout=2s")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+}
+
+pub fn etcdctl(endpoints: &str, args: &[&str]) -> String {
+    let out = Command::new(need("etcdctl", "etcd-client"))
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .arg("--command-timeout=5s")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) with a pid we started.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+pub fn alive(pid: i32) -> bool {
+    // A zombie still answers kill(0): look at its state too.
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            state != Some("Z") && state != Some("X")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds or `limit` passes.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Lines of a file ("" if it does not exist yet).
+pub fn lines(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits until `path` has a line for which `pred` holds, and returns it.
+pub fn wait_line(path: &Path, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
+    let mut found = None;
+    let ok = wait_until(limit, || {
+        found = lines(path).into_iter().find(|l| pred(l));
+        found.is_some()
+    });
+    assert!(
+        ok,
+        "no matching line in {} within {limit:?}; it has:\n{}",
+        path.display(),
+        lines(path).join("\n")
+    );
+    found.unwrap()
+}
+
+/// A `lead-exec` process whose stderr goes to a file.
+pub struct Worker {
+    pub child: Child,
+    pub log: PathBuf,
+    done: Option<ExitStatus>,
+}
+
+impl Worker {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        signal(self.pid(), sig);
+    }
+
+    /// Waits for exit within `limit`; panics with the log otherwise.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        if let Some(s) = self.done {
+            return s;
+        }
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                self.done = Some(s);
+                return s;
+            }
+            if Instant::now() > end {
+                panic!(
+                    "lead-exec pid {} still running after {limit:?}; log:\n{}",
+                    self.pid(),
+                    fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn code(&mut self, limit: Duration) -> i32 {
+        let s = self.wait(limit);
+        s.code()
+            .unwrap_or_else(|| panic!("lead-exec died by a signal: {s:?}"))
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log has a line containing `needle`.
+    pub fn wait_log(&self, needle: &str, limit: Duration) {
+        let ok = wait_until(limit, || self.log_text().contains(needle));
+        assert!(
+            ok,
+            "log never said {needle:?} within {limit:?}:\n{}",
+            self.log_text()
+        );
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.done.is_none() {
+            signal(self.pid(), libc::SIGCONT);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Starts `lead-exec ARGS`, logging stderr to `dir/NAME.log`.
+pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Worker {
+    spawn_env(dir, name, args, &[])
+}
+
+pub fn spawn_env(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(BIN)
+        .args(args)
+        .env_remove("LEAD_EXEC_ENDPOINTS")
+        .env_remove("ETCDCTL_ENDPOINTS")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(dir.join(format!("{name}.out"))).unwrap())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Worker {
+        child,
+        log,
+        done: None,
+    }
+}
+
+/// Runs `lead-exec ARGS` to completion: (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    run_env(args, &[])
+}
+
+pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("LEAD_EXEC_ENDPOINTS")
+        .env_remove("ETCDCTL_ENDPOINTS")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `run NAME --endpoints E <FAST> EXTRA... -- sh -c SCRIPT`.
+pub fn run_args<'a>(
+    name: &'a str,
+    endpoints: &'a str,
+    extra: &[&'a str],
+    script: &'a str,
+) -> Vec<&'a str> {
+    let mut v = vec!["run", name, "--endpoints", endpoints];
+    v.extend_from_slice(&FAST);
+    v.extend_from_slice(extra);
+    v.extend_from_slice(&["--", "sh", "-c", script]);
+    v
+}
+
+/// A shell script line with `$D` standing for the test dir.
+pub fn script(dir: &Path, body: &str) -> String {
+    body.replace("$D", &dir.display().to_string())
+}
+
+/// Reads an integer from a file once it exists.
+pub fn wait_int(path: &Path, limit: Duration) -> i64 {
+    let mut v = None;
+    let ok = wait_until(limit, || {
+        v = fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        v.is_some()
+    });
+    assert!(ok, "{} never held a number", path.display());
+    v.unwrap()
+}
+
+/// Follows a child's stdout line by line (for `watch` and `etcdctl elect --listen`).
+pub struct LineReader {
+    pub child: Child,
+    rx: std::sync::mpsc::Receiver<String>,
+}
+
+impl LineReader {
+    pub fn start(mut cmd: Command) -> LineReader {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        LineReader { child, rx }
+    }
+
+    /// Waits for a line containing `needle`.
+    pub fn expect(&self, needle: &str, limit: Duration) -> String {
+        let end = Instant::now() + limit;
+        let mut seen = Vec::new();
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.rx.recv_timeout(left) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(l) => seen.push(l),
+                Err(_) => break,
+            }
+        }
+        panic!("no line containing {needle:?} within {limit:?}; saw: {seen:#?}");
+    }
+
+    /// Asserts that no line containing `needle` arrives within `window`.
+    pub fn quiet_for(&self, needle: &str, window: Duration) {
+        let end = Instant::now() + window;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            if let Ok(l) = self.rx.recv_timeout(left) {
+                assert!(!l.contains(needle), "unexpected line: {l}");
+            }
+        }
+    }
+}
+
+impl Drop for LineReader {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}

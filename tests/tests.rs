@@ -1,0 +1,24 @@
+//! Integration tests against the built binary and real etcd processes.
+//!
+//! Where new tests go:
+//! - `cli`: bad input, exit codes, the job's environment (issue: run)
+//! - `exclusion`: mutual exclusion and token order across workers
+//! - `signals`: signals to lead-exec and their effect on the job's group
+//! - `fail_closed`: etcd unreachable, lost key, expired candidates
+//! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
+//! - `interop`: coexistence with `etcdctl elect`
+//! - `ops`: status, watch, resign, pause, history, check, run keys
+//! - `docs`: the man pages match the clap definition
+//!
+//! `support` is the harness: etcd clusters, the fault proxy, workers, waiting helpers.
+
+mod support;
+
+mod cli;
+mod docs;
+mod exclusion;
+mod fail_closed;
+mod interop;
+mod ops;
+mod signals;
+mod watchdog;
