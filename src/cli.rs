@@ -237,7 +237,12 @@ pub struct RunArgs {
     pub metrics_addr: Option<String>,
 
     /// The command to run while leading, and its arguments.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(
+        last = true,
+        required = true,
+        value_name = "COMMAND",
+        help_heading = "Job"
+    )]
     pub command: Vec<String>,
 }
 
@@ -350,4 +355,33 @@ mod tests {
         assert_eq!(duration("1500ms"), Ok(Duration::from_millis(1500)));
         assert!(duration("5x").unwrap_err().contains("examples"));
     }
+}
+
+/// The man pages, as (file name, roff): `lead-exec.1` and one `lead-exec-SUB.1` per
+/// subcommand, rendered from this definition so they cannot drift from it.
+pub fn man_pages() -> Vec<(String, Vec<u8>)> {
+    let mut cmd = command();
+    cmd.build();
+    let mut pages = Vec::new();
+    let mut top = Vec::new();
+    clap_mangen::Man::new(cmd.clone())
+        .render(&mut top)
+        .expect("rendering to memory cannot fail");
+    pages.push(("lead-exec.1".to_string(), top));
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        let name = format!("lead-exec-{}", sub.get_name());
+        let sub = sub
+            .clone()
+            .name(name.clone())
+            .bin_name(format!("lead-exec {}", sub.get_name()));
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(sub)
+            .render(&mut buf)
+            .expect("rendering to memory cannot fail");
+        pages.push((format!("{name}.1"), buf));
+    }
+    pages
 }

@@ -312,6 +312,7 @@ impl Driver {
                         tracing::error!(
                             election = cfg.election.name(),
                             id = cfg.id,
+                            slack_ms = ended.slack_ms,
                             "the watchdog stopped the job at the lease deadline ({}): lead-exec could not renew in time",
                             ended.status
                         );
