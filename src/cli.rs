@@ -341,22 +341,6 @@ pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn clap_definition_is_consistent() {
-        command().debug_assert();
-    }
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert!(duration("5x").unwrap_err().contains("examples"));
-    }
-}
-
 /// The man pages, as (file name, roff): `lead-exec.1` and one `lead-exec-SUB.1` per
 /// subcommand, rendered from this definition so they cannot drift from it.
 pub fn man_pages() -> Vec<(String, Vec<u8>)> {
@@ -384,4 +368,20 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
         pages.push((format!("{name}.1"), buf));
     }
     pages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert!(duration("5x").unwrap_err().contains("examples"));
+    }
 }
