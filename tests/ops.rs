@@ -1,1 +1,404 @@
-//! placeholder
+//! Operator commands against real etcd: status, watch, resign, pause, history, check, run keys.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::*;
+
+/// A job that records "start T" / "end T" (on TERM) and runs until stopped.
+fn long_job(dir: &std::path::Path, who: &str) -> String {
+    script(
+        dir,
+        &format!(
+            "trap 'echo end $FENCING_TOKEN >> $D/log; exit 0' TERM; \
+             echo start $FENCING_TOKEN {who} >> $D/log; echo $FENCING_TOKEN > $D/{who}.token; \
+             while :; do sleep 0.05; done"
+        ),
+    )
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+fn starts(dir: &std::path::Path) -> Vec<(i64, String)> {
+    lines(&dir.join("log"))
+        .iter()
+        .filter_map(|l| l.strip_prefix("start "))
+        .map(|l| {
+            let (t, who) = l.split_once(' ').unwrap();
+            (t.parse().unwrap(), who.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn status_shows_leader_token_waiters_and_exit_codes() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (code, _, _) = run(&["status", "st", "--endpoints", &ep]);
+    assert_eq!(code, 3, "no leader yet");
+
+    let a = spawn(
+        dir.path(),
+        "a",
+        &run_args("st", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
+    );
+    let token = wait_int(&dir.path().join("a.token"), secs(10));
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args("st", &ep, &["--id", "beta"], "exit 0"),
+    );
+    b.wait_log("waiting behind alpha", secs(10));
+
+    let (code, out, err) = run(&["status", "st", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(v["leader"]["id"], "alpha");
+    assert_eq!(v["leader"]["token"], token);
+    assert!(v["leader"]["lease_ttl_left_s"].as_i64().unwrap() > 0);
+    assert_eq!(v["waiting"][0]["id"], "beta");
+    assert_eq!(v["paused"], serde_json::Value::Null);
+
+    let (code, out, _) = run(&["status", "st", "--endpoints", &ep]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("leader:    alpha") && out.contains(&format!("token {token}")),
+        "{out}"
+    );
+    assert!(out.contains("1. beta"), "{out}");
+
+    let dead = format!("127.0.0.1:{}", free_port());
+    let (code, _, err) = run(&[
+        "status",
+        "st",
+        "--endpoints",
+        &dead,
+        "--dial-timeout",
+        "500ms",
+    ]);
+    assert_eq!(code, 69, "{err}");
+    drop((a, b));
+}
+
+#[test]
+fn watch_prints_changes_with_tokens_and_survives_reconnects() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["watch", "wt", "--endpoints", &proxy.endpoint()]);
+    let watch = LineReader::start(cmd);
+    watch.expect("no leader", secs(10));
+
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("wt", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
+    );
+    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    watch.expect(&format!("leader alpha token {ta}"), secs(10));
+
+    // Cut the watcher off, change the leader while it is away, then let it back.
+    proxy.set(Mode::Reset);
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args("wt", &ep, &["--id", "beta"], &long_job(dir.path(), "b")),
+    );
+    b.wait_log("waiting behind alpha", secs(10));
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    proxy.set(Mode::Pass);
+    watch.expect(&format!("leader beta token {tb}"), secs(20));
+    drop(b);
+}
+
+#[test]
+fn resign_moves_leadership_without_overlap_and_the_new_token_is_larger() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let a = spawn(
+        dir.path(),
+        "a",
+        &run_args("rs", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
+    );
+    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args("rs", &ep, &["--id", "beta"], &long_job(dir.path(), "b")),
+    );
+    b.wait_log("waiting behind alpha", secs(10));
+
+    let (code, _, err) = run(&[
+        "resign",
+        "rs",
+        "--endpoints",
+        &ep,
+        "--token",
+        &(ta + 1000).to_string(),
+    ]);
+    assert_eq!(code, 4, "a wrong token must not act: {err}");
+    assert!(err.contains("is not the leader's"), "{err}");
+
+    let (code, out, err) = run(&[
+        "resign",
+        "rs",
+        "--endpoints",
+        &ep,
+        "--token",
+        &ta.to_string(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    assert!(tb > ta);
+    // A stopped its job before B started: "end A" precedes "start B".
+    let log = lines(&dir.path().join("log"));
+    let end_a = log
+        .iter()
+        .position(|l| l == &format!("end {ta}"))
+        .expect("A ended");
+    let start_b = log
+        .iter()
+        .position(|l| l.starts_with(&format!("start {tb}")))
+        .unwrap();
+    assert!(end_a < start_b, "{log:#?}");
+    // A went to the back of the line.
+    a.wait_log("waiting behind beta", secs(10));
+    let (_, hist, _) = run(&["history", "rs", "--endpoints", &ep, "-o", "json"]);
+    assert!(hist.contains("\"end\":\"resigned\""), "{hist}");
+    drop((a, b));
+}
+
+#[test]
+fn pause_stops_the_job_and_resume_restarts_it() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let a = spawn(
+        dir.path(),
+        "a",
+        &run_args("pz", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
+    );
+    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+
+    let (code, out, _) = run(&[
+        "pause",
+        "pz",
+        "--endpoints",
+        &ep,
+        "--reason",
+        "ledger migration",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    wait_line(&dir.path().join("log"), secs(10), |l| {
+        l == format!("end {ta}")
+    });
+    a.wait_log("election paused; waiting for resume", secs(10));
+    let (code, out, _) = run(&["status", "pz", "--endpoints", &ep]);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("ledger migration"), "{out}");
+    assert_eq!(starts(dir.path()).len(), 1, "no job may start while paused");
+
+    let (code, _, _) = run(&["resume", "pz", "--endpoints", &ep]);
+    assert_eq!(code, 0);
+    assert!(wait_until(secs(10), || starts(dir.path()).len() == 2));
+    let s = starts(dir.path());
+    assert!(s[1].0 > ta, "{s:?}");
+    let (_, hist, _) = run(&["history", "pz", "--endpoints", &ep, "-o", "json"]);
+    assert!(hist.contains("\"end\":\"paused\""), "{hist}");
+    drop(a);
+}
+
+#[test]
+fn history_records_terms_and_a_stale_leader_cannot_write_it() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    for code in [0, 3] {
+        let (c, _, err) = run(&run_args(
+            "hist",
+            &ep,
+            &["--id", "h"],
+            &format!("exit {code}"),
+        ));
+        assert_eq!(c, code, "{err}");
+    }
+    let (code, out, _) = run(&["history", "hist", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(code, 0);
+    let recs: Vec<serde_json::Value> = out.lines().map(json).collect();
+    assert_eq!(recs.len(), 2, "{out}");
+    assert_eq!(recs[0]["end"], "exit 0");
+    assert_eq!(recs[1]["end"], "exit 3");
+    assert!(recs[0]["token"].as_i64() < recs[1]["token"].as_i64());
+    let (_, text, _) = run(&["history", "hist", "--endpoints", &ep]);
+    assert!(text.lines().next().unwrap().starts_with("TOKEN"), "{text}");
+
+    // The first term's leader key is gone: a write guarded by it must fail.
+    let token = recs[0]["token"].as_i64().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wrote = rt.block_on(async {
+        let client = etcd_client::Client::connect([ep.as_str()], None)
+            .await
+            .unwrap();
+        let election = lead_exec::election::Election::new("hist").unwrap();
+        let stale_key = election.candidate_key(0x1234);
+        lead_exec::ops::history::finish(
+            &client,
+            &election,
+            token,
+            lead_exec::ops::history::EndReason::Exited(9),
+            etcd_client::Compare::create_revision(stale_key, etcd_client::CompareOp::Equal, token),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
+    });
+    assert!(!wrote, "a stale leader wrote history");
+    let (_, out, _) = run(&["history", "hist", "--endpoints", &ep, "-o", "json"]);
+    assert!(!out.contains("exit 9"), "{out}");
+}
+
+#[test]
+fn history_keeps_only_the_last_n_terms() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    for _ in 0..4 {
+        let (c, _, err) = run(&run_args("keep", &ep, &["--history-keep", "2"], "exit 0"));
+        assert_eq!(c, 0, "{err}");
+    }
+    assert_eq!(etcd.keys("lead-exec/meta/keep/history/").len(), 2);
+}
+
+#[test]
+fn check_inside_the_job_passes_for_the_leader_and_fails_for_an_old_token() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        &format!("'{BIN}' check > $D/check.out 2>&1; echo $? > $D/check.code; echo $FENCING_TOKEN > $D/token"),
+    );
+    let (code, _, err) = run(&run_args("chk", &ep, &[], &job));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        wait_int(&dir.path().join("check.code"), secs(5)),
+        0,
+        "{:?}",
+        lines(&dir.path().join("check.out"))
+    );
+    let old = wait_int(&dir.path().join("token"), secs(5));
+
+    // A later term makes the old token stale.
+    let _w = spawn(
+        dir.path(),
+        "w",
+        &run_args("chk", &ep, &[], &long_job(dir.path(), "w")),
+    );
+    wait_int(&dir.path().join("w.token"), secs(10));
+    let (code, _, err) = run_env(
+        &["check"],
+        &[
+            ("FENCING_TOKEN", &old.to_string()),
+            ("LEAD_EXEC_ELECTION", "chk"),
+            ("LEAD_EXEC_ENDPOINTS", &ep),
+        ],
+    );
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains(&format!("token {old} is stale")), "{err}");
+}
+
+#[test]
+fn run_key_dedupes_and_its_record_is_fenced() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), "echo ran $LEAD_EXEC_RUN_KEY >> $D/runs");
+    let key = "20261202T1530";
+    for _ in 0..2 {
+        let (code, _, err) = run(&run_args(
+            "cron",
+            &ep,
+            &["--run-key", key, "--no-wait"],
+            &job,
+        ));
+        assert_eq!(code, 0, "{err}");
+    }
+    assert_eq!(lines(&dir.path().join("runs")), vec![format!("ran {key}")]);
+    // A failed run is not recorded: the next one runs.
+    let (code, _, _) = run(&run_args("cron", &ep, &["--run-key", "k2"], "exit 1"));
+    assert_eq!(code, 1);
+    let (code, _, _) = run(&run_args("cron", &ep, &["--run-key", "k2"], &job));
+    assert_eq!(code, 0);
+    assert_eq!(lines(&dir.path().join("runs")).len(), 2);
+
+    // A candidate queued behind the leader of the same key does not rerun it.
+    let slow = script(
+        dir.path(),
+        "echo up > $D/up; sleep 1; echo ran k3 >> $D/runs",
+    );
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("cron", &ep, &["--run-key", "k3"], &slow),
+    );
+    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args("cron", &ep, &["--run-key", "k3"], &job),
+    );
+    assert_eq!(a.code(secs(10)), 0);
+    assert_eq!(b.code(secs(10)), 0, "{}", b.log_text());
+    assert_eq!(
+        lines(&dir.path().join("runs"))
+            .iter()
+            .filter(|l| l.contains("k3"))
+            .count(),
+        1
+    );
+
+    // The record is written only under a live leader key.
+    let cfg_args = [
+        "lead-exec",
+        "run",
+        "cron",
+        "--endpoints",
+        ep.as_str(),
+        "--run-key",
+        "k4",
+        "--",
+        "true",
+    ];
+    let cli = lead_exec::parse(cfg_args.iter().map(std::ffi::OsString::from))
+        .ok()
+        .unwrap();
+    let lead_exec::cli::Command::Run(args) = cli.command else {
+        unreachable!()
+    };
+    let cfg = lead_exec::config::RunConfig::from_args(&args).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wrote = rt.block_on(async {
+        let client = etcd_client::Client::connect([ep.as_str()], None)
+            .await
+            .unwrap();
+        let stale = cfg.election.candidate_key(0x4242);
+        lead_exec::ops::runkey::mark_done(&client, &cfg, &stale, 7)
+            .await
+            .unwrap()
+    });
+    assert!(!wrote);
+    assert!(etcd.keys("lead-exec/meta/cron/runs/k4").is_empty());
+}
