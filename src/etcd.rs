@@ -22,7 +22,11 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
         .with_keep_alive(Duration::from_secs(1), conn.dial_timeout)
         .with_keep_alive_while_idle(true);
     if let Some((user, password)) = &conn.auth {
-        opts = opts.with_user(user, password.expose());
+        // etcd's auth tokens expire (5 minutes by default); a lease held for days must not
+        // fail closed because of that.
+        opts = opts
+            .with_user(user, password.expose())
+            .with_auto_token_refresh(true);
     }
     if let Some(tls) = &conn.tls {
         let mut t = TlsOptions::new();
@@ -52,24 +56,44 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
         })
         .collect();
     let what = format!("etcd at {}", conn.endpoints.join(","));
-    let mut client = bounded(
-        conn.dial_timeout,
-        &what,
-        Client::connect(&endpoints, Some(opts)),
-    )
-    .await?;
-    // The channel is lazy: one cheap linearizable read proves the cluster is there and has a
-    // quorum.
-    bounded(
-        conn.dial_timeout,
-        &what,
-        client.get(
-            format!("{}/", crate::election::ROOT),
-            Some(etcd_client::GetOptions::new().with_count_only()),
-        ),
-    )
-    .await?;
-    Ok(client)
+    let probe = async {
+        let mut client = bounded(
+            conn.dial_timeout,
+            &what,
+            Client::connect(&endpoints, Some(opts)),
+        )
+        .await?;
+        // The channel is lazy: one cheap linearizable read proves the cluster is there and
+        // has a quorum.
+        bounded(
+            conn.dial_timeout,
+            &what,
+            client.get(
+                format!("{}/", crate::election::ROOT),
+                Some(etcd_client::GetOptions::new().with_count_only()),
+            ),
+        )
+        .await?;
+        Ok::<_, anyhow::Error>(client)
+    };
+    match probe.await {
+        Ok(c) => Ok(c),
+        // A server that refuses our client certificate just drops the handshake: say where
+        // to look.
+        Err(e) => {
+            let text = format!("{e:#}");
+            let vague = text.ends_with("canceled") || text.ends_with("transport error");
+            if conn.tls.is_some() && vague {
+                return Err(fail(
+                    crate::exit::exit_of(&e),
+                    format!(
+                        "{text} (the TLS handshake failed: is --cert signed by a CA the server trusts?)"
+                    ),
+                ));
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Runs one etcd request, bounded by `limit`, and classifies its failure.

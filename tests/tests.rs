@@ -8,6 +8,8 @@
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
 //! - `interop`: coexistence with `etcdctl elect`
 //! - `ops`: status, watch, resign, pause, history, check, run keys
+//! - `security`: TLS with client certificates, user/password auth
+//! - `observability`: metrics, logs, systemd notify, completions
 //! - `docs`: the man pages match the clap definition
 //!
 //! `support` is the harness: etcd clusters, the fault proxy, workers, waiting helpers.
@@ -19,6 +21,8 @@ mod docs;
 mod exclusion;
 mod fail_closed;
 mod interop;
+mod observability;
 mod ops;
+mod security;
 mod signals;
 mod watchdog;

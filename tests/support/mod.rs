@@ -107,6 +107,8 @@ impl Member {
 pub struct Etcd {
     pub members: Vec<Member>,
     pub dir: TempDir,
+    /// Extra etcdctl flags (credentials) once auth is enabled.
+    pub ctl_args: Vec<String>,
 }
 
 impl Etcd {
@@ -119,7 +121,13 @@ impl Etcd {
     }
 
     pub fn start_n(n: usize) -> Etcd {
-        let dir = tempfile::tempdir().unwrap();
+        Etcd::start_with(n, "http", &[], None)
+    }
+
+    /// `n` members with client URLs of `scheme` and extra flags (TLS, for instance). Files
+    /// the flags name can live in `dir`, which the cluster then owns.
+    pub fn start_with(n: usize, scheme: &str, extra: &[String], dir: Option<TempDir>) -> Etcd {
+        let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
         let token = format!(
             "t{}-{}",
             std::process::id(),
@@ -140,9 +148,9 @@ impl Etcd {
                 "--data-dir".into(),
                 dir.path().join(&name).display().to_string(),
                 "--listen-client-urls".into(),
-                format!("http://127.0.0.1:{c}"),
+                format!("{scheme}://127.0.0.1:{c}"),
                 "--advertise-client-urls".into(),
-                format!("http://127.0.0.1:{c}"),
+                format!("{scheme}://127.0.0.1:{c}"),
                 "--listen-peer-urls".into(),
                 format!("http://127.0.0.1:{p}"),
                 "--initial-advertise-peer-urls".into(),
@@ -157,7 +165,10 @@ impl Etcd {
                 "50".into(),
                 "--election-timeout".into(),
                 "500".into(),
-            ];
+            ]
+            .into_iter()
+            .chain(extra.iter().cloned())
+            .collect();
             let mut m = Member {
                 name,
                 client_port: *c,
@@ -169,8 +180,14 @@ impl Etcd {
             m.spawn();
             members.push(m);
         }
-        let e = Etcd { members, dir };
-        e.wait_healthy(Duration::from_secs(20));
+        let e = Etcd {
+            members,
+            dir,
+            ctl_args: Vec::new(),
+        };
+        if scheme == "http" {
+            e.wait_healthy(Duration::from_secs(20));
+        }
         e
     }
 
@@ -191,7 +208,9 @@ impl Etcd {
 
     /// etcdctl against this cluster; panics on failure.
     pub fn ctl(&self, args: &[&str]) -> String {
-        etcdctl(&self.endpoints(), args)
+        let mut all: Vec<&str> = self.ctl_args.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        etcdctl(&self.endpoints(), &all)
     }
 
     /// Keys under a prefix, in create order.

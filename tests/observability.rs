@@ -1,0 +1,182 @@
+//! Metrics, structured logs, systemd notifications and completions.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixDatagram;
+
+use crate::support::*;
+
+fn scrape(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn job(dir: &std::path::Path, who: &str) -> String {
+    script(
+        dir,
+        &format!("echo $FENCING_TOKEN > $D/{who}.token; trap 'exit 0' TERM; while :; do sleep 0.05; done"),
+    )
+}
+
+#[test]
+fn metrics_follow_a_failover() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (pa, pb) = (free_port(), free_port());
+    let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("met", &ep, &["--metrics-addr", &ma], &job(dir.path(), "a")),
+    );
+    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args("met", &ep, &["--metrics-addr", &mb], &job(dir.path(), "b")),
+    );
+    b.wait_log("waiting behind", secs(10));
+
+    let text = scrape(pa).expect("leader serves metrics");
+    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "lead_exec_fencing_token"), Some(ta as f64));
+    assert_eq!(metric(&text, "lead_exec_job_starts_total"), Some(1.0));
+    assert_eq!(metric(&text, "lead_exec_campaigns_won_total"), Some(1.0));
+    // Keepalives happen every TTL/3 = 1 s.
+    assert!(wait_until(secs(5), || {
+        scrape(pa)
+            .and_then(|t| metric(&t, "lead_exec_keepalive_rtt_seconds_count"))
+            .unwrap_or(0.0)
+            >= 1.0
+    }));
+    let text = scrape(pb).unwrap();
+    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(0.0), "{text}");
+
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    let text = scrape(pb).unwrap();
+    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "lead_exec_fencing_token"), Some(tb as f64));
+    assert!(metric(&text, "lead_exec_campaign_duration_seconds_count") == Some(1.0));
+    assert!(text.contains("lead_exec_lease_ttl_remaining_seconds"));
+    drop(b);
+}
+
+#[test]
+fn metrics_count_losses_and_job_exits_by_reason() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = spawn(
+        dir.path(),
+        "w",
+        &run_args(
+            "loss",
+            &etcd.endpoints(),
+            &["--metrics-addr", &addr],
+            &job(dir.path(), "w"),
+        ),
+    );
+    wait_int(&dir.path().join("w.token"), secs(10));
+    let key = etcd.keys("lead-exec/elections/loss/").remove(0);
+    std::fs::remove_file(dir.path().join("w.token")).unwrap();
+    etcd.ctl(&["del", &key]);
+    wait_int(&dir.path().join("w.token"), secs(10));
+    let text = scrape(port).unwrap();
+    assert!(
+        text.contains(r#"lead_exec_leadership_lost_total{reason="leader key deleted"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"lead_exec_job_exits_total{code="0"} 1"#),
+        "{text}"
+    );
+    assert!(metric(&text, "lead_exec_deadline_slack_seconds").unwrap() > 0.0);
+    drop(w);
+}
+
+#[test]
+fn json_logs_have_one_object_per_line_with_election_id_and_token() {
+    let etcd = Etcd::start();
+    let (code, _, err) = run(&run_args(
+        "logs",
+        &etcd.endpoints(),
+        &["--log-format", "json", "--id", "w-json"],
+        "exit 0",
+    ));
+    assert_eq!(code, 0, "{err}");
+    let mut transitions = 0;
+    for l in err.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        if v["message"].as_str().unwrap_or("").contains(" -> ") {
+            assert_eq!(v["election"], "logs", "{l}");
+            assert_eq!(v["id"], "w-json", "{l}");
+            assert!(v["token"].as_i64().is_some(), "{l}");
+            transitions += 1;
+        }
+    }
+    assert!(transitions >= 2, "{err}");
+}
+
+#[test]
+fn quiet_hides_info_and_verbose_shows_debug() {
+    let etcd = Etcd::start();
+    let (_, _, quiet) = run(&run_args("lv", &etcd.endpoints(), &["-q"], "exit 0"));
+    assert!(quiet.is_empty(), "{quiet}");
+    let (_, _, loud) = run(&run_args("lv", &etcd.endpoints(), &["-v"], "exit 0"));
+    assert!(loud.contains("DEBUG"), "{loud}");
+}
+
+#[test]
+fn systemd_notify_gets_ready_and_status() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(secs(10))).unwrap();
+    let w = spawn_env(
+        dir.path(),
+        "w",
+        &run_args("sd", &etcd.endpoints(), &[], &job(dir.path(), "w")),
+        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
+    );
+    let token = wait_int(&dir.path().join("w.token"), secs(10));
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !got.iter().any(|m: &String| m.contains("STATUS=leading")) {
+        let n = sock.recv(&mut buf).expect("notification");
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(got[0].contains("READY=1"), "{got:?}");
+    assert!(
+        got.iter()
+            .any(|m| m == &format!("STATUS=leading, token {token}")),
+        "{got:?}"
+    );
+    drop(w);
+}
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, _) = run(&["completions", shell]);
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("lead-exec") && out.contains("resign"),
+            "{shell}"
+        );
+    }
+}

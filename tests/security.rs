@@ -1,0 +1,259 @@
+//! TLS with client certificates, and user/password auth, against real etcd.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use crate::support::*;
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl (Debian package openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, and a certificate signed by it for `name` with the given SAN.
+fn ca(dir: &Path, ca: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{ca}.key"),
+            "-out",
+            &format!("{ca}.crt"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={ca}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+fn cert(dir: &Path, ca: &str, name: &str, cn: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={cn}"),
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-addext",
+            "extendedKeyUsage=serverAuth,clientAuth",
+            "-addext",
+            "basicConstraints=CA:FALSE",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.crt"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "2",
+            "-copy_extensions",
+            "copy",
+        ],
+    );
+}
+
+struct Tls {
+    etcd: Etcd,
+    dir: std::path::PathBuf,
+}
+
+fn tls_etcd() -> Tls {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_path_buf();
+    ca(&d, "ca");
+    ca(&d, "other-ca");
+    cert(&d, "ca", "server", "127.0.0.1");
+    cert(&d, "ca", "client", "client");
+    cert(&d, "other-ca", "rogue", "client");
+    let p = |f: &str| d.join(f).display().to_string();
+    let extra = vec![
+        "--cert-file".into(),
+        p("server.crt"),
+        "--key-file".into(),
+        p("server.key"),
+        "--trusted-ca-file".into(),
+        p("ca.crt"),
+        "--client-cert-auth".into(),
+    ];
+    let etcd = Etcd::start_with(1, "https", &extra, Some(tmp));
+    Tls { etcd, dir: d }
+}
+
+impl Tls {
+    fn args(&self, cacert: &str, cert: &str) -> Vec<String> {
+        let p = |f: &str| self.dir.join(f).display().to_string();
+        vec![
+            "--endpoints".into(),
+            format!("https://{}", self.etcd.members[0].endpoint()),
+            "--cacert".into(),
+            p(cacert),
+            "--cert".into(),
+            p(&format!("{cert}.crt")),
+            "--key".into(),
+            p(&format!("{cert}.key")),
+            "--dial-timeout".into(),
+            "2s".into(),
+        ]
+    }
+}
+
+fn run_with(conn: &[String], tail: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["run", "tls"];
+    args.extend(conn.iter().map(String::as_str));
+    args.extend_from_slice(&FAST);
+    args.push("--");
+    args.extend_from_slice(tail);
+    run(&args)
+}
+
+#[test]
+fn tls_with_client_certificates_runs_the_job() {
+    let t = tls_etcd();
+    let conn = t.args("ca.crt", "client");
+    // The member needs a moment: retry until it answers.
+    let ok = wait_until(secs(20), || run_with(&conn, &["sh", "-c", "exit 4"]).0 == 4);
+    assert!(ok, "{:?}", run_with(&conn, &["true"]));
+    // Also from etcdctl's variables.
+    let p = |f: &str| t.dir.join(f).display().to_string();
+    let (code, _, err) = run_env(
+        &[
+            "run",
+            "tls",
+            "--endpoints",
+            &format!("https://{}", t.etcd.members[0].endpoint()),
+            "--",
+            "sh",
+            "-c",
+            "exit 5",
+        ],
+        &[
+            ("ETCDCTL_CACERT", &p("ca.crt")),
+            ("ETCDCTL_CERT", &p("client.crt")),
+            ("ETCDCTL_KEY", &p("client.key")),
+        ],
+    );
+    assert_eq!(code, 5, "{err}");
+}
+
+#[test]
+fn wrong_ca_or_wrong_certificate_is_a_clear_error_not_a_hang() {
+    let t = tls_etcd();
+    let good = t.args("ca.crt", "client");
+    assert!(wait_until(secs(20), || run_with(&good, &["true"]).0 == 0));
+    for (conn, what) in [
+        (t.args("other-ca.crt", "client"), "wrong CA"),
+        (t.args("ca.crt", "rogue"), "wrong client certificate"),
+    ] {
+        let start = Instant::now();
+        let (code, _, err) = run_with(&conn, &["true"]);
+        eprintln!("{what}: exit {code}: {err}");
+        assert!(
+            start.elapsed() < secs(10),
+            "{what}: took {:?}",
+            start.elapsed()
+        );
+        assert!(code == 69 || code == 77, "{what}: exit {code}: {err}");
+        assert_eq!(err.lines().count(), 1, "{what}: {err}");
+        assert!(err.starts_with("lead-exec: "), "{what}: {err}");
+    }
+}
+
+fn auth_etcd() -> Etcd {
+    let mut etcd = Etcd::start();
+    etcd.ctl(&["user", "add", "root", "--new-user-password=s3cret-root"]);
+    etcd.ctl(&["user", "add", "worker", "--new-user-password=s3cret-worker"]);
+    etcd.ctl(&["role", "add", "worker"]);
+    etcd.ctl(&[
+        "role",
+        "grant-permission",
+        "worker",
+        "--prefix=true",
+        "readwrite",
+        "lead-exec/",
+    ]);
+    etcd.ctl(&["user", "grant-role", "worker", "worker"]);
+    etcd.ctl(&["auth", "enable"]);
+    etcd.ctl_args = vec!["--user=root:s3cret-root".into()];
+    etcd
+}
+
+#[test]
+fn user_auth_takes_the_password_from_env_or_file_and_never_logs_it() {
+    let etcd = auth_etcd();
+    let ep = etcd.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = run_args("authd", &ep, &["--user", "worker", "-vv"], "exit 6");
+    let (code, _, err) = run_env(&args, &[("LEAD_EXEC_PASSWORD", "s3cret-worker")]);
+    assert_eq!(code, 6, "{err}");
+    assert!(!err.contains("s3cret"), "password in the log:\n{err}");
+
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "s3cret-worker\n").unwrap();
+    let pw = pw.display().to_string();
+    args.splice(2..2, ["--password-file", pw.as_str()]);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 6, "{err}");
+    assert!(!err.contains("s3cret"));
+}
+
+#[test]
+fn wrong_credentials_exit_77_in_one_line() {
+    let etcd = auth_etcd();
+    let ep = etcd.endpoints();
+    let start = Instant::now();
+    let (code, _, err) = run_env(
+        &run_args("authd", &ep, &["--user", "worker"], "exit 0"),
+        &[("LEAD_EXEC_PASSWORD", "wrong")],
+    );
+    assert_eq!(code, 77, "{err}");
+    assert!(start.elapsed() < secs(10));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("authentication failed"), "{err}");
+    assert!(!err.contains("wrong"), "{err}");
+    // No credentials at all against an auth-enabled cluster.
+    let (code, _, err) = run(&run_args("authd", &ep, &[], "exit 0"));
+    assert!(code == 77 || code == 69, "{code}: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
