@@ -256,9 +256,6 @@ impl Driver {
             }));
         }
         let term = self.term.as_ref().expect("a term was confirmed");
-        if let Err(e) = history::record_start(&self.client, &self.cfg, token, &term.key).await {
-            tracing::warn!("history: {e:#}");
-        }
         let spec = JobSpec {
             command: self.cfg.command.clone(),
             env: fencing::job_env(&self.cfg, token, &term.key, lease.id),
@@ -278,6 +275,11 @@ impl Driver {
                 metrics::job_started();
                 notify::status(&format!("leading, token {token}"));
                 self.job = Some(job);
+                // After the spawn: the audit record must not delay the job.
+                let key = &self.term.as_ref().expect("a term was confirmed").key;
+                if let Err(e) = history::record_start(&self.client, &self.cfg, token, key).await {
+                    tracing::warn!("history: {e:#}");
+                }
                 Ok(None)
             }
             Err(e) => {

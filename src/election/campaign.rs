@@ -7,6 +7,8 @@
 //!    candidate at once.
 //! 3. Confirm in one transaction that our key still has that create revision and that the
 //!    election is not paused. A lease that expired while we queued fails here and never spawns.
+//!    An uncontended candidate needs no separate confirmation: the transaction that creates its
+//!    key also reads the head of the line and the pause switch, atomically.
 
 use std::time::Duration;
 
@@ -58,25 +60,43 @@ impl Campaign<'_> {
     pub async fn run(&self, mut on_wait: impl FnMut(&Waiting)) -> Result<Outcome> {
         let mut client = self.client.clone();
         let key = self.election.candidate_key(self.lease.id);
+        // Create our key and, in the same transaction, read the head of the line and the
+        // pause switch: an uncontended candidate is confirmed by this one round trip.
+        let head = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1)
+            .with_keys_only();
         let create = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                self.value.clone(),
-                Some(PutOptions::new().with_lease(self.lease.id)),
-            )])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    self.value.clone(),
+                    Some(PutOptions::new().with_lease(self.lease.id)),
+                ),
+                TxnOp::get(self.election.candidates(), Some(head)),
+                TxnOp::get(
+                    self.election.paused_key(),
+                    Some(GetOptions::new().with_count_only()),
+                ),
+            ])
             .or_else([TxnOp::get(key.clone(), None)]);
         let resp = bounded(self.limit, "etcd", client.txn(create)).await?;
+        let ops = resp.op_responses();
         let my_rev = if resp.succeeded() {
             resp.header().map(|h| h.revision()).unwrap_or(0)
         } else {
-            existing_create_revision(&resp.op_responses()).unwrap_or(0)
+            existing_create_revision(&ops).unwrap_or(0)
         };
         anyhow::ensure!(
             my_rev > 0,
             "etcd returned no revision for our candidate key"
         );
         tracing::debug!(key, my_rev, "candidate key created");
+        if resp.succeeded() && first_in_line_unpaused(&ops, my_rev) {
+            return Ok(Outcome::Elected { token: my_rev, key });
+        }
         let mut lease_rx = self.lease.subscribe();
 
         loop {
@@ -202,6 +222,19 @@ impl Campaign<'_> {
             }
         }
     }
+}
+
+/// Whether the creating transaction saw our key at the head of the line and no pause.
+fn first_in_line_unpaused(ops: &[TxnOpResponse], my_rev: i64) -> bool {
+    let head = match ops.get(1) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
+        _ => None,
+    };
+    let paused = match ops.get(2) {
+        Some(TxnOpResponse::Get(g)) => g.count() > 0,
+        _ => true,
+    };
+    head == Some(my_rev) && !paused
 }
 
 fn existing_create_revision(ops: &[TxnOpResponse]) -> Option<i64> {
