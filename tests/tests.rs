@@ -7,6 +7,7 @@
 //! - `fail_closed`: etcd unreachable, lost key, expired candidates
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
 //! - `interop`: coexistence with `etcdctl elect`
+//! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
 //! - `ops`: status, watch, resign, pause, history, check, run keys
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
@@ -16,6 +17,7 @@
 
 mod support;
 
+mod chaos;
 mod cli;
 mod docs;
 mod exclusion;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod chaos;
 pub mod proxy;
 
 use std::fs;
@@ -15,7 +16,12 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_lead-exec");
+/// The binary under test. Outside `cargo test` (the chaos soak example), `lead-exec` is found
+/// on PATH, which that example points at its own target directory.
+pub const BIN: &str = match option_env!("CARGO_BIN_EXE_lead-exec") {
+    Some(p) => p,
+    None => "lead-exec",
+};
 
 /// Lease settings that keep tests fast and still pass the safety check:
 /// grace 0.5 + margin 0.5 + interval 1 < ttl 3.

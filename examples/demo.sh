@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The one command to see lead-exec work on a fresh Debian machine:
+#
+#     bash examples/demo.sh
+#
+# Installs what is missing (etcd-server for a throwaway etcd, protobuf-compiler for the
+# build), then builds and runs the narrated demo (examples/demo.rs), about 40 seconds.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+packages=()
+command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)
+
+if ((${#packages[@]})); then
+    if [[ $(id -u) -eq 0 ]]; then
+        as_root=()
+    elif command -v sudo >/dev/null 2>&1; then
+        as_root=(sudo)
+    else
+        echo "demo.sh: need root or sudo to install: ${packages[*]}" >&2
+        exit 1
+    fi
+    echo "demo.sh: installing ${packages[*]}"
+    "${as_root[@]}" apt-get update -q
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "demo.sh: cargo not found: install Rust from https://rustup.rs" >&2
+    exit 1
+fi
+
+exec cargo run --release --example demo

@@ -1,0 +1,294 @@
+//! Safety and liveness under faults: one named test per fault, each checked mechanically
+//! over the jobs' event log and the fenced ledger (see `support::chaos::check`).
+
+use std::time::Duration;
+
+use crate::support::chaos::{soak, Cluster, ProxyMode as Mode};
+use crate::support::*;
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn done(mut c: Cluster) -> crate::support::chaos::Report {
+    let r = c.finish();
+    r.assert_ok(&c.logs());
+    assert!(r.accepted > 0, "no write reached the ledger");
+    r
+}
+
+#[test]
+fn leader_sigkilled() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m = c.mark("leader SIGKILLed");
+    c.kill(i);
+    let (j, t2) = c.wait_term_after(t, TTL + secs(10));
+    c.heal(m);
+    assert_ne!(i, j);
+    assert!(t2 > t);
+    c.start_worker(i);
+    done(c);
+}
+
+#[test]
+fn leader_frozen_past_the_ttl_then_continued() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let pid = c.workers[i].pid().unwrap();
+    let m = c.mark("leader's lead-exec frozen");
+    signal(pid, libc::SIGSTOP);
+    let (j, _) = c.wait_term_after(t, TTL + secs(10));
+    assert_ne!(i, j);
+    signal(pid, libc::SIGCONT);
+    c.heal(m);
+    // The old leader noticed, reaped, and queues again.
+    let log = c.workers[i].log_text();
+    assert!(
+        wait_until(secs(10), || c.workers[i]
+            .log_text()
+            .contains("waiting behind")),
+        "{log}"
+    );
+    done(c);
+}
+
+#[test]
+fn whole_worker_frozen_then_its_stale_writes_are_rejected() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m = c.mark("whole worker frozen");
+    c.marks[m].deposed_worker = Some(c.workers[i].name.clone());
+    c.freeze(i, true);
+    let (_, t2) = c.wait_term_after(t, TTL + secs(10));
+    // Let the new term write, then wake the zombie.
+    let db = c.db.clone();
+    assert!(wait_until(secs(5), || crate::support::chaos::read_ledger(
+        &db
+    )
+    .0
+    .iter()
+    .any(|w| w.0 == t2)));
+    c.freeze(i, false);
+    c.heal(m);
+    let r = done(c);
+    // Whatever the zombie managed to write after waking was refused by the fence.
+    eprintln!(
+        "frozen overlaps: {}, rejected writes: {}",
+        r.fenced_overlaps, r.rejected
+    );
+}
+
+#[test]
+fn blackhole_between_the_leader_and_etcd() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m = c.mark("blackhole leader");
+    c.workers[i].set(Mode::Blackhole);
+    let (j, _) = c.wait_term_after(t, TTL + secs(10));
+    assert_ne!(i, j);
+    c.workers[i].set(Mode::Pass);
+    c.heal(m);
+    done(c);
+}
+
+#[test]
+fn latency_under_the_budget_does_not_flap() {
+    let mut c = Cluster::start(3, TTL);
+    let (_, t) = c.wait_leader();
+    let m = c.mark("100 ms latency");
+    for w in &c.workers {
+        w.set(Mode::Delay(100));
+    }
+    // Several keepalive intervals (TTL/3) under latency.
+    std::thread::sleep(2 * TTL);
+    for w in &c.workers {
+        w.set(Mode::Pass);
+    }
+    c.heal(m);
+    assert_eq!(
+        c.last_token(),
+        t,
+        "leadership moved under tolerable latency:\n{}",
+        c.logs()
+    );
+    done(c);
+}
+
+#[test]
+fn latency_over_the_budget_fails_closed() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m = c.mark("3 s latency on the leader");
+    c.workers[i].set(Mode::Delay(3000));
+    let (j, _) = c.wait_term_after(t, TTL + secs(15));
+    assert_ne!(i, j);
+    c.workers[i].set(Mode::Pass);
+    c.heal(m);
+    done(c);
+}
+
+#[test]
+fn connection_resets() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, _) = c.wait_leader();
+    let m = c.mark("connection resets");
+    for _ in 0..5 {
+        c.workers[i].set(Mode::Reset);
+        std::thread::sleep(Duration::from_millis(200));
+        c.workers[i].set(Mode::Pass);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    c.heal(m);
+    done(c);
+}
+
+#[test]
+fn killing_etcds_raft_leader_does_not_restart_the_job() {
+    // A longer TTL: a raft election must fit inside the renewal budget.
+    let ttl = secs(6);
+    let mut c = Cluster::start(3, ttl);
+    let (_, t) = c.wait_leader();
+    let r = c.raft_leader();
+    let m = c.mark("etcd raft leader killed");
+    c.etcd.members[r].kill();
+    std::thread::sleep(ttl + secs(1));
+    assert_eq!(c.last_token(), t, "the job restarted:\n{}", c.logs());
+    c.etcd.members[r].restart();
+    c.heal(m);
+    done(c);
+}
+
+#[test]
+fn quorum_loss_fails_closed_and_elects_nobody_until_it_returns() {
+    let mut c = Cluster::start(3, TTL);
+    let (_, t) = c.wait_leader();
+    let m = c.mark("quorum lost (2 of 3 stopped)");
+    c.etcd.members[0].stop();
+    c.etcd.members[1].stop();
+    let job = c.events().into_iter().rfind(|e| e.kind == "start").unwrap();
+    assert!(
+        wait_until(TTL + secs(2), || !alive(job.pid)),
+        "the job outlived its lease"
+    );
+    // Well past the TTL without a quorum: nobody may start.
+    std::thread::sleep(TTL);
+    assert_eq!(c.last_token(), t, "a term started without a quorum");
+    c.etcd.members[0].cont();
+    c.etcd.members[1].cont();
+    c.heal(m);
+    let (_, t2) = c.wait_term_after(t, TTL + secs(10));
+    assert!(t2 > t);
+    done(c);
+}
+
+#[test]
+fn full_etcd_restart() {
+    let mut c = Cluster::start(3, TTL);
+    let (_, t) = c.wait_leader();
+    let m = c.mark("full etcd restart");
+    for mem in &mut c.etcd.members {
+        mem.kill();
+    }
+    let job = c.events().into_iter().rfind(|e| e.kind == "start").unwrap();
+    assert!(
+        wait_until(TTL + secs(2), || !alive(job.pid)),
+        "the job outlived its lease"
+    );
+    for mem in &mut c.etcd.members {
+        mem.restart();
+    }
+    c.heal(m);
+    let (_, t2) = c.wait_term_after(t, TTL + secs(15));
+    assert!(t2 > t);
+    done(c);
+}
+
+#[test]
+fn operator_deletes_the_key_or_revokes_the_lease() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m = c.mark("leader key deleted");
+    c.marks[m].deposed_worker = Some(c.workers[i].name.clone());
+    let key = c.etcd.keys("lead-exec/elections/chaos/").remove(0);
+    c.etcd.ctl(&["del", &key]);
+    let (_, t2) = c.wait_term_after(t, secs(10));
+    c.heal(m);
+    let m = c.mark("leader lease revoked");
+    let (j, _) = c.current(secs(10));
+    c.marks[m].deposed_worker = Some(c.workers[j].name.clone());
+    let key = c.etcd.keys("lead-exec/elections/chaos/").remove(0);
+    let lease = key.rsplit('/').next().unwrap().to_string();
+    c.etcd.ctl(&["lease", "revoke", &lease]);
+    let (_, t3) = c.wait_term_after(t2, secs(10));
+    c.heal(m);
+    assert!(t3 > t2 && t2 > t);
+    done(c);
+}
+
+#[test]
+fn a_queued_candidates_lease_expires() {
+    let mut c = Cluster::start(2, TTL);
+    let (i, t) = c.wait_leader();
+    let q = 1 - i;
+    assert!(wait_until(secs(10), || c.workers[q]
+        .log_text()
+        .contains("waiting behind")));
+    let qpid = c.workers[q].pid().unwrap();
+    let m = c.mark("queued candidate frozen past its TTL");
+    let before = c.etcd.keys("lead-exec/elections/chaos/");
+    signal(qpid, libc::SIGSTOP);
+    assert!(wait_until(TTL + secs(5), || c
+        .etcd
+        .keys("lead-exec/elections/chaos/")
+        .len()
+        < before.len()));
+    c.kill(i);
+    signal(qpid, libc::SIGCONT);
+    let (j, t2) = c.wait_term_after(t, TTL + secs(10));
+    assert_eq!(j, q);
+    assert!(t2 > t);
+    // It runs on a fresh key, not on the one that expired.
+    let now = c.etcd.keys("lead-exec/elections/chaos/");
+    assert!(
+        now.iter().all(|k| !before.contains(k)),
+        "{before:?} {now:?}"
+    );
+    c.heal(m);
+    c.start_worker(i);
+    done(c);
+}
+
+#[test]
+fn compaction_past_a_watchers_revision() {
+    let mut c = Cluster::start(2, TTL);
+    let (i, t) = c.wait_leader();
+    let q = 1 - i;
+    assert!(wait_until(secs(10), || c.workers[q]
+        .log_text()
+        .contains("waiting behind")));
+    let m = c.mark("watcher cut off while the store compacts");
+    c.workers[q].set(Mode::Reset);
+    for k in 0..20 {
+        c.etcd.ctl(&["put", "lead-exec-test/churn", &k.to_string()]);
+    }
+    let rev: i64 = {
+        let out = c.etcd.ctl(&["get", "lead-exec-test/churn", "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["header"]["revision"].as_i64().unwrap()
+    };
+    c.etcd.ctl(&["compact", &rev.to_string()]);
+    c.workers[q].set(Mode::Pass);
+    let pid = c.workers[i].pid().unwrap();
+    signal(pid, libc::SIGTERM);
+    let (j, _) = c.wait_term_after(t, TTL + secs(10));
+    assert_eq!(j, q);
+    c.heal(m);
+    done(c);
+}
+
+/// A short seeded soak of mixed faults; `cargo run --release --example chaos` runs long ones.
+#[test]
+fn short_seeded_soak() {
+    let report = soak(3, 6, 7, TTL, |line| eprintln!("{line}"));
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert!(report.faults_injected >= 6);
+}

@@ -1,0 +1,962 @@
+//! Fault injection with a history checker, Jepsen style.
+//!
+//! A [`Cluster`] is a three-member etcd, N workers (each `lead-exec run` behind its own fault
+//! proxies, one per etcd member, in its own cgroup when possible) and a fenced SQLite ledger
+//! that every job writes to. Jobs log start, write, rejection and exit with CLOCK_MONOTONIC
+//! timestamps; a watcher thread records when each job process dies; the harness records every
+//! fault. [`check`] then verifies the history mechanically.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::proxy::{Mode, Proxy};
+use super::*;
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock the ledger and the jobs use.
+pub fn mono_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into a timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// The fenced ledger binary (`examples/ledger.rs`), built beside lead-exec.
+pub fn ledger_bin() -> PathBuf {
+    let bin_dir = Path::new(BIN)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let beside_me = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("ledger")))
+        .unwrap_or_default();
+    for candidate in [bin_dir.join("examples/ledger"), beside_me] {
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    // `cargo test --test integration` alone does not build examples.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--example", "ledger"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("building the ledger example");
+    assert!(status.success(), "cargo build --example ledger failed");
+    bin_dir.join("examples/ledger")
+}
+
+/// A fault as the harness injected it, for the checker.
+#[derive(Debug, Clone)]
+pub struct Mark {
+    pub name: String,
+    pub begin_ns: i64,
+    pub heal_ns: Option<i64>,
+    /// The worker whose term this fault ends by force, if any: frozen whole (its job cannot
+    /// be stopped while frozen), or its key deleted by an operator (its job is stopped at
+    /// once, but the next term does not wait for that). Its job may overlap the next term;
+    /// then none of its writes may be accepted after the next term's first write.
+    pub deposed_worker: Option<String>,
+    /// Whether liveness is owed after the heal (a quorum exists).
+    pub expect_liveness: bool,
+}
+
+pub struct ChaosWorker {
+    pub name: String,
+    pub proxies: Vec<Proxy>,
+    pub child: Option<Child>,
+    pub cgroup: Option<PathBuf>,
+    log: PathBuf,
+}
+
+impl ChaosWorker {
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    pub fn set(&self, mode: Mode) {
+        for p in &self.proxies {
+            p.set(mode);
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// One line of the jobs' event log.
+#[derive(Debug, Clone)]
+pub struct Ev {
+    pub ns: i64,
+    pub kind: String,
+    pub token: i64,
+    pub worker: String,
+    pub pid: i32,
+}
+
+pub struct Cluster {
+    pub etcd: Etcd,
+    pub dir: tempfile::TempDir,
+    pub db: PathBuf,
+    pub events: PathBuf,
+    pub workers: Vec<ChaosWorker>,
+    pub ttl: Duration,
+    pub election: String,
+    pub marks: Vec<Mark>,
+    deaths: Arc<Mutex<HashMap<i32, i64>>>,
+    stop: Arc<AtomicBool>,
+    cg_root: Option<PathBuf>,
+}
+
+/// Where this process's cgroup v2 directory is, if it can hold children.
+fn own_cgroup() -> Option<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2").then(|| left.split_whitespace().nth(4))?
+    })?;
+    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
+    Some(Path::new(mount).join(path.trim_start_matches('/')))
+}
+
+impl Cluster {
+    /// Three etcd members and `n` workers, each with lease TTL `ttl`.
+    pub fn start(n: usize, ttl: Duration) -> Cluster {
+        let etcd = Etcd::start3();
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("ledger.db");
+        let events = dir.path().join("events");
+        fs::write(&events, "").unwrap();
+        let st = Command::new(ledger_bin())
+            .args(["--db", db.to_str().unwrap(), "init"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let cg_root = own_cgroup().and_then(|own| {
+            let root = own.join(format!(
+                "lead-exec-chaos-{}-{}",
+                std::process::id(),
+                mono_ns()
+            ));
+            fs::create_dir(&root).ok().map(|_| root)
+        });
+        let deaths = Arc::new(Mutex::new(HashMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        watch_deaths(events.clone(), deaths.clone(), stop.clone());
+        let mut c = Cluster {
+            etcd,
+            dir,
+            db,
+            events,
+            workers: Vec::new(),
+            ttl,
+            election: "chaos".into(),
+            marks: Vec::new(),
+            deaths,
+            stop,
+            cg_root,
+        };
+        for i in 0..n {
+            let proxies = c
+                .etcd
+                .members
+                .iter()
+                .map(|m| Proxy::start(m.endpoint()))
+                .collect();
+            let name = format!("w{i}");
+            let log = c.dir.path().join(format!("{name}.log"));
+            c.workers.push(ChaosWorker {
+                name,
+                proxies,
+                child: None,
+                cgroup: None,
+                log,
+            });
+            c.start_worker(i);
+        }
+        c
+    }
+
+    /// Starts (or restarts) worker `i`'s lead-exec.
+    pub fn start_worker(&mut self, i: usize) {
+        let ttl = format!("{}ms", self.ttl.as_millis());
+        let endpoints = self.workers[i]
+            .proxies
+            .iter()
+            .map(Proxy::endpoint)
+            .collect::<Vec<_>>()
+            .join(",");
+        let ledger = ledger_bin();
+        let cg = self.cg_root.as_ref().and_then(|root| {
+            let d = root.join(format!("{}-{}", self.workers[i].name, mono_ns()));
+            fs::create_dir(&d).ok().map(|_| d)
+        });
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "run",
+            &self.election,
+            "--endpoints",
+            &endpoints,
+            "--ttl",
+            &ttl,
+            "--grace",
+            "500ms",
+            "--safety-margin",
+            "500ms",
+            "--id",
+            &self.workers[i].name,
+            "--",
+        ])
+        .arg(&ledger)
+        .args([
+            "--db",
+            self.db.to_str().unwrap(),
+            "settle",
+            "--every",
+            "50",
+            "--events",
+            self.events.to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.workers[i].log)
+                .unwrap(),
+        );
+        if let Some(d) = &cg {
+            let procs = std::ffi::CString::new(d.join("cgroup.procs").to_str().unwrap()).unwrap();
+            use std::os::unix::process::CommandExt;
+            // SAFETY: open/write/close only, on a C string prepared before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd >= 0 {
+                        libc::write(fd, b"0".as_ptr().cast(), 1);
+                        libc::close(fd);
+                    }
+                    Ok(())
+                });
+            }
+        }
+        self.workers[i].child = Some(cmd.spawn().unwrap());
+        self.workers[i].cgroup = cg;
+    }
+
+    /// Parsed event log.
+    pub fn events(&self) -> Vec<Ev> {
+        parse_events(&fs::read_to_string(&self.events).unwrap_or_default())
+    }
+
+    /// Terms started so far: (token, worker), in start order.
+    pub fn starts(&self) -> Vec<(i64, String)> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.kind == "start")
+            .map(|e| (e.token, e.worker))
+            .collect()
+    }
+
+    /// Waits until a term with a token above `above` is running; returns (worker index,
+    /// token).
+    pub fn wait_term_after(&self, above: i64, limit: Duration) -> (usize, i64) {
+        let mut found = None;
+        let ok = wait_until(limit, || {
+            found = self
+                .starts()
+                .into_iter()
+                .rfind(|(t, _)| *t > above)
+                .map(|(t, w)| (self.index(&w), t));
+            found.is_some()
+        });
+        assert!(
+            ok,
+            "no term after token {above} within {limit:?}\n{}",
+            self.logs()
+        );
+        found.unwrap()
+    }
+
+    /// The running term: (worker index, token).
+    pub fn wait_leader(&self) -> (usize, i64) {
+        self.wait_term_after(0, secs(20))
+    }
+
+    pub fn index(&self, worker: &str) -> usize {
+        self.workers.iter().position(|w| w.name == worker).unwrap()
+    }
+
+    pub fn last_token(&self) -> i64 {
+        self.starts().last().map(|s| s.0).unwrap_or(0)
+    }
+
+    pub fn mark(&mut self, name: &str) -> usize {
+        self.marks.push(Mark {
+            name: name.into(),
+            begin_ns: mono_ns(),
+            heal_ns: None,
+            deposed_worker: None,
+            expect_liveness: true,
+        });
+        self.marks.len() - 1
+    }
+
+    pub fn heal(&mut self, mark: usize) {
+        self.marks[mark].heal_ns = Some(mono_ns());
+    }
+
+    /// Freezes worker `i` whole: lead-exec, watchdog and job. cgroup.freeze when the worker
+    /// has a cgroup (atomic), SIGSTOP to every process of its tree otherwise.
+    pub fn freeze(&mut self, i: usize, on: bool) {
+        let w = &self.workers[i];
+        if let Some(cg) = &w.cgroup {
+            fs::write(cg.join("cgroup.freeze"), if on { "1" } else { "0" }).unwrap();
+            return;
+        }
+        let sig = if on { libc::SIGSTOP } else { libc::SIGCONT };
+        for pid in tree(w.pid().unwrap()) {
+            signal(pid, sig);
+        }
+    }
+
+    /// SIGKILL worker `i`'s lead-exec.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.workers[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The raft leader among the etcd members.
+    pub fn raft_leader(&self) -> usize {
+        for (i, m) in self.etcd.members.iter().enumerate() {
+            let out = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args([
+                    &format!("--endpoints={}", m.endpoint()),
+                    "endpoint",
+                    "status",
+                    "-w",
+                    "json",
+                ])
+                .output();
+            let Ok(out) = out else { continue };
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+                continue;
+            };
+            let s = &v[0]["Status"];
+            if s["leader"].is_u64() && s["leader"] == s["header"]["member_id"] {
+                return i;
+            }
+        }
+        panic!("no raft leader found");
+    }
+
+    /// Stops every worker gracefully, waits for the jobs to be gone, and checks the history.
+    pub fn finish(&mut self) -> Report {
+        for w in &self.workers {
+            if let Some(p) = w.pid() {
+                if let Some(cg) = &w.cgroup {
+                    let _ = fs::write(cg.join("cgroup.freeze"), "0");
+                }
+                signal(p, libc::SIGCONT);
+                signal(p, libc::SIGTERM);
+            }
+        }
+        for w in &mut self.workers {
+            if let Some(mut c) = w.child.take() {
+                let _ = wait_child(&mut c, secs(15));
+            }
+        }
+        // Let the watcher see the last deaths.
+        let evs = self.events();
+        wait_until(secs(5), || {
+            let d = self.deaths.lock().unwrap();
+            evs.iter()
+                .filter(|e| e.kind == "start")
+                .all(|e| d.contains_key(&e.pid))
+        });
+        let deaths = self.deaths.lock().unwrap().clone();
+        let (accepted, rejected) = read_ledger(&self.db);
+        check(&History {
+            events: self.events(),
+            deaths,
+            accepted,
+            rejected,
+            marks: self.marks.clone(),
+            liveness_bound_ns: (self.ttl + secs(2)).as_nanos() as i64,
+        })
+    }
+
+    pub fn logs(&self) -> String {
+        self.workers
+            .iter()
+            .map(|w| format!("--- {}\n{}", w.name, w.log_text()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in &mut self.workers {
+            if let Some(cg) = &w.cgroup {
+                let _ = fs::write(cg.join("cgroup.freeze"), "0");
+            }
+            if let Some(mut c) = w.child.take() {
+                signal(c.id() as i32, libc::SIGCONT);
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        // The watchdogs kill the jobs once lead-exec is gone; then the cgroups can go.
+        for w in &self.workers {
+            if let Some(cg) = &w.cgroup {
+                wait_until(secs(5), || fs::remove_dir(cg).is_ok() || !cg.exists());
+            }
+        }
+        if let Some(root) = &self.cg_root {
+            let _ = fs::remove_dir(root);
+        }
+    }
+}
+
+fn wait_child(c: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let mut st = None;
+    wait_until(limit, || {
+        st = c.try_wait().ok().flatten();
+        st.is_some()
+    });
+    if st.is_none() {
+        let _ = c.kill();
+        st = c.wait().ok();
+    }
+    st
+}
+
+/// A process and all its descendants.
+fn tree(root: i32) -> Vec<i32> {
+    let mut all = vec![root];
+    let mut i = 0;
+    while i < all.len() {
+        let parent = all[i];
+        if let Ok(dir) = fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                let ppid = stat
+                    .rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<i32>().ok());
+                if ppid == Some(parent) && !all.contains(&pid) {
+                    all.push(pid);
+                }
+            }
+        }
+        i += 1;
+    }
+    all
+}
+
+/// Records the moment each job process dies (polls every 2 ms).
+fn watch_deaths(events: PathBuf, deaths: Arc<Mutex<HashMap<i32, i64>>>, stop: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        let mut live: Vec<i32> = Vec::new();
+        let mut seen = 0usize;
+        while !stop.load(Ordering::SeqCst) {
+            let text = fs::read_to_string(&events).unwrap_or_default();
+            let evs = parse_events(&text);
+            for e in &evs[seen.min(evs.len())..] {
+                if e.kind == "start" {
+                    live.push(e.pid);
+                }
+            }
+            seen = evs.len();
+            live.retain(|&pid| {
+                if alive(pid) {
+                    true
+                } else {
+                    deaths.lock().unwrap().insert(pid, mono_ns());
+                    false
+                }
+            });
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+}
+
+pub fn parse_events(text: &str) -> Vec<Ev> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some(Ev {
+                ns: f.next()?.parse().ok()?,
+                kind: f.next()?.to_string(),
+                token: f.next()?.parse().ok()?,
+                worker: f.next()?.to_string(),
+                pid: f.next()?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Ledger writes as (token, CLOCK_MONOTONIC ns), in ledger order.
+pub type Writes = Vec<(i64, i64)>;
+
+/// Accepted and rejected writes.
+pub fn read_ledger(db: &Path) -> (Writes, Writes) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let read = |sql: &str| -> Vec<(i64, i64)> {
+        let mut st = conn.prepare(sql).unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    (
+        read("SELECT token, at_ns FROM settlements ORDER BY id"),
+        read("SELECT token, at_ns FROM rejections ORDER BY id"),
+    )
+}
+
+/// Everything the checker reads.
+pub struct History {
+    pub events: Vec<Ev>,
+    /// Job pid → when the watcher saw it dead.
+    pub deaths: HashMap<i32, i64>,
+    pub accepted: Writes,
+    pub rejected: Writes,
+    pub marks: Vec<Mark>,
+    pub liveness_bound_ns: i64,
+}
+
+/// One term as the history shows it.
+#[derive(Debug, Clone)]
+pub struct Term {
+    pub token: i64,
+    pub worker: String,
+    pub start_ns: i64,
+    pub end_ns: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub violations: Vec<String>,
+    pub terms: Vec<Term>,
+    pub accepted: usize,
+    pub rejected: usize,
+    /// Overlaps of a deposed worker's job with the next term (allowed: its writes were fenced).
+    pub fenced_overlaps: usize,
+}
+
+impl Report {
+    pub fn assert_ok(&self, context: &str) {
+        assert!(
+            self.violations.is_empty(),
+            "checker found violations:\n{}\nterms: {:#?}\n{context}",
+            self.violations.join("\n"),
+            self.terms
+        );
+    }
+}
+
+/// The checker:
+/// 1. accepted writes never go down in token;
+/// 2. every spawn's token is larger than every earlier spawn's;
+/// 3. jobs of two terms are never alive at once, except where a fault deposed the older one
+///    by force (its whole worker frozen, its key deleted): then none of its writes after the
+///    newer term's first write was accepted;
+/// 4. after a fault heals with a quorum, a job runs within TTL + 2 s.
+pub fn check(h: &History) -> Report {
+    let mut r = Report {
+        accepted: h.accepted.len(),
+        rejected: h.rejected.len(),
+        ..Report::default()
+    };
+    for w in h.accepted.windows(2) {
+        if w[1].0 < w[0].0 {
+            r.violations.push(format!(
+                "stale write accepted: token {} after {}",
+                w[1].0, w[0].0
+            ));
+        }
+    }
+    let now = mono_ns();
+    let mut terms: Vec<Term> = h
+        .events
+        .iter()
+        .filter(|e| e.kind == "start")
+        .map(|e| Term {
+            token: e.token,
+            worker: e.worker.clone(),
+            start_ns: e.ns,
+            end_ns: *h.deaths.get(&e.pid).unwrap_or(&now),
+        })
+        .collect();
+    terms.sort_by_key(|t| t.start_ns);
+    for w in terms.windows(2) {
+        if w[1].token <= w[0].token {
+            r.violations.push(format!(
+                "spawn token did not increase: {} after {}",
+                w[1].token, w[0].token
+            ));
+        }
+    }
+    for (i, a) in terms.iter().enumerate() {
+        for b in &terms[i + 1..] {
+            if a.end_ns <= b.start_ns {
+                continue;
+            }
+            let deposed = h.marks.iter().any(|m| {
+                m.deposed_worker.as_deref() == Some(a.worker.as_str())
+                    && m.begin_ns <= b.start_ns
+                    && m.heal_ns.is_none_or(|heal| heal >= a.start_ns)
+            });
+            if !deposed {
+                r.violations.push(format!(
+                    "overlap: token {} ({}) alive until {} ms after token {} ({}) started",
+                    a.token,
+                    a.worker,
+                    (a.end_ns - b.start_ns) / 1_000_000,
+                    b.token,
+                    b.worker
+                ));
+                continue;
+            }
+            r.fenced_overlaps += 1;
+            let first_new = h
+                .accepted
+                .iter()
+                .find(|&&(t, _)| t == b.token)
+                .map(|&(_, at)| at);
+            let late_accepted = first_new
+                .is_some_and(|first| h.accepted.iter().any(|&(t, at)| t == a.token && at > first));
+            if late_accepted {
+                r.violations.push(format!(
+                    "deposed worker {}'s token {} wrote after token {} did",
+                    a.worker, a.token, b.token
+                ));
+            }
+        }
+    }
+    for m in &h.marks {
+        let (Some(heal), true) = (m.heal_ns, m.expect_liveness) else {
+            continue;
+        };
+        let by = heal + h.liveness_bound_ns;
+        if by > now {
+            continue;
+        }
+        // A later fault that begins inside the window may legitimately stop every job: then
+        // it is enough that some job ran between the heal and that fault.
+        let next = h
+            .marks
+            .iter()
+            .map(|n| n.begin_ns)
+            .filter(|&b| b > heal)
+            .min();
+        let live = match next {
+            Some(next) if next < by => terms.iter().any(|t| t.start_ns <= next && t.end_ns >= heal),
+            _ => {
+                terms.iter().any(|t| t.start_ns <= by && t.end_ns >= by)
+                    || terms.iter().any(|t| t.start_ns >= heal && t.start_ns <= by)
+            }
+        };
+        if !live {
+            r.violations.push(format!(
+                "liveness: no job ran within {} ms of healing {}",
+                h.liveness_bound_ns / 1_000_000,
+                m.name
+            ));
+        }
+    }
+    r.terms = terms;
+    r
+}
+
+/// Mode helpers re-exported for the fault tests.
+pub use super::proxy::Mode as ProxyMode;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(ns: i64, kind: &str, token: i64, worker: &str, pid: i32) -> Ev {
+        Ev {
+            ns,
+            kind: kind.into(),
+            token,
+            worker: worker.into(),
+            pid,
+        }
+    }
+
+    fn history(events: Vec<Ev>, deaths: &[(i32, i64)], accepted: Vec<(i64, i64)>) -> History {
+        History {
+            events,
+            deaths: deaths.iter().copied().collect(),
+            accepted,
+            rejected: vec![],
+            marks: vec![],
+            liveness_bound_ns: 5_000_000_000,
+        }
+    }
+
+    #[test]
+    fn checker_accepts_a_clean_history() {
+        let h = history(
+            vec![ev(10, "start", 5, "a", 1), ev(30, "start", 9, "b", 2)],
+            &[(1, 20), (2, 40)],
+            vec![(5, 11), (9, 31)],
+        );
+        assert!(check(&h).violations.is_empty());
+    }
+
+    #[test]
+    fn checker_flags_overlap_decrease_and_stale_spawn() {
+        let h = history(
+            vec![ev(10, "start", 9, "a", 1), ev(15, "start", 5, "b", 2)],
+            &[(1, 20), (2, 40)],
+            vec![(9, 11), (5, 16)],
+        );
+        let v = check(&h).violations;
+        assert!(
+            v.iter().any(|s| s.starts_with("stale write accepted")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|s| s.starts_with("spawn token did not increase")),
+            "{v:?}"
+        );
+        assert!(v.iter().any(|s| s.starts_with("overlap")), "{v:?}");
+    }
+
+    #[test]
+    fn frozen_overlap_is_allowed_only_without_late_accepted_writes() {
+        let mut h = history(
+            vec![ev(10, "start", 5, "a", 1), ev(30, "start", 9, "b", 2)],
+            &[(1, 50), (2, 60)],
+            vec![(5, 11), (9, 31)],
+        );
+        h.marks.push(Mark {
+            name: "freeze".into(),
+            begin_ns: 20,
+            heal_ns: Some(45),
+            deposed_worker: Some("a".into()),
+            expect_liveness: false,
+        });
+        let r = check(&h);
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!(r.fenced_overlaps, 1);
+        h.accepted.push((5, 46));
+        assert!(!check(&h).violations.is_empty());
+    }
+}
+
+/// What a soak run saw.
+#[derive(Debug, Default)]
+pub struct SoakReport {
+    pub trials: usize,
+    pub faults_injected: usize,
+    pub per_fault: std::collections::BTreeMap<&'static str, usize>,
+    /// Fault start → next job running, per fault that moved leadership.
+    pub failovers: std::collections::BTreeMap<&'static str, Vec<Duration>>,
+    pub violations: Vec<String>,
+    pub accepted: usize,
+    pub rejected: usize,
+    pub fenced_overlaps: usize,
+    pub terms: usize,
+}
+
+/// xorshift64*: a deterministic generator, so a seed replays the same fault schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+pub const FAULTS: [&str; 9] = [
+    "leader-sigkill",
+    "leader-freeze",
+    "worker-freeze",
+    "blackhole",
+    "latency-over",
+    "resets",
+    "raft-leader-kill",
+    "quorum-loss",
+    "key-delete",
+];
+
+impl Cluster {
+    /// The running term: the newest start whose job is alive.
+    pub fn current(&self, limit: Duration) -> (usize, i64) {
+        let mut found = None;
+        let ok = wait_until(limit, || {
+            found = self
+                .events()
+                .into_iter()
+                .filter(|e| e.kind == "start" && alive(e.pid))
+                .max_by_key(|e| e.token)
+                .map(|e| (self.index(&e.worker), e.token));
+            found.is_some()
+        });
+        assert!(ok, "no job running within {limit:?}\n{}", self.logs());
+        found.unwrap()
+    }
+
+    /// Start time of the first term above `token`, relative to `since_ns`.
+    fn failover_since(&self, since_ns: i64, token: i64) -> Option<Duration> {
+        self.events()
+            .into_iter()
+            .find(|e| e.kind == "start" && e.token > token)
+            .map(|e| Duration::from_nanos((e.ns - since_ns).max(0) as u64))
+    }
+}
+
+/// Mixes faults at random (seeded) for `trials` rounds on a fresh cluster of `workers`, then
+/// runs the checker. `say` receives one progress line per trial.
+pub fn soak(
+    workers: usize,
+    trials: usize,
+    seed: u64,
+    ttl: Duration,
+    mut say: impl FnMut(&str),
+) -> SoakReport {
+    let mut rng = Rng(seed.max(1));
+    let mut c = Cluster::start(workers.max(2), ttl);
+    let mut rep = SoakReport {
+        trials,
+        ..SoakReport::default()
+    };
+    let recover = ttl + secs(15);
+    for trial in 0..trials {
+        let (i, t) = c.current(recover);
+        let fault = FAULTS[rng.below(FAULTS.len())];
+        let m = c.mark(fault);
+        let begin = c.marks[m].begin_ns;
+        let mut moved = true;
+        match fault {
+            "leader-sigkill" => {
+                c.kill(i);
+                c.wait_term_after(t, recover);
+                c.start_worker(i);
+            }
+            "leader-freeze" => {
+                let pid = c.workers[i].pid().unwrap();
+                signal(pid, libc::SIGSTOP);
+                c.wait_term_after(t, recover);
+                signal(pid, libc::SIGCONT);
+            }
+            "worker-freeze" => {
+                c.marks[m].deposed_worker = Some(c.workers[i].name.clone());
+                c.freeze(i, true);
+                c.wait_term_after(t, recover);
+                std::thread::sleep(Duration::from_millis(200));
+                c.freeze(i, false);
+            }
+            "blackhole" | "latency-over" => {
+                let mode = if fault == "blackhole" {
+                    Mode::Blackhole
+                } else {
+                    Mode::Delay(ttl.as_millis() as u64)
+                };
+                c.workers[i].set(mode);
+                c.wait_term_after(t, recover);
+                c.workers[i].set(Mode::Pass);
+            }
+            "resets" => {
+                moved = false;
+                for _ in 0..3 {
+                    c.workers[i].set(Mode::Reset);
+                    std::thread::sleep(Duration::from_millis(150));
+                    c.workers[i].set(Mode::Pass);
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
+            "raft-leader-kill" => {
+                moved = false;
+                let r = c.raft_leader();
+                c.etcd.members[r].kill();
+                std::thread::sleep(Duration::from_millis(500 + rng.below(1500) as u64));
+                c.etcd.members[r].restart();
+                c.etcd.wait_healthy(secs(20));
+            }
+            "quorum-loss" => {
+                let keep = rng.below(3);
+                for (k, mem) in c.etcd.members.iter().enumerate() {
+                    if k != keep {
+                        mem.stop();
+                    }
+                }
+                std::thread::sleep(ttl + Duration::from_millis(rng.below(1000) as u64));
+                for (k, mem) in c.etcd.members.iter().enumerate() {
+                    if k != keep {
+                        mem.cont();
+                    }
+                }
+                c.wait_term_after(t, recover);
+            }
+            _ => {
+                c.marks[m].deposed_worker = Some(c.workers[i].name.clone());
+                let keys = c.etcd.keys(&format!("lead-exec/elections/{}/", c.election));
+                if let Some(k) = keys.first() {
+                    c.etcd.ctl(&["del", k]);
+                }
+                c.wait_term_after(t, recover);
+            }
+        }
+        c.heal(m);
+        *rep.per_fault.entry(fault).or_default() += 1;
+        rep.faults_injected += 1;
+        let took = if moved {
+            c.failover_since(begin, t)
+        } else {
+            None
+        };
+        if let Some(d) = took {
+            rep.failovers.entry(fault).or_default().push(d);
+        }
+        say(&format!(
+            "trial {:>3}: {fault:<16} leader w{i} token {t}{}",
+            trial + 1,
+            took.map(|d| format!(" -> new term after {:.2} s", d.as_secs_f64()))
+                .unwrap_or_default()
+        ));
+        // Some writes under the new (or same) term before the next fault.
+        c.current(recover);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let r = c.finish();
+    rep.violations = r.violations;
+    rep.accepted = r.accepted;
+    rep.rejected = r.rejected;
+    rep.fenced_overlaps = r.fenced_overlaps;
+    rep.terms = r.terms.len();
+    rep
+}
