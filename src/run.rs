@@ -365,7 +365,9 @@ impl Driver {
         self.term = None;
         metrics::leading(false);
         if let Some(lease) = self.lease.take() {
-            lease.revoke(self.cfg.conn.command_timeout).await;
+            lease
+                .revoke(self.cfg.conn.command_timeout.min(Duration::from_secs(1)))
+                .await;
         }
     }
 

@@ -105,16 +105,49 @@ impl Lease {
     }
 
     /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next
-    /// candidate takes over at once. Best effort: if etcd is unreachable the lease expires.
+    /// candidate takes over at once.
+    ///
+    /// If etcd does not answer within `limit` (no quorum, say), the revoke is retried in the
+    /// background: etcd extends every lease by its full TTL when it elects a new leader, so a
+    /// lease we merely abandon would hold up the next term for a TTL after the quorum returns.
     pub async fn revoke(self, limit: Duration) {
         self.task.abort();
+        let id = self.id;
         let mut c = self.client.clone();
-        match bounded(limit, "etcd", c.lease_revoke(self.id)).await {
-            Ok(_) => tracing::debug!(lease = format!("{:x}", self.id), "lease revoked"),
-            Err(e) => tracing::debug!(
-                lease = format!("{:x}", self.id),
-                "lease not revoked ({e:#}); it expires on its own"
-            ),
+        if try_revoke(&mut c, id, limit).await {
+            return;
+        }
+        let give_up = Instant::now() + REVOKE_RETRY_FOR;
+        tokio::spawn(async move {
+            while Instant::now() < give_up {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if try_revoke(&mut c, id, limit).await {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// How long an abandoned lease keeps being revoked in the background.
+const REVOKE_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Revokes a lease; true when it is gone (revoked now, or already expired).
+async fn try_revoke(c: &mut Client, id: i64, limit: Duration) -> bool {
+    let lease = format!("{id:x}");
+    match tokio::time::timeout(limit, c.lease_revoke(id)).await {
+        Ok(Ok(_)) => {
+            tracing::debug!(lease, "lease revoked");
+            true
+        }
+        Ok(Err(etcd_client::Error::GRpcStatus(s))) if s.message().contains("not found") => true,
+        Ok(Err(e)) => {
+            tracing::debug!(lease, "lease not revoked yet: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(lease, "lease not revoked yet: no answer");
+            false
         }
     }
 }

@@ -108,10 +108,11 @@ pub struct Policy {
     pub conflict_exit_code: u8,
 }
 
-/// Exponential backoff between failed campaigns: 250 ms doubling to at most 5 s.
+/// Exponential backoff between failed campaigns: 250 ms doubling to at most 2 s, short
+/// next to any usable TTL so that a cluster that comes back is used at once.
 pub fn backoff(attempt: u32) -> Duration {
     let ms = 250u64.saturating_mul(1 << attempt.min(5));
-    Duration::from_millis(ms.min(5_000))
+    Duration::from_millis(ms.min(2_000))
 }
 
 const SIGTERM: i32 = libc::SIGTERM;
@@ -282,7 +283,7 @@ mod tests {
     fn backoff_grows_and_is_capped() {
         assert_eq!(backoff(0), Duration::from_millis(250));
         assert_eq!(backoff(1), Duration::from_millis(500));
-        assert_eq!(backoff(30), Duration::from_secs(5));
+        assert_eq!(backoff(30), Duration::from_secs(2));
     }
 
     #[test]
