@@ -169,3 +169,23 @@ fn a_frozen_candidate_whose_lease_expired_never_spawns_on_it() {
     let (_, lease) = line.split_once(' ').unwrap();
     assert_ne!(lease, b_lease, "spawned on the expired lease");
 }
+
+#[test]
+fn on_loss_exit_stops_the_job_and_exits_76() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = recording_job(dir.path());
+    let ep = etcd.endpoints();
+    let args = run_args("onloss", &ep, &["--on-loss", "exit"], &job);
+    let mut w = spawn(dir.path(), "w", &args);
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let key = etcd.keys("lead-exec/elections/onloss/").remove(0);
+    etcd.ctl(&["del", &key]);
+    assert_eq!(w.code(secs(10)), 76, "{}", w.log_text());
+    assert!(!alive(pid));
+    assert_eq!(
+        terms(dir.path()).len(),
+        1,
+        "no new term under --on-loss exit"
+    );
+}

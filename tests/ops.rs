@@ -402,3 +402,39 @@ fn run_key_dedupes_and_its_record_is_fenced() {
     assert!(!wrote);
     assert!(etcd.keys("lead-exec/meta/cron/runs/k4").is_empty());
 }
+
+#[test]
+fn subcommands_reject_bad_elections_and_report_missing_leaders() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    for sub in ["status", "watch", "resign", "resume", "history"] {
+        let (code, _, err) = run(&[sub, "bad/name", "--endpoints", &ep]);
+        assert_eq!(code, 64, "{sub}: {err}");
+        assert!(
+            err.contains("invalid election name 'bad/name'"),
+            "{sub}: {err}"
+        );
+    }
+    let (code, _, err) = run(&["resign", "nobody", "--endpoints", &ep]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(err.trim(), "lead-exec: nobody: no leader to resign");
+    let (code, _, err) = run(&["pause", "x", "--endpoints", &ep]);
+    assert_eq!(code, 64, "--reason is required: {err}");
+    let dead = format!("127.0.0.1:{}", free_port());
+    for sub in ["resign", "resume", "history"] {
+        let (code, _, err) = run(&[sub, "x", "--endpoints", &dead, "--dial-timeout", "300ms"]);
+        assert_eq!(code, 69, "{sub}: {err}");
+        assert_eq!(err.lines().count(), 1, "{sub}: {err}");
+    }
+    let (code, _, err) = run(&[
+        "check",
+        "--election",
+        "x",
+        "--token",
+        "1",
+        "--endpoints",
+        &ep,
+    ]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("there is no leader"), "{err}");
+}
