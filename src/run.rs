@@ -302,6 +302,13 @@ impl Driver {
         } = self;
         let job_ref = job.as_mut().expect("leading means a job");
         let mut lease_rx = lease.as_ref().map(|l| l.subscribe());
+        // A renewal that landed since the last call (during the spawn, say) is marked seen
+        // by subscribe(): pass it on now, or the watchdog's deadline would lag by a renewal.
+        if let (false, Some(LeaseState::Alive { deadline })) =
+            (draining, lease_rx.as_ref().map(|rx| *rx.borrow()))
+        {
+            job_ref.extend(deadline, cfg.grace);
+        }
         loop {
             tokio::select! {
                 ended = job_ref.wait() => {
