@@ -14,16 +14,6 @@ fn recording_job(dir: &std::path::Path) -> String {
     )
 }
 
-fn terms(dir: &std::path::Path) -> Vec<(i64, String)> {
-    lines(&dir.join("terms"))
-        .iter()
-        .map(|l| {
-            let (t, lease) = l.split_once(' ').unwrap();
-            (t.parse().unwrap(), lease.to_string())
-        })
-        .collect()
-}
-
 /// D is at most (last keepalive send) + TTL − margin, and the last send was at most one
 /// interval (TTL/3) before the cut: the job must be dead within TTL − margin of the cut.
 #[test]

@@ -15,16 +15,6 @@ fn family_job(dir: &std::path::Path) -> String {
     )
 }
 
-fn first_token(dir: &std::path::Path) -> Vec<(i64, String)> {
-    lines(&dir.join("terms"))
-        .iter()
-        .map(|l| {
-            let (t, lease) = l.split_once(' ').unwrap();
-            (t.parse().unwrap(), lease.to_string())
-        })
-        .collect()
-}
-
 #[test]
 fn sigkill_of_lead_exec_kills_the_whole_group_at_once() {
     let etcd = Etcd::start();
@@ -93,11 +83,11 @@ fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
     eprintln!("job died {died:?} after SIGSTOP; slack before D: {slack} ms");
     assert!(slack >= 0, "the group died after D: {slack} ms");
     assert!(
-        wait_until(secs(20), || first_token(dir.path()).len() >= 2),
+        wait_until(secs(20), || terms(dir.path()).len() >= 2),
         "{}",
         w.log_text()
     );
-    let t = first_token(dir.path());
+    let t = terms(dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
     assert_ne!(t[1].1, t[0].1, "campaigned on the old lease");
     w.signal(libc::SIGTERM);

@@ -462,6 +462,18 @@ pub fn script(dir: &Path, body: &str) -> String {
     body.replace("$D", &dir.display().to_string())
 }
 
+/// Terms recorded by a job that appends "$FENCING_TOKEN $LEAD_EXEC_LEASE_ID" to `dir/terms`:
+/// (token, lease), oldest first.
+pub fn terms(dir: &Path) -> Vec<(i64, String)> {
+    lines(&dir.join("terms"))
+        .iter()
+        .map(|l| {
+            let (t, lease) = l.split_once(' ').unwrap();
+            (t.parse().unwrap(), lease.to_string())
+        })
+        .collect()
+}
+
 /// Reads an integer from a file once it exists.
 pub fn wait_int(path: &Path, limit: Duration) -> i64 {
     let mut v = None;
