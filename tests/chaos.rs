@@ -59,17 +59,40 @@ fn whole_worker_frozen_then_its_stale_writes_are_rejected() {
     c.marks[m].deposed_worker = Some(c.workers[i].name.clone());
     c.freeze(i, true);
     let (_, t2) = c.wait_term_after(t, TTL + secs(10));
-    // Let the new term write, then wake the zombie.
-    let db = c.db.clone();
-    assert!(wait_until(secs(5), || crate::support::chaos::read_ledger(
-        &db
-    )
-    .0
-    .iter()
-    .any(|w| w.0 == t2)));
+    // The zombie may have been frozen inside a ledger transaction, holding SQLite's write
+    // lock: the new term's first write then waits for the thaw. Wake it a moment after the
+    // new term started, then see the new term write.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     c.freeze(i, false);
     c.heal(m);
+    let db = c.db.clone();
+    let wrote = || {
+        crate::support::chaos::read_ledger(&db)
+            .0
+            .iter()
+            .any(|w| w.0 == t2)
+    };
+    assert!(wait_until(secs(10), wrote), "the new term never wrote");
+    // Whether or not the zombie got a write in before its watchdog killed it, any write that
+    // carries its token is refused now.
+    let late = std::process::Command::new(crate::support::chaos::ledger_bin())
+        .args([
+            "--db",
+            db.to_str().unwrap(),
+            "write",
+            "--token",
+            &t.to_string(),
+        ])
+        .args(["--worker", "zombie", "--note", "late write"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        late.status.code(),
+        Some(3),
+        "a stale write was not rejected"
+    );
     let r = done(c);
+    assert!(r.rejected >= 1);
     // Whatever the zombie managed to write after waking was refused by the fence.
     eprintln!(
         "frozen overlaps: {}, rejected writes: {}",

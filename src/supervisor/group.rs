@@ -8,6 +8,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{killpg, Signal};
@@ -18,6 +19,8 @@ use nix::unistd::Pid;
 #[derive(Debug)]
 pub struct Cgroup {
     dir: PathBuf,
+    /// The directory, open: clone3 creates the job inside it.
+    fd: OwnedFd,
     /// `DIR/cgroup.procs` as a C string, so the child can join without allocating.
     procs: CString,
 }
@@ -35,8 +38,10 @@ impl Cgroup {
         let dir = parent.join(format!("lead-exec-job-{}", std::process::id()));
         fs::create_dir(&dir)?;
         let procs = dir.join("cgroup.procs");
+        let fd = fs::File::open(&dir)?.into();
         let cg = Cgroup {
             procs: CString::new(procs.as_os_str().as_encoded_bytes()).map_err(other)?,
+            fd,
             dir,
         };
         // A cgroup we cannot move a process into (the "no internal processes" rule, or
@@ -66,6 +71,10 @@ impl Cgroup {
 
     pub fn procs_path(&self) -> &CString {
         &self.procs
+    }
+
+    pub fn dir_fd(&self) -> &OwnedFd {
+        &self.fd
     }
 
     pub fn pids(&self) -> Vec<i32> {
@@ -138,30 +147,43 @@ impl Group {
         }
     }
 
-    /// Whether any member other than the (exited) leader is still alive.
+    /// Whether any member other than the (exited) leader is still alive. With a cgroup its
+    /// member list answers (exited processes leave it at once, and it includes escapees);
+    /// without one, every process's stat has to be read.
     pub fn has_live_members(&self) -> bool {
-        if let Some(cg) = &self.cgroup {
-            if cg.pids().iter().any(|&p| p != self.leader.as_raw()) {
-                return true;
-            }
+        match &self.cgroup {
+            Some(cg) => cg.pids().iter().any(|&p| p != self.leader.as_raw()),
+            None => live_in_pgrp(self.leader.as_raw()),
         }
-        live_in_pgrp(self.leader.as_raw())
     }
 
     /// Reaps zombies reparented to us, never the leader.
     pub fn reap_orphans(&self) {
-        let me = std::process::id() as i32;
-        for (pid, stat) in procs() {
-            if pid != self.leader.as_raw() && stat.ppid == me && stat.state == 'Z' {
+        for pid in own_children() {
+            if pid != self.leader.as_raw() {
                 let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
             }
         }
     }
 }
 
+/// Our children, from `/proc/self/task/*/children` (cheap, unlike a scan of all of /proc).
+fn own_children() -> Vec<i32> {
+    let mut out = Vec::new();
+    for task in fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(s) = fs::read_to_string(task.path().join("children")) {
+            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
 struct Stat {
     state: char,
-    ppid: i32,
     pgrp: i32,
 }
 
@@ -182,9 +204,9 @@ fn read_stat(dir: &Path) -> Option<Stat> {
     let rest = &s[s.rfind(')')? + 2..];
     let mut f = rest.split_whitespace();
     let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
+    let _ppid = f.next()?;
     let pgrp = f.next()?.parse().ok()?;
-    Some(Stat { state, ppid, pgrp })
+    Some(Stat { state, pgrp })
 }
 
 fn live_in_pgrp(pgid: i32) -> bool {

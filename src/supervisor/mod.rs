@@ -12,6 +12,7 @@
 pub mod group;
 pub mod protocol;
 pub mod signals;
+pub mod spawn;
 pub mod watchdog;
 
 use std::ffi::OsString;
@@ -142,8 +143,13 @@ impl Job {
     }
 
     fn send(&mut self, c: Command) {
-        if let Err(e) = self.ctl.write_all(c.encode().as_bytes()) {
-            tracing::warn!("watchdog pipe: {e}");
+        match self.ctl.write_all(c.encode().as_bytes()) {
+            Ok(()) => {}
+            // The watchdog exits right after the group is gone; its report is on its way.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                tracing::debug!("watchdog already gone: {c:?} not sent")
+            }
+            Err(e) => tracing::warn!("watchdog pipe: {e}"),
         }
     }
 

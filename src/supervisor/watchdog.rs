@@ -13,7 +13,6 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -27,6 +26,10 @@ use crate::exit::JobStatus;
 
 /// argv[1] that selects this mode.
 pub const ARG: &str = "__watchdog";
+
+/// How long before D the group gets SIGKILL: delivering it and the group's exit take a few
+/// hundred microseconds, more on a loaded host.
+const KILL_LEAD: Duration = Duration::from_millis(25);
 
 /// Signal the kernel sends us when the thread that forked us dies.
 const PARENT_DEATH: i32 = libc::SIGUSR2;
@@ -157,22 +160,8 @@ fn run(argv: &[OsString]) -> Result<()> {
         },
     };
 
-    let mut cmd = std::process::Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).process_group(0);
-    let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
-    // SAFETY: the closure only calls async-signal-safe functions (sigaction, sigprocmask,
-    // open, write, close) on data prepared before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            reset_signals();
-            if let Some(p) = &procs {
-                Cgroup::join_self(p)?;
-            }
-            Ok(())
-        });
-    }
-    let child = match cmd.spawn() {
-        Ok(c) => c,
+    let spawned = match super::spawn::spawn(&a.command, cgroup.as_ref()) {
+        Ok(s) => s,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
             send(&mut report, &Report::ExecFailed { errno });
@@ -182,13 +171,16 @@ fn run(argv: &[OsString]) -> Result<()> {
             return Ok(());
         }
     };
-    let pid = child.id() as i32;
+    let pid = spawned.pid;
     send(&mut report, &Report::Spawned { pid });
     let group = Group {
         leader: Pid::from_raw(pid),
         cgroup,
     };
-    let pidfd = pidfd_open(pid)?;
+    let pidfd = match spawned.pidfd {
+        Some(fd) => fd,
+        None => pidfd_open(pid)?,
+    };
     let timer = timerfd()?;
 
     let mut w = Watch {
@@ -301,11 +293,17 @@ struct Watch {
 }
 
 impl Watch {
+    /// When SIGKILL goes out: a little before D, so that the group is dead by D rather than
+    /// just signalled at it.
+    fn kill_by(&self) -> BootInstant {
+        self.kill_at.minus(KILL_LEAD)
+    }
+
     fn enforce(&mut self, now: BootInstant) {
         if self.kill_sent {
             return;
         }
-        if now >= self.kill_at {
+        if now >= self.kill_by() {
             self.cause.get_or_insert(Cause::Deadline);
             self.kill();
         } else if self.stop_kill_at.is_some_and(|t| now >= t) {
@@ -321,7 +319,7 @@ impl Watch {
             self.group.signal(s);
         }
         self.term_sent = true;
-        let t = now.plus(self.grace).min(self.kill_at);
+        let t = now.plus(self.grace).min(self.kill_by());
         self.stop_kill_at = Some(self.stop_kill_at.map_or(t, |old| old.min(t)));
     }
 
@@ -366,7 +364,7 @@ impl Watch {
         if self.kill_sent {
             return None;
         }
-        let mut t = self.kill_at;
+        let mut t = self.kill_by();
         if let Some(s) = self.stop_kill_at {
             t = t.min(s);
         }
@@ -416,22 +414,6 @@ impl Watch {
 fn send(report: &mut File, r: &Report) {
     // lead-exec may be gone; the job is handled either way.
     let _ = report.write_all(r.encode().as_bytes());
-}
-
-/// Default dispositions and an empty mask for the job: ignored signals would otherwise survive
-/// exec.
-fn reset_signals() {
-    // SAFETY: signal() and sigprocmask() are async-signal-safe.
-    unsafe {
-        for sig in 1..libc::SIGRTMIN() {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-        }
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-    }
 }
 
 /// The leader's exit status, without reaping it (WNOWAIT).
