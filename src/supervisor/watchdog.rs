@@ -119,7 +119,10 @@ fn run(argv: &[OsString]) -> Result<()> {
     set_nonblocking(ctl.as_raw_fd())?;
 
     // Otherwise ps shows "exe" (we were started as /proc/self/exe).
-    prctl(libc::PR_SET_NAME, c"lead-exec-wdog".as_ptr() as libc::c_ulong)?;
+    prctl(
+        libc::PR_SET_NAME,
+        c"lead-exec-wdog".as_ptr() as libc::c_ulong,
+    )?;
     // Orphaned grandchildren come to us, so that we can reap them and see the group empty.
     prctl(libc::PR_SET_CHILD_SUBREAPER, 1)?;
     // The terminal and service managers signal whole groups; lead-exec decides what the job
