@@ -182,7 +182,9 @@ fn without_a_cgroup_a_setsid_daemon_escapes_as_documented() {
 fn the_job_inherits_no_descriptor_of_ours() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let list = "ls /proc/$$/fd | sort -n | tr '\\n' ' '";
+    // `exec ls` lists its own descriptors (plus the one it reads the directory with); a
+    // pipeline would show the shell's pipes in flight instead.
+    let list = "exec ls /proc/self/fd";
     let job = script(dir.path(), &format!("{list} > $D/job_fds"));
     let (code, _, err) = run(&run_args("fds", &etcd.endpoints(), &[], &job));
     assert_eq!(code, 0, "{err}");
@@ -197,16 +199,22 @@ fn the_job_inherits_no_descriptor_of_ours() {
         .status()
         .unwrap();
     assert!(direct.success());
-    let job_fds = lines(&dir.path().join("job_fds")).join("");
-    let direct_fds = lines(&dir.path().join("direct_fds")).join("");
-    assert!(job_fds.starts_with("0 1 2 "), "{job_fds}");
+    let fds = |f: &str| -> Vec<u32> {
+        let mut v: Vec<u32> = lines(&dir.path().join(f))
+            .iter()
+            .filter_map(|l| l.parse().ok())
+            .collect();
+        v.sort();
+        v
+    };
+    let (job_fds, direct_fds) = (fds("job_fds"), fds("direct_fds"));
+    assert_eq!(&job_fds[..3], &[0, 1, 2], "{job_fds:?}");
     // Other tests run in parallel threads of this process, so the direct shell may catch a
     // descriptor in flight; the job must see nothing beyond what the caller passes.
-    let passed: Vec<&str> = direct_fds.split_whitespace().collect();
-    for fd in job_fds.split_whitespace() {
+    for fd in &job_fds {
         assert!(
-            passed.contains(&fd),
-            "the job sees fd {fd} the caller did not pass: {job_fds} vs {direct_fds}"
+            direct_fds.contains(fd),
+            "the job sees fd {fd} the caller did not pass: {job_fds:?} vs {direct_fds:?}"
         );
     }
 }
@@ -229,4 +237,43 @@ fn the_job_starts_with_default_signals_and_an_empty_mask() {
         let standard = u64::from_str_radix(mask.trim(), 16).unwrap() & 0x7fff_ffff;
         assert_eq!(standard, 0, "{name} is {mask}");
     }
+}
+
+/// If the watchdog itself is SIGKILLed (the OOM killer, a careless kill -9), the job's main
+/// process dies with it and lead-exec kills the rest, then campaigns again.
+#[test]
+fn a_killed_watchdog_takes_the_job_with_it() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(
+        dir.path(),
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; echo $PPID > $D/watchdog; \
+         sh -c 'echo $$ > $D/grandchild; exec sleep 120' & \
+         echo $$ > $D/pid; wait",
+    );
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("wdkill", &etcd.endpoints(), &[], &job),
+    );
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    assert_ne!(wd, w.pid());
+    std::fs::remove_file(dir.path().join("pid")).unwrap();
+    signal(wd, libc::SIGKILL);
+    assert!(
+        wait_until(secs(2), || !alive(pid) && !alive(gc)),
+        "job survived its watchdog"
+    );
+    w.wait_log("watchdog ended unexpectedly", secs(5));
+    assert!(
+        wait_until(secs(15), || terms(dir.path()).len() >= 2),
+        "{}",
+        w.log_text()
+    );
+    let t = terms(dir.path());
+    assert!(t[1].0 > t[0].0);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
 }

@@ -26,16 +26,24 @@ pub struct Cgroup {
 }
 
 impl Cgroup {
-    /// Creates `lead-exec-job-<pid>` beside the caller's own cgroup, if cgroup v2 is mounted
-    /// and writable.
-    pub fn create() -> std::io::Result<Cgroup> {
+    /// The job cgroup a watchdog with pid `watchdog` uses: `lead-exec-job-<pid>` beside the
+    /// caller's own cgroup (lead-exec and its watchdog share one).
+    pub fn path_for(watchdog: u32) -> std::io::Result<PathBuf> {
         let mount = cgroup2_mount()?;
         let own = fs::read_to_string("/proc/self/cgroup")?
             .lines()
             .find_map(|l| l.strip_prefix("0::").map(str::to_string))
             .ok_or_else(|| other("this process is in no cgroup v2"))?;
         let parent = mount.join(own.trim_start_matches('/'));
-        let dir = parent.join(format!("lead-exec-job-{}", std::process::id()));
+        Ok(parent.join(format!("lead-exec-job-{watchdog}")))
+    }
+
+    /// Creates this watchdog's job cgroup, if cgroup v2 is mounted and writable.
+    pub fn create() -> std::io::Result<Cgroup> {
+        let dir = Cgroup::path_for(std::process::id())?;
+        if let Some(parent) = dir.parent() {
+            sweep_stale(parent);
+        }
         fs::create_dir(&dir)?;
         let procs = dir.join("cgroup.procs");
         let fd = fs::File::open(&dir)?.into();
@@ -104,6 +112,45 @@ impl Cgroup {
 
     pub fn remove(&self) {
         let _ = fs::remove_dir(&self.dir);
+    }
+
+    /// Kills whatever is left in a dead watchdog's job cgroup, then removes it. Returns
+    /// whether there was such a cgroup.
+    pub fn kill_orphaned(watchdog: u32) -> bool {
+        let Ok(dir) = Cgroup::path_for(watchdog) else {
+            return false;
+        };
+        if !dir.exists() {
+            return false;
+        }
+        let _ = fs::write(dir.join("cgroup.kill"), "1");
+        for _ in 0..200 {
+            if fs::remove_dir(&dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        true
+    }
+}
+
+/// Removes the empty job cgroups of watchdogs that were SIGKILLed before they could clean up
+/// (rmdir only succeeds on a cgroup with no processes).
+fn sweep_stale(parent: &Path) {
+    for e in fs::read_dir(parent).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("lead-exec-job-"))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let gone =
+            nix::sys::signal::kill(Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH);
+        if gone {
+            let _ = fs::remove_dir(e.path());
+        }
     }
 }
 

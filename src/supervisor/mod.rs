@@ -166,7 +166,19 @@ impl Job {
                 slack_ms,
             },
             other => {
-                tracing::error!("watchdog ended unexpectedly: {other:?}");
+                tracing::error!(
+                    "watchdog ended unexpectedly: {other:?}; killing what is left of the job"
+                );
+                // The job's main process dies with its parent (PR_SET_PDEATHSIG); the rest of
+                // its cgroup is ours to kill now. Without a cgroup, signal the group: nobody
+                // holds its leader unreaped any more, so this is the one place a reused pid
+                // could be hit, and only in the instant after the watchdog itself was killed.
+                if !group::Cgroup::kill_orphaned(self.watchdog.id()) {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(self.pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
                 Ended {
                     status: JobStatus::Signaled(libc::SIGKILL),
                     cause: Cause::Orphaned,

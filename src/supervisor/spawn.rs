@@ -55,10 +55,12 @@ pub fn spawn(command: &[OsString], cgroup: Option<&Cgroup>) -> io::Result<Spawne
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).process_group(0);
     let procs = cgroup.map(|c| c.procs_path().clone());
+    let watchdog = std::process::id() as i32;
     // SAFETY: the closure only calls async-signal-safe functions (sigaction, sigprocmask,
     // open, write, close) on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
+            die_with_parent(watchdog)?;
             reset_signals();
             if let Some(p) = &procs {
                 Cgroup::join_self(p)?;
@@ -80,6 +82,7 @@ fn clone_into(command: &[OsString], cg: &Cgroup) -> io::Result<Spawned> {
         .collect::<io::Result<_>>()?;
     let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     ptrs.push(std::ptr::null());
+    let watchdog = std::process::id() as i32;
     // The child reports an exec failure's errno here; a successful exec closes it (CLOEXEC).
     let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let mut pidfd: RawFd = -1;
@@ -107,6 +110,9 @@ fn clone_into(command: &[OsString], cg: &Cgroup) -> io::Result<Spawned> {
         // The child.
         unsafe {
             libc::setpgid(0, 0);
+            if die_with_parent(watchdog).is_err() {
+                libc::_exit(127);
+            }
             reset_signals();
             libc::execvp(ptrs[0], ptrs.as_ptr());
             let errno = *libc::__errno_location();
@@ -128,6 +134,29 @@ fn clone_into(command: &[OsString], cg: &Cgroup) -> io::Result<Spawned> {
         return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
     }
     Ok(Spawned { pid, pidfd })
+}
+
+/// In the child: SIGKILL the job's main process if the watchdog dies (it survives exec). Then
+/// lead-exec, which sees the watchdog go, kills the rest of the job's cgroup or group.
+fn die_with_parent(watchdog: i32) -> io::Result<()> {
+    // SAFETY: prctl and getppid are async-signal-safe.
+    unsafe {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // The watchdog may have died before the prctl.
+        if libc::getppid() != watchdog {
+            libc::_exit(137);
+        }
+    }
+    Ok(())
 }
 
 /// Default dispositions and an empty mask for the job: ignored signals would otherwise survive
