@@ -15,18 +15,21 @@ fn family_job(dir: &std::path::Path) -> String {
     )
 }
 
+/// Starts a worker whose job is `family_job` on `endpoints` and waits for the job and its
+/// grandchild: (worker, job pid, grandchild pid).
+fn start_family(dir: &std::path::Path, election: &str, endpoints: &str) -> (Worker, i32, i32) {
+    let job = family_job(dir);
+    let w = spawn(dir, "w", &run_args(election, endpoints, &[], &job));
+    let pid = wait_int(&dir.join("pid"), secs(10)) as i32;
+    let gc = wait_int(&dir.join("grandchild"), secs(10)) as i32;
+    (w, pid, gc)
+}
+
 #[test]
 fn sigkill_of_lead_exec_kills_the_whole_group_at_once() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let job = family_job(dir.path());
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("kill9", &etcd.endpoints(), &[], &job),
-    );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    let (mut w, pid, gc) = start_family(dir.path(), "kill9", &etcd.endpoints());
     let start = Instant::now();
     w.signal(libc::SIGKILL);
     w.wait(secs(5));
@@ -45,14 +48,7 @@ fn sigkill_of_lead_exec_kills_the_whole_group_at_once() {
 fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let job = family_job(dir.path());
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("freeze", &etcd.endpoints(), &[], &job),
-    );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    let (mut w, pid, gc) = start_family(dir.path(), "freeze", &etcd.endpoints());
     let frozen = Instant::now();
     w.signal(libc::SIGSTOP);
     assert!(
