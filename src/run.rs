@@ -131,6 +131,10 @@ impl Driver {
     /// Grants a fresh lease and campaigns on it, until elected, refused or interrupted.
     async fn campaign(&mut self) -> Result<Event> {
         let started = Instant::now();
+        // `--wait` also bounds retries after etcd trouble.
+        if self.give_up_at.is_some_and(|t| started >= t) {
+            return Ok(Event::NotAcquired);
+        }
         let lease = match Lease::grant(
             &self.client,
             self.cfg.ttl,
@@ -140,6 +144,8 @@ impl Driver {
         .await
         {
             Ok(l) => l,
+            // `--no-wait` is for cron: report the outage instead of retrying.
+            Err(e) if self.cfg.wait == Wait::No => return Err(e),
             Err(e) => {
                 tracing::warn!(
                     election = self.cfg.election.name(),
@@ -216,6 +222,11 @@ impl Driver {
                     r.as_str()
                 );
                 Event::CampaignFailed
+            }
+            Err(e) if self.cfg.wait == Wait::No => {
+                self.lease = Some(lease);
+                self.resign().await;
+                return Err(e);
             }
             Err(e) => {
                 tracing::warn!(
@@ -381,7 +392,11 @@ impl Driver {
     async fn backoff(&mut self, d: Duration) -> Event {
         // Jitter spreads the candidates of a cluster that came back at once.
         let jitter = Duration::from_millis(BootInstant::now().as_nanos() % 250);
-        let sleep = tokio::time::sleep(d + jitter);
+        let mut until = Instant::now() + d + jitter;
+        if let Some(t) = self.give_up_at {
+            until = until.min(t);
+        }
+        let sleep = tokio::time::sleep_until(until);
         tokio::pin!(sleep);
         loop {
             tokio::select! {

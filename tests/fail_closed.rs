@@ -179,3 +179,28 @@ fn on_loss_exit_stops_the_job_and_exits_76() {
         "no new term under --on-loss exit"
     );
 }
+
+/// `--wait` bounds the whole attempt, also when etcd goes away while the candidate waits.
+#[test]
+fn wait_gives_up_even_while_etcd_is_unreachable() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let pep = proxy.endpoint();
+    let job = script(dir.path(), "echo up > $D/up; exec sleep 60");
+    let mut a = spawn(dir.path(), "a", &run_args("waitdown", &ep, &[], &job));
+    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args("waitdown", &pep, &["--wait", "2s"], "exit 0"),
+    );
+    b.wait_log("waiting behind", secs(10));
+    let start = Instant::now();
+    proxy.set(Mode::Blackhole);
+    assert_eq!(b.code(secs(15)), 75, "{}", b.log_text());
+    assert!(start.elapsed() < secs(10), "{:?}", start.elapsed());
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+}
