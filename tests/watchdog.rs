@@ -273,3 +273,37 @@ fn a_killed_watchdog_takes_the_job_with_it() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
+
+/// The small `lead-exec-watchdog` binary is used when it sits beside lead-exec; a lone
+/// lead-exec re-executes itself as the watchdog, with the same protection.
+#[test]
+fn the_watchdog_binary_is_optional() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "readlink /proc/$PPID/exe > $D/wd_exe");
+    let (code, _, err) = run(&run_args("wdbin", &etcd.endpoints(), &[], &job));
+    assert_eq!(code, 0, "{err}");
+    let exe = lines(&dir.path().join("wd_exe")).join("");
+    assert!(exe.ends_with("/lead-exec-watchdog"), "{exe}");
+
+    let lone = dir.path().join("lead-exec");
+    std::fs::copy(BIN, &lone).unwrap();
+    let job = script(
+        dir.path(),
+        "readlink /proc/$PPID/exe > $D/lone_exe; echo $$ > $D/pid; exec sleep 60",
+    );
+    let ep = etcd.endpoints();
+    let args = run_args("wdbin", &ep, &[], &job);
+    let mut w = spawn_program(&lone, dir.path(), "lone", &args, &[]);
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    assert_eq!(
+        lines(&dir.path().join("lone_exe")).join(""),
+        lone.display().to_string()
+    );
+    w.signal(libc::SIGKILL);
+    w.wait(secs(5));
+    assert!(
+        wait_until(secs(2), || !alive(pid)),
+        "job survived a lone lead-exec's SIGKILL"
+    );
+}

@@ -8,6 +8,8 @@
 //!
 //! The watchdog is spawned from the main thread (the runtime is single-threaded), so
 //! `PR_SET_PDEATHSIG` fires only when lead-exec itself exits, never when a worker thread does.
+//! It is the small `lead-exec-watchdog` binary when that is installed beside lead-exec, and
+//! lead-exec itself in its hidden `__watchdog` mode otherwise.
 
 pub mod group;
 pub mod protocol;
@@ -75,8 +77,8 @@ impl Job {
             cgroup: spec.cgroup,
             command: spec.command.iter().map(OsString::from).collect(),
         };
-        let mut cmd = std::process::Command::new("/proc/self/exe");
-        cmd.args(args.to_argv()).arg0("lead-exec");
+        let mut cmd = std::process::Command::new(watchdog_program());
+        cmd.args(args.to_argv()).arg0("lead-exec-watchdog");
         for k in SECRET_ENV {
             cmd.env_remove(k);
         }
@@ -207,6 +209,18 @@ impl Job {
         // It exits right after its last report.
         let _ = self.watchdog.wait();
     }
+}
+
+/// The watchdog binary installed beside us, else ourselves (`lead-exec __watchdog` is the
+/// same code, in a process that maps the whole binary).
+fn watchdog_program() -> std::path::PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|me| {
+            let small = me.parent()?.join("lead-exec-watchdog");
+            small.is_file().then_some(small)
+        })
+        .unwrap_or_else(|| "/proc/self/exe".into())
 }
 
 fn pipe2() -> Result<(OwnedFd, OwnedFd)> {

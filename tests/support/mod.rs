@@ -404,8 +404,19 @@ pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Worker {
 }
 
 pub fn spawn_env(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
+    spawn_program(Path::new(BIN), dir, name, args, env)
+}
+
+/// Like [`spawn_env`], with another copy of the binary.
+pub fn spawn_program(
+    program: &Path,
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Worker {
     let log = dir.join(format!("{name}.log"));
-    let child = Command::new(BIN)
+    let child = Command::new(program)
         .args(args)
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .env_remove("ETCDCTL_ENDPOINTS")
