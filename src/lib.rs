@@ -31,6 +31,7 @@
 //!   [`election::watch`] (what a leader watches), [`election::state`] (the pure lifecycle).
 //! - [`run`]: the driver that performs the state machine's actions.
 //! - [`supervisor`]: the watchdog process, the process group and cgroup, signal forwarding.
+//!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
 //! - [`fencing`]: the token and the job's environment.
 //! - [`ops`]: status, watch, resign, pause, history, check, run keys.
 //! - [`metrics`], [`notify`], [`logging`]: Prometheus, systemd, tracing.
