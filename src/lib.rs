@@ -10,8 +10,8 @@
 //! transaction that its key still exists with that create revision, which becomes the job's
 //! `FENCING_TOKEN`: assigned by etcd, strictly larger every term.
 //!
-//! The job does not run inside lead-exec. A watchdog process (lead-exec re-executed in a
-//! hidden mode) forks it into its own process group, and cgroup when possible, and enforces
+//! The job does not run inside lead-exec. A watchdog process (the small `lead-exec-watchdog`
+//! binary, or lead-exec re-executed in a hidden mode) forks it into its own process group, and cgroup when possible, and enforces
 //! the lease deadline D = send time of the last renewed keepalive + TTL − safety margin on
 //! CLOCK_BOOTTIME: SIGTERM to the group at D − grace, SIGKILL at D. lead-exec only ever moves
 //! D forward, over a pipe. If lead-exec dies, the pipe closes and the group is killed at once;

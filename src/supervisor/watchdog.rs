@@ -1,8 +1,8 @@
 //! The watchdog: a small process that owns the job's process group and enforces the lease
 //! deadline even when lead-exec is killed, frozen or starved.
 //!
-//! It is lead-exec re-executed in a hidden mode (`lead-exec __watchdog ...`): single-threaded,
-//! no async runtime, no etcd. lead-exec sends it deadline extensions over a pipe
+//! It runs as the `lead-exec-watchdog` binary, or as lead-exec re-executed in a hidden mode
+//! (`lead-exec __watchdog ...`): single-threaded, no async runtime, no etcd. lead-exec sends it deadline extensions over a pipe
 //! ([`super::protocol`]). It sends SIGTERM to the group at D − grace and SIGKILL at D, measured on
 //! CLOCK_BOOTTIME with a timerfd, whatever lead-exec is doing. EOF on the pipe means lead-exec is
 //! gone: there is no leadership left to wait for, so the group is killed at once.
