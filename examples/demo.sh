@@ -4,7 +4,7 @@
 #     bash examples/demo.sh
 #
 # Installs what is missing (etcd-server for a throwaway etcd, protobuf-compiler for the
-# build), then builds and runs the narrated demo (examples/demo.rs), about 40 seconds.
+# build), then builds and runs the narrated demo (examples/demo.rs), about 15 seconds once built.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,7 +28,7 @@ if ((${#packages[@]})); then
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "demo.sh: cargo not found: install Rust from https://rustup.rs" >&2
+    echo "demo.sh: cargo not found: install the Rust toolchain (rustup) first" >&2
     exit 1
 fi
 
