@@ -110,10 +110,8 @@ impl Driver {
                 None => self.wait_leading(phase).await,
             };
             let (next, actions) = step(phase, ev, &policy);
-            if let (Phase::Leading { .. } | Phase::Draining { .. }, _) = (phase, ()) {
-                if let Event::JobEnded { exit, by_watchdog } = ev {
-                    self.record_end(phase, exit, by_watchdog).await;
-                }
+            if let Event::JobEnded { exit, by_watchdog } = ev {
+                self.record_end(phase, exit, by_watchdog).await;
             }
             tracing::info!(
                 election = self.cfg.election.name(),
