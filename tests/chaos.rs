@@ -252,22 +252,25 @@ fn a_queued_candidates_lease_expires() {
     let mut c = Cluster::start(2, TTL);
     let (i, t) = c.wait_leader();
     let q = 1 - i;
-    assert!(wait_until(secs(10), || c.workers[q]
-        .log_text()
-        .contains("waiting behind")));
+    let queued = wait_until(secs(10), || {
+        c.workers[q].log_text().contains("waiting behind")
+    });
+    assert!(queued, "w{q} never queued\n{}", c.logs());
     let qpid = c.workers[q].pid().unwrap();
     let m = c.mark("queued candidate frozen past its TTL");
     let before = c.etcd.keys("lead-exec/elections/chaos/");
     signal(qpid, libc::SIGSTOP);
-    assert!(wait_until(TTL + secs(5), || c
-        .etcd
-        .keys("lead-exec/elections/chaos/")
-        .len()
-        < before.len()));
+    let expired = wait_until(TTL + secs(5), || {
+        c.etcd.keys("lead-exec/elections/chaos/").len() < before.len()
+    });
+    assert!(
+        expired,
+        "the frozen candidate's key outlived its TTL: {before:?}"
+    );
     c.kill(i);
     signal(qpid, libc::SIGCONT);
     let (j, t2) = c.wait_term_after(t, TTL + secs(10));
-    assert_eq!(j, q);
+    assert_eq!(j, q, "{}", c.logs());
     assert!(t2 > t);
     // It runs on a fresh key, not on the one that expired.
     let now = c.etcd.keys("lead-exec/elections/chaos/");
