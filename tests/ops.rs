@@ -18,6 +18,15 @@ fn long_job(dir: &std::path::Path, who: &str) -> String {
     )
 }
 
+/// Starts `lead-exec run ELECTION --id ID` with [`long_job`], its files named after `who`.
+fn candidate(dir: &std::path::Path, election: &str, ep: &str, who: &str, id: &str) -> Worker {
+    spawn(
+        dir,
+        who,
+        &run_args(election, ep, &["--id", id], &long_job(dir, who)),
+    )
+}
+
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
@@ -41,11 +50,7 @@ fn status_shows_leader_token_waiters_and_exit_codes() {
     let (code, _, _) = run(&["status", "st", "--endpoints", &ep]);
     assert_eq!(code, 3, "no leader yet");
 
-    let a = spawn(
-        dir.path(),
-        "a",
-        &run_args("st", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
-    );
+    let a = candidate(dir.path(), "st", &ep, "a", "alpha");
     let token = wait_int(&dir.path().join("a.token"), secs(10));
     let b = spawn(
         dir.path(),
@@ -95,21 +100,13 @@ fn watch_prints_changes_with_tokens_and_survives_reconnects() {
     let watch = LineReader::start(cmd);
     watch.expect("no leader", secs(10));
 
-    let mut a = spawn(
-        dir.path(),
-        "a",
-        &run_args("wt", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
-    );
+    let mut a = candidate(dir.path(), "wt", &ep, "a", "alpha");
     let ta = wait_int(&dir.path().join("a.token"), secs(10));
     watch.expect(&format!("leader alpha token {ta}"), secs(10));
 
     // Cut the watcher off, change the leader while it is away, then let it back.
     proxy.set(Mode::Reset);
-    let b = spawn(
-        dir.path(),
-        "b",
-        &run_args("wt", &ep, &["--id", "beta"], &long_job(dir.path(), "b")),
-    );
+    let b = candidate(dir.path(), "wt", &ep, "b", "beta");
     b.wait_log("waiting behind alpha", secs(10));
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
@@ -124,17 +121,9 @@ fn resign_moves_leadership_without_overlap_and_the_new_token_is_larger() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let a = spawn(
-        dir.path(),
-        "a",
-        &run_args("rs", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
-    );
+    let a = candidate(dir.path(), "rs", &ep, "a", "alpha");
     let ta = wait_int(&dir.path().join("a.token"), secs(10));
-    let b = spawn(
-        dir.path(),
-        "b",
-        &run_args("rs", &ep, &["--id", "beta"], &long_job(dir.path(), "b")),
-    );
+    let b = candidate(dir.path(), "rs", &ep, "b", "beta");
     b.wait_log("waiting behind alpha", secs(10));
 
     let (code, _, err) = run(&[
@@ -182,11 +171,7 @@ fn pause_stops_the_job_and_resume_restarts_it() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let a = spawn(
-        dir.path(),
-        "a",
-        &run_args("pz", &ep, &["--id", "alpha"], &long_job(dir.path(), "a")),
-    );
+    let a = candidate(dir.path(), "pz", &ep, "a", "alpha");
     let ta = wait_int(&dir.path().join("a.token"), secs(10));
 
     let (code, out, _) = run(&[
