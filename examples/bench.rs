@@ -220,7 +220,7 @@ impl Cx {
                 c
             }
             Tool::Etcdctl => {
-                let mut c = Command::new("etcdctl");
+                let mut c = Command::new(etcd_bin("etcdctl"));
                 c.arg(format!("--endpoints={}", w.endpoint));
                 c.args(["lock", w.election, "--ttl", &w.ttl_s.to_string()]);
                 c
@@ -1392,6 +1392,15 @@ impl Drop for Fifo {
 
 /// A throwaway single-member etcd on loopback, spoken to over its HTTP gateway so that the
 /// harness needs no client library (and spawns no etcdctl while timing).
+/// `etcd` or `etcdctl` from `$ETCD_BIN_DIR` when set (etcd 3.5 from `.ci/fetch-etcd`, say),
+/// else from PATH.
+fn etcd_bin(name: &str) -> PathBuf {
+    match std::env::var_os("ETCD_BIN_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => Path::new(&dir).join(name),
+        None => PathBuf::from(name),
+    }
+}
+
 struct Etcd {
     child: Child,
     port: u16,
@@ -1403,7 +1412,7 @@ impl Etcd {
         let (port, peer) = (free_port()?, free_port()?);
         let url = |p: u16| format!("http://127.0.0.1:{p}");
         let log = File::create(dir.join("etcd.log"))?;
-        let child = Command::new("etcd")
+        let child = Command::new(etcd_bin("etcd"))
             .args(["--name", "b", "--data-dir"])
             .arg(dir.join("etcd"))
             .args(["--listen-client-urls", &url(port)])
@@ -1812,7 +1821,7 @@ fn print_header(bin: &Path, quick: bool) {
         .find_map(|l| l.strip_prefix("MemTotal:").map(|s| s.trim().to_string()))
         .unwrap_or_default();
     let first_line = |prog: &str, args: &[&str]| {
-        Command::new(prog)
+        Command::new(etcd_bin(prog))
             .args(args)
             .output()
             .map(|o| {

@@ -3,8 +3,9 @@
 #
 #     bash examples/demo.sh
 #
-# Installs what is missing (etcd-server for a throwaway etcd, protobuf-compiler for the
-# build), then builds and runs the narrated demo (examples/demo.rs), about 15 seconds once built.
+# Installs what is missing (etcd-server for a throwaway etcd; protobuf-compiler and
+# libprotobuf-dev, whose well-known .proto files etcd-client's build imports), then builds
+# and runs the narrated demo (examples/demo.rs), about 15 seconds once built.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,6 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 packages=()
 command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)
+# Only a recommended package of protobuf-compiler: --no-install-recommends leaves it out.
+[[ -f /usr/include/google/protobuf/descriptor.proto ]] || packages+=(libprotobuf-dev)
 
 if ((${#packages[@]})); then
     if [[ $(id -u) -eq 0 ]]; then

@@ -342,7 +342,7 @@ impl Cluster {
     /// The raft leader among the etcd members.
     pub fn raft_leader(&self) -> usize {
         for (i, m) in self.etcd.members.iter().enumerate() {
-            let out = Command::new("etcdctl")
+            let out = Command::new(super::need("etcdctl", "etcd-client"))
                 .env("ETCDCTL_API", "3")
                 .args([
                     &format!("--endpoints={}", m.endpoint()),

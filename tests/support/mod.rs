@@ -34,7 +34,22 @@ pub const FAST: [&str; 6] = [
     "500ms",
 ];
 
-fn need(binary: &str, package: &str) -> PathBuf {
+/// The directory named by this variable, when set, supplies `etcd` and `etcdctl` instead of
+/// PATH: `.ci/run` points it at etcd 3.5 (see `.ci/fetch-etcd`).
+pub const ETCD_DIR_VAR: &str = "ETCD_BIN_DIR";
+
+/// An etcd binary: from `$ETCD_BIN_DIR` when set, else from PATH. Missing is a failure that
+/// names the package, never a skip.
+pub fn need(binary: &str, package: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os(ETCD_DIR_VAR).filter(|d| !d.is_empty()) {
+        let p = Path::new(&dir).join(binary);
+        assert!(
+            p.is_file(),
+            "`{binary}` not found in {ETCD_DIR_VAR}={}: fetch it with `bash .ci/fetch-etcd trixie`",
+            p.parent().unwrap().display()
+        );
+        return p;
+    }
     for dir in std::env::var("PATH").unwrap_or_default().split(':') {
         let p = Path::new(dir).join(binary);
         if p.is_file() {
