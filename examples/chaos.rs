@@ -68,8 +68,8 @@ fn main() -> ExitCode {
     let r = support::chaos::soak(workers, trials, seed, ttl, |line| println!("{line}"));
     let secs = |d: &Duration| d.as_secs_f64();
     println!();
-    println!("| fault | injected | failovers | min s | median s | max s |");
-    println!("|---|---|---|---|---|---|");
+    println!("| fault | injected | failovers | min s | median s | max s | job restarts |");
+    println!("|---|---|---|---|---|---|---|");
     for (fault, n) in &r.per_fault {
         let mut f = r.failovers.get(fault).cloned().unwrap_or_default();
         f.sort();
@@ -81,7 +81,15 @@ fn main() -> ExitCode {
                 format!("{:.2}", secs(&f[k - 1])),
             ),
         };
-        println!("| {fault} | {n} | {} | {lo} | {mid} | {hi} |", f.len());
+        let restarts = if support::chaos::RIDDEN.contains(fault) {
+            r.restarts.get(fault).copied().unwrap_or(0).to_string()
+        } else {
+            "-".into()
+        };
+        println!(
+            "| {fault} | {n} | {} | {lo} | {mid} | {hi} | {restarts} |",
+            f.len()
+        );
     }
     let stale = r
         .violations
@@ -105,6 +113,10 @@ fn main() -> ExitCode {
     println!(
         "overlaps: {overlaps} (overlaps of deposed workers, all their writes fenced: {})",
         r.fenced_overlaps
+    );
+    println!(
+        "job restarts under routine faults (ridden through by design): {}",
+        r.restarts.values().sum::<usize>()
     );
     println!("wall time: {:.0} s", start.elapsed().as_secs_f64());
     if r.violations.is_empty() {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::cli::{CgroupMode, ConnArgs, OnLoss, RunArgs};
+use crate::election::lease::{Renewal, MIN_RENEWAL_TIMEOUT, RENEWAL_ATTEMPTS};
 use crate::election::Election;
 use crate::exit::{fail, Exit};
 
@@ -153,17 +154,14 @@ pub enum Wait {
     For(Duration),
 }
 
-/// The interval between keepalives for a granted TTL.
-pub fn keepalive_interval(ttl: Duration) -> Duration {
-    ttl / 3
-}
-
-/// Refuses lease settings under which the job could outlive the lease.
+/// Refuses lease settings under which the job could outlive the lease, or could not survive
+/// one lost keepalive.
 ///
 /// The job gets SIGTERM at `D - grace` and SIGKILL at `D`, where
-/// `D = send time of the last good keepalive + TTL - margin`. One keepalive interval can pass
-/// between renewals, so grace + margin + interval must leave room inside the TTL; otherwise
-/// the job would be stopped on every renewal cycle, or not before the lease ends.
+/// `D = send time of the last good keepalive + TTL - margin`. A keepalive goes out one
+/// interval (TTL/3) after the last good one; what is left before `D - grace` is the room to
+/// retry it, and [`RENEWAL_ATTEMPTS`] attempts of at least [`MIN_RENEWAL_TIMEOUT`] must fit,
+/// so that one lost reply or one etcd leader election does not cost the job.
 pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> Result<()> {
     if ttl < MIN_TTL {
         return Err(fail(
@@ -174,16 +172,21 @@ pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> R
             ),
         ));
     }
-    let interval = keepalive_interval(ttl);
-    if grace + margin + interval >= ttl {
+    let budget = Renewal::budget(ttl, grace, margin);
+    if budget < MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS {
+        let ms =
+            |d: Duration| humantime::format_duration(Duration::from_millis(d.as_millis() as u64));
         return Err(fail(
             Exit::Usage,
             format!(
-                "unsafe lease settings: --grace {} + --safety-margin {} + keepalive interval {} (ttl/3) must be below --ttl {}",
-                humantime::format_duration(grace),
-                humantime::format_duration(margin),
-                humantime::format_duration(interval),
-                humantime::format_duration(ttl)
+                "unsafe lease settings: --ttl {} minus --grace {}, --safety-margin {} and the keepalive interval {} (ttl/3) leaves {} to renew, below {} attempts of {}",
+                ms(ttl),
+                ms(grace),
+                ms(margin),
+                ms(ttl / 3),
+                ms(budget),
+                RENEWAL_ATTEMPTS,
+                ms(MIN_RENEWAL_TIMEOUT),
             ),
         ));
     }
@@ -276,6 +279,25 @@ mod tests {
         let e = check_lease_safety(s(6), s(3), s(1)).unwrap_err();
         assert!(e.to_string().contains("unsafe lease settings"), "{e}");
         check_lease_safety(s(7), s(3), s(1)).unwrap();
+    }
+
+    #[test]
+    fn three_renewal_attempts_must_fit_before_sigterm() {
+        // 3s - 1s interval - 1.5s grace - 0.25s margin = 250ms: not 3 attempts of 100ms.
+        let e = check_lease_safety(
+            s(3),
+            Duration::from_millis(1500),
+            Duration::from_millis(250),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("below 3 attempts of 100ms"), "{e}");
+        // 300ms left: just enough.
+        check_lease_safety(
+            s(3),
+            Duration::from_millis(1450),
+            Duration::from_millis(250),
+        )
+        .unwrap();
     }
 
     #[test]

@@ -26,6 +26,7 @@ struct Metrics {
     job_starts: IntCounter,
     job_exits: IntCounterVec,
     slack: Gauge,
+    failovers: IntCounter,
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
@@ -83,8 +84,14 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         "Lease deadline minus the time the last job's group died",
     )
     .unwrap();
+    let failovers = IntCounter::new(
+        "lead_exec_etcd_endpoint_failovers_total",
+        "Times requests moved to the next etcd endpoint because the pinned one failed",
+    )
+    .unwrap();
     for c in [
-        Box::new(is_leader.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(failovers.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(is_leader.clone()),
         Box::new(token.clone()),
         Box::new(ttl_remaining.clone()),
         Box::new(keepalive_rtt.clone()),
@@ -109,8 +116,13 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         job_starts,
         job_exits,
         slack,
+        failovers,
     }
 });
+
+pub fn endpoint_failover() {
+    M.failovers.inc();
+}
 
 pub fn keepalive_rtt(d: Duration) {
     M.keepalive_rtt.observe(d.as_secs_f64());

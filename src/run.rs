@@ -50,6 +50,8 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         client,
         signals,
         give_up_at,
+        led: false,
+        history_start: None,
         lease: None,
         job: None,
         term: None,
@@ -70,6 +72,11 @@ struct Driver {
     client: Client,
     signals: mpsc::UnboundedReceiver<i32>,
     give_up_at: Option<Instant>,
+    /// Set once a term ran: `--wait` then counts again from the next campaign, since it
+    /// bounds a wait in line, not the life of the process.
+    led: bool,
+    /// The term's start record, written beside the job (see [`Driver::spawn`]).
+    history_start: Option<tokio::task::JoinHandle<()>>,
     lease: Option<Lease>,
     job: Option<Job>,
     term: Option<Term>,
@@ -129,6 +136,11 @@ impl Driver {
     /// Grants a fresh lease and campaigns on it, until elected, refused or interrupted.
     async fn campaign(&mut self) -> Result<Event> {
         let started = Instant::now();
+        if std::mem::take(&mut self.led) {
+            if let Wait::For(d) = self.cfg.wait {
+                self.give_up_at = Some(started + d);
+            }
+        }
         // `--wait` also bounds retries after etcd trouble.
         if self.give_up_at.is_some_and(|t| started >= t) {
             return Ok(Event::NotAcquired);
@@ -136,6 +148,7 @@ impl Driver {
         let lease = match Lease::grant(
             &self.client,
             self.cfg.ttl,
+            self.cfg.grace,
             self.cfg.safety_margin,
             self.cfg.conn.command_timeout,
         )
@@ -284,11 +297,16 @@ impl Driver {
                 metrics::job_started();
                 notify::status(&format!("leading, token {token}"));
                 self.job = Some(job);
-                // After the spawn: the audit record must not delay the job.
-                let key = &self.term.as_ref().expect("a term was confirmed").key;
-                if let Err(e) = history::record_start(&self.client, &self.cfg, token, key).await {
-                    tracing::warn!("history: {e:#}");
-                }
+                self.led = true;
+                // Beside the job, not before it or in the driver's path: the audit record must
+                // neither delay the job nor hold up the deadlines forwarded to the watchdog.
+                let (client, cfg) = (self.client.clone(), self.cfg.clone());
+                let key = term.key.clone();
+                self.history_start = Some(tokio::spawn(async move {
+                    if let Err(e) = history::record_start(&client, &cfg, token, &key).await {
+                        tracing::warn!("history: {e:#}");
+                    }
+                }));
                 Ok(None)
             }
             Err(e) => {
@@ -410,6 +428,10 @@ impl Driver {
 
     /// Writes how the term ended, while our key still guards the write; also the run key.
     async fn record_end(&mut self, phase: Phase, exit: Exit, by_watchdog: bool) {
+        // The end record goes after the start record.
+        if let Some(start) = self.history_start.take() {
+            let _ = start.await;
+        }
         let Some(term) = self.term.as_ref() else {
             return;
         };

@@ -318,3 +318,125 @@ fn short_seeded_soak() {
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert!(report.faults_injected >= 6);
 }
+
+/// Asserts that the term that ran at token `t` is still the only one since, and that no
+/// worker exited, after watching for `window`.
+fn assert_term_kept(c: &mut Cluster, t: i64, window: Duration, what: &str) {
+    // The property is that nothing happens: there is no event to wait for, only a window.
+    std::thread::sleep(window);
+    let after = c.terms_after(t);
+    assert!(
+        after.is_empty(),
+        "{what}: the job restarted {} time(s): {after:?}\n{}",
+        after.len(),
+        c.logs()
+    );
+    let exited = c.exited();
+    assert!(
+        exited.is_empty(),
+        "{what}: workers exited: {exited:?}\n{}",
+        c.logs()
+    );
+}
+
+#[test]
+fn one_member_down_for_the_whole_test_costs_nothing() {
+    let mut c = Cluster::start(3, TTL);
+    // The first endpoint of every worker's list: the one each of them starts on.
+    c.etcd.members[0].kill();
+    let m = c.mark("etcd member 0 down");
+    let (_, t) = c.wait_leader();
+    assert_term_kept(&mut c, t, 3 * TTL, "one member down");
+    // Every operator command fails over too.
+    let dead_first = format!(
+        "{},{},{}",
+        c.etcd.members[0].endpoint(),
+        c.etcd.members[1].endpoint(),
+        c.etcd.members[2].endpoint()
+    );
+    for args in [["status", "chaos"], ["history", "chaos"]] {
+        for _ in 0..3 {
+            let out = std::process::Command::new(BIN)
+                .args(args)
+                .args(["--endpoints", &dead_first])
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{args:?} with a dead endpoint first: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    c.etcd.members[0].restart();
+    c.heal(m);
+    done(c);
+}
+
+#[test]
+fn rolling_restart_keeps_the_term() {
+    // The routine upgrade, with the default lease settings.
+    let mut c = Cluster::start_defaults(3);
+    let (_, t) = c.wait_leader();
+    let m = c.mark("rolling restart");
+    for k in 0..3 {
+        c.restart_member(k);
+    }
+    c.heal(m);
+    assert_term_kept(&mut c, t, secs(1), "rolling restart");
+    done(c);
+}
+
+#[test]
+fn raft_leader_killed_keeps_the_term() {
+    let mut c = Cluster::start(3, TTL);
+    let (_, t) = c.wait_leader();
+    let r = c.raft_leader();
+    let m = c.mark("raft leader killed");
+    c.etcd.members[r].kill();
+    let others: Vec<usize> = (0..3).filter(|&k| k != r).collect();
+    let elected = wait_until(secs(20), || others.iter().all(|&k| c.member_healthy(k)));
+    assert!(elected, "no new raft leader");
+    // The dead member stays in every worker's endpoint list.
+    assert_term_kept(&mut c, t, 2 * TTL, "raft leader killed");
+    c.restart_member(r);
+    c.heal(m);
+    done(c);
+}
+
+#[test]
+fn a_lost_keepalive_reply_keeps_the_term() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m = c.mark("keepalive replies held on one endpoint");
+    // Longer than the keepalive interval (TTL/3): at least one renewal's answer is held back
+    // on the endpoint the leader uses, and arrives only after it was given up.
+    c.workers[i].proxies[0].set(Mode::HoldReplies);
+    std::thread::sleep(TTL / 2);
+    c.workers[i].proxies[0].set(Mode::Pass);
+    c.heal(m);
+    assert_term_kept(&mut c, t, 2 * TTL, "a lost keepalive reply");
+    done(c);
+}
+
+#[test]
+fn one_blackholed_endpoint_keeps_the_term() {
+    let mut c = Cluster::start(3, TTL);
+    let (_, t) = c.wait_leader();
+    let m = c.mark("endpoint 0 blackholed for every worker");
+    for w in &c.workers {
+        w.proxies[0].set(Mode::Blackhole);
+    }
+    let kept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert_term_kept(&mut c, t, 3 * TTL, "one blackholed endpoint")
+    }));
+    for w in &c.workers {
+        w.proxies[0].set(Mode::Pass);
+    }
+    c.heal(m);
+    if let Err(e) = kept {
+        std::panic::resume_unwind(e);
+    }
+    done(c);
+}

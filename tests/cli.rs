@@ -132,7 +132,7 @@ fn malformed_flags_are_usage_errors_in_one_line() {
         ),
         (
             &["run", "x", "--ttl", "3s", "--", "true"],
-            "unsafe lease settings: --grace 3s + --safety-margin 1s",
+            "unsafe lease settings: --ttl 3s minus --grace 3s, --safety-margin 1s",
         ),
         (&["run", "a/b", "--", "true"], "invalid election name 'a/b'"),
         (&["run", "", "--", "true"], "invalid election name ''"),

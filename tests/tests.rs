@@ -5,9 +5,11 @@
 //! - `exclusion`: mutual exclusion and token order across workers
 //! - `signals`: signals to lead-exec and their effect on the job's group
 //! - `fail_closed`: etcd unreachable, lost key, expired candidates
+//! - `availability`: riding through routine etcd trouble (connections kept, `--wait` per wait)
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
 //! - `interop`: coexistence with `etcdctl elect`
 //! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
+//!   (including the routine ones: a member down, a rolling restart, a lost reply)
 //! - `ops`: status, watch, resign, pause, history, check, run keys
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
@@ -17,6 +19,7 @@
 
 mod support;
 
+mod availability;
 mod chaos;
 mod cli;
 mod docs;

@@ -193,8 +193,11 @@ impl Campaign<'_> {
             }
         };
         tokio::pin!(give_up);
+        let mut moves = crate::etcd::failover::moves();
         loop {
             tokio::select! {
+                // The watch may sit on the endpoint just left: a fresh read decides.
+                _ = crate::etcd::failover::moved(&mut moves) => return Ok(None),
                 msg = stream.message() => match msg {
                     Ok(Some(resp)) => {
                         if resp.canceled() || resp.compact_revision() != 0 {

@@ -9,14 +9,55 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::Client;
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::clock::BootInstant;
-use crate::config::keepalive_interval;
-use crate::etcd::bounded;
+use crate::etcd::{bounded, failover};
+
+/// How many renewal attempts must fit between a missed keepalive and SIGTERM.
+pub const RENEWAL_ATTEMPTS: u32 = 3;
+/// The shortest time one renewal attempt may be given before it is retried elsewhere.
+pub const MIN_RENEWAL_TIMEOUT: Duration = Duration::from_millis(100);
+/// The longest: a keepalive answers in milliseconds; waiting longer only eats the budget.
+const MAX_RENEWAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// When keepalives go out and how long each may take.
+///
+/// A keepalive goes out `interval` after the send time of the last good one. If it gets no
+/// answer within `timeout`, another goes out at once (on the next endpoint). The SIGTERM is
+/// due at `D − grace = last good send + TTL − margin − grace`, so the attempts that fit are
+/// `(TTL − margin − grace − interval) / timeout`: the timeout is chosen so that
+/// [`RENEWAL_ATTEMPTS`] of them do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Renewal {
+    pub fn plan(ttl: Duration, grace: Duration, margin: Duration) -> Renewal {
+        let interval = ttl / 3;
+        let budget = ttl.saturating_sub(grace + margin + interval);
+        Renewal {
+            interval,
+            timeout: (budget / RENEWAL_ATTEMPTS).min(MAX_RENEWAL_TIMEOUT),
+        }
+    }
+
+    /// Room before SIGTERM for the retries of one missed keepalive.
+    pub fn budget(ttl: Duration, grace: Duration, margin: Duration) -> Duration {
+        ttl.saturating_sub(grace + margin + ttl / 3)
+    }
+}
+
+/// The deadline a renewal sent at `sent` and answered with `ttl` buys: the server cannot
+/// have renewed before the request reached it, so its expiry is at least `sent + ttl`.
+pub fn renewed_deadline(sent: BootInstant, ttl: Duration, margin: Duration) -> BootInstant {
+    sent.plus(ttl).minus(margin)
+}
 
 /// Why leadership (or candidacy) ended without us asking for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +106,7 @@ impl Lease {
     pub async fn grant(
         client: &Client,
         ttl: Duration,
+        grace: Duration,
         margin: Duration,
         limit: Duration,
     ) -> Result<Lease> {
@@ -77,12 +119,13 @@ impl Lease {
         )
         .await?;
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
-        let deadline = sent.plus(granted).minus(margin);
+        let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
         let task = tokio::spawn(keepalive_loop(
             client.clone(),
             resp.id(),
             granted,
+            Renewal::plan(granted, grace, margin),
             margin,
             deadline,
             tx,
@@ -158,80 +201,201 @@ impl Drop for Lease {
     }
 }
 
-async fn keepalive_loop(
+/// Whether a keepalive error means the lease no longer exists on the server.
+fn lease_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
+        _ => false,
+    }
+}
+
+type KeepAlive = (LeaseKeeper, LeaseKeepAliveStream);
+
+/// What one renewal attempt learned.
+enum Answer {
+    /// Renewed: the lease lives at least until the attempt's send time + TTL.
+    Alive,
+    /// etcd says the lease does not exist any more.
+    Gone,
+}
+
+/// One renewal attempt, as its own task so that a slow one keeps counting while the next
+/// one goes out elsewhere.
+struct Attempt {
+    sent: BootInstant,
+    sent_mono: Instant,
+    endpoint: usize,
+    result: Result<Answer, String>,
+    /// The stream, back in step (its one request answered), for the next attempt to reuse.
+    stream: Option<KeepAlive>,
+}
+
+/// Sends one keepalive: on `stream` if there is one, else by opening a stream (which sends
+/// one and waits for its answer).
+async fn attempt(
     mut client: Client,
     id: i64,
+    stream: Option<KeepAlive>,
+    limit: Duration,
+) -> (Result<Answer, String>, Option<KeepAlive>) {
+    let Some((mut keeper, mut responses)) = stream else {
+        return match timeout(limit, client.lease_keep_alive(id)).await {
+            Ok(Ok(ka)) => (Ok(Answer::Alive), Some(ka)),
+            Ok(Err(e)) if lease_gone(&e) => (Ok(Answer::Gone), None),
+            Ok(Err(e)) => (Err(format!("keepalive stream: {e}")), None),
+            Err(_) => (Err("keepalive stream: no answer".into()), None),
+        };
+    };
+    if let Err(e) = keeper.keep_alive().await {
+        return (Err(format!("keepalive send: {e}")), None);
+    }
+    match timeout(limit, responses.message()).await {
+        Ok(Ok(Some(r))) if r.ttl() <= 0 => (Ok(Answer::Gone), None),
+        Ok(Ok(Some(_))) => (Ok(Answer::Alive), Some((keeper, responses))),
+        Ok(Err(e)) if lease_gone(&e) => (Ok(Answer::Gone), None),
+        Ok(Err(e)) => (Err(format!("keepalive answer: {e}")), None),
+        Ok(Ok(None)) => (Err("keepalive stream closed".into()), None),
+        Err(_) => (Err("keepalive answer: no answer".into()), None),
+    }
+}
+
+/// Most attempts in flight at once: enough to ride over a slow and a dead endpoint together.
+const MAX_IN_FLIGHT: usize = 4;
+
+async fn keepalive_loop(
+    client: Client,
+    id: i64,
     ttl: Duration,
+    plan: Renewal,
     margin: Duration,
     mut deadline: BootInstant,
     tx: watch::Sender<LeaseState>,
 ) {
-    let interval = keepalive_interval(ttl);
-    let retry = (interval / 8).clamp(Duration::from_millis(50), Duration::from_millis(500));
-    let mut stream = None;
-    let mut next = Instant::now() + interval;
+    // A failure that came back at once (a refused connection, "no leader") is retried after
+    // this pause rather than in a tight loop.
+    let pause = (plan.timeout / 8).clamp(Duration::from_millis(10), Duration::from_millis(50));
     let lease = format!("{id:x}");
+    let mut inflight: JoinSet<Attempt> = JoinSet::new();
+    let mut idle: Option<KeepAlive> = None;
+    let mut next = Instant::now() + plan.interval;
+    // Send time of the newest attempt that renewed: older failures are old news.
+    let mut last_good = Instant::now();
+    // The endpoint of the newest attempt while it has no answer.
+    let mut awaiting: Option<usize> = None;
     loop {
-        sleep_until(next).await;
-        // Checked before every send: after a freeze, a keepalive sent now could renew a lease
-        // whose job the watchdog has already killed. Declare the loss instead.
+        // Checked on every wake: after a freeze, an answer now could extend a lease whose job
+        // the watchdog has already killed. Declare the loss instead.
         if deadline.has_passed() {
             tracing::warn!(lease, "no keepalive succeeded before the deadline");
             tx.send_replace(LeaseState::Lost(LossReason::Deadline));
             return;
         }
-        if stream.is_none() {
-            match timeout(deadline.remaining(), client.lease_keep_alive(id)).await {
-                Ok(Ok(s)) => stream = Some(s),
-                Ok(Err(e)) => {
-                    tracing::debug!(lease, "keepalive stream: {e}");
-                    next = Instant::now() + retry;
+        tokio::select! {
+            _ = tokio::time::sleep(deadline.remaining()) => continue,
+            _ = sleep_until(next) => {
+                if inflight.len() >= MAX_IN_FLIGHT {
+                    next = Instant::now() + pause;
                     continue;
                 }
-                Err(_) => {
-                    next = Instant::now();
-                    continue;
+                // The last attempt is overdue: its endpoint is slow or gone, so the next one
+                // goes elsewhere (a stream hides that from the channel below).
+                if let Some(e) = awaiting.take() {
+                    tracing::debug!(lease, "keepalive answer overdue; trying the next endpoint");
+                    failover::endpoint_failed(e);
+                }
+                let endpoint = failover::pinned();
+                awaiting = Some(endpoint);
+                let (c, stream) = (client.clone(), idle.take());
+                // Even a successful answer is worthless after D: bound the attempt by the TTL.
+                let limit = plan.timeout.max(ttl);
+                let sent = BootInstant::now();
+                let sent_mono = Instant::now();
+                inflight.spawn(async move {
+                    let (result, stream) = attempt(c, id, stream, limit).await;
+                    Attempt { sent, sent_mono, endpoint, result, stream }
+                });
+                // Unless it answers in time, the next attempt goes out then, on the next
+                // endpoint, while this one may still answer.
+                next = sent_mono + plan.timeout;
+            }
+            Some(joined) = inflight.join_next(), if !inflight.is_empty() => {
+                let Ok(a) = joined else { continue };
+                match a.result {
+                    Ok(Answer::Gone) => {
+                        tracing::warn!(lease, "etcd says the lease is gone");
+                        tx.send_replace(LeaseState::Lost(LossReason::Expired));
+                        return;
+                    }
+                    Ok(Answer::Alive) => {
+                        crate::metrics::keepalive_rtt(a.sent_mono.elapsed());
+                        let d = renewed_deadline(a.sent, ttl, margin);
+                        if d > deadline {
+                            deadline = d;
+                            tx.send_replace(LeaseState::Alive { deadline });
+                        }
+                        if a.sent_mono >= last_good {
+                            last_good = a.sent_mono;
+                            next = a.sent_mono + plan.interval;
+                            awaiting = None;
+                        }
+                        if idle.is_none() {
+                            idle = a.stream;
+                        }
+                    }
+                    Err(why) => {
+                        if a.sent_mono < last_good {
+                            continue;
+                        }
+                        tracing::debug!(lease, "{why}; retrying on the next endpoint");
+                        failover::endpoint_failed(a.endpoint);
+                        if awaiting == Some(a.endpoint) {
+                            awaiting = None;
+                        }
+                        next = next.min(Instant::now() + pause);
+                    }
                 }
             }
         }
-        let (keeper, responses) = stream.as_mut().expect("opened above");
-        let sent = BootInstant::now();
-        let sent_mono = Instant::now();
-        if let Err(e) = keeper.keep_alive().await {
-            tracing::debug!(lease, "keepalive send: {e}");
-            stream = None;
-            next = Instant::now() + retry;
-            continue;
-        }
-        let wait = deadline.remaining().min(interval);
-        match timeout(wait, responses.message()).await {
-            Ok(Ok(Some(resp))) if resp.ttl() <= 0 => {
-                tracing::warn!(lease, "etcd says the lease is gone");
-                tx.send_replace(LeaseState::Lost(LossReason::Expired));
-                return;
-            }
-            Ok(Ok(Some(resp))) => {
-                crate::metrics::keepalive_rtt(sent_mono.elapsed());
-                let renewed = sent
-                    .plus(Duration::from_secs(resp.ttl() as u64))
-                    .minus(margin);
-                if renewed > deadline {
-                    deadline = renewed;
-                    tx.send_replace(LeaseState::Alive { deadline });
-                }
-                next = sent_mono + interval;
-            }
-            other => {
-                // A late answer on this stream would be matched to the wrong request: start a
-                // fresh stream.
-                match other {
-                    Ok(Err(e)) => tracing::debug!(lease, "keepalive answer: {e}"),
-                    Ok(Ok(None)) => tracing::debug!(lease, "keepalive stream closed"),
-                    _ => tracing::debug!(lease, "keepalive answer timed out"),
-                }
-                stream = None;
-                next = Instant::now() + retry;
-            }
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(x: u64) -> Duration {
+        Duration::from_millis(x)
+    }
+
+    #[test]
+    fn defaults_fit_three_renewal_attempts_before_sigterm() {
+        let (ttl, grace, margin) = (ms(10_000), ms(3_000), ms(1_000));
+        let p = Renewal::plan(ttl, grace, margin);
+        assert_eq!(p.interval, ms(3_333) + Duration::from_nanos(333_333));
+        assert!(p.timeout < p.interval, "{p:?}");
+        assert!(p.timeout >= MIN_RENEWAL_TIMEOUT);
+        // The last attempt ends no later than D − grace, counted from the last good send.
+        let last_done = p.interval + p.timeout * RENEWAL_ATTEMPTS;
+        assert!(last_done <= ttl - margin - grace, "{last_done:?}");
+    }
+
+    #[test]
+    fn the_timeout_is_capped_for_long_ttls() {
+        let p = Renewal::plan(ms(60_000), ms(3_000), ms(1_000));
+        assert_eq!(p.timeout, MAX_RENEWAL_TIMEOUT);
+    }
+
+    #[test]
+    fn no_budget_means_no_time_for_retries() {
+        let p = Renewal::plan(ms(6_000), ms(3_000), ms(1_000));
+        assert_eq!(p.timeout, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_renewal_counts_from_its_send_time() {
+        let sent = BootInstant::from_nanos(5_000_000_000);
+        let d = renewed_deadline(sent, ms(10_000), ms(1_000));
+        assert_eq!(d, BootInstant::from_nanos(14_000_000_000));
     }
 }

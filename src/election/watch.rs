@@ -24,6 +24,8 @@ pub struct LeaderWatch {
     /// Last revision we know the state at.
     rev: i64,
     stream: Option<WatchStream>,
+    /// Pin moves of the etcd channel: the stream may sit on the endpoint just left.
+    moves: tokio::sync::watch::Receiver<u64>,
 }
 
 impl LeaderWatch {
@@ -37,6 +39,7 @@ impl LeaderWatch {
             token,
             rev: token,
             stream: None,
+            moves: crate::etcd::failover::moves(),
         }
     }
 
@@ -56,7 +59,15 @@ impl LeaderWatch {
                 }
             }
             let stream = self.stream.as_mut().expect("opened above");
-            match stream.message().await {
+            let msg = tokio::select! {
+                m = stream.message() => m,
+                _ = crate::etcd::failover::moved(&mut self.moves) => {
+                    // Re-read and watch again, on the endpoint requests now go to.
+                    self.stream = None;
+                    continue;
+                }
+            };
+            match msg {
                 Ok(Some(resp)) => {
                     if resp.canceled() || resp.compact_revision() != 0 {
                         self.stream = None;

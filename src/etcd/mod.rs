@@ -10,17 +10,28 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
+pub mod failover;
+
 use crate::config::Conn;
 use crate::exit::{fail, Exit};
+
+/// Above etcd's default `--grpc-keepalive-min-time` of 5 s.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Connects and proves the cluster answers, within the dial timeout.
 pub async fn connect(conn: &Conn) -> Result<Client> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(conn.dial_timeout)
-        // HTTP/2 pings notice a dead or blackholed connection, so that the channel reconnects
-        // while the lease still has time left.
-        .with_keep_alive(Duration::from_secs(1), conn.dial_timeout)
-        .with_keep_alive_while_idle(true);
+        // HTTP/2 pings close a connection that went silent. etcd refuses pings more often
+        // than its --grpc-keepalive-min-time (5 s by default) with a GOAWAY "too_many_pings",
+        // which reset every connection of an idle candidate every few seconds at 1 s: stay
+        // above it. Fast failure detection is the keepalive loop's job (see
+        // `election::lease`), which moves every stream to the next endpoint.
+        .with_keep_alive(PING_INTERVAL, conn.dial_timeout)
+        .with_keep_alive_while_idle(true)
+        // A member cut off from its quorum refuses at once ("no leader") instead of hanging,
+        // and cancels our watches: the failover channel then moves to a member that can serve.
+        .with_require_leader(true);
     if let Some((user, password)) = &conn.auth {
         // etcd's auth tokens expire (5 minutes by default); a lease held for days must not
         // fail closed because of that.
@@ -57,10 +68,17 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
         .collect();
     let what = format!("etcd at {}", conn.endpoints.join(","));
     let probe = async {
+        // One attempt of a unary request may use a third of the command timeout before it is
+        // tried on the next endpoint.
+        let router = failover::Router::new(conn.command_timeout / 3);
         let mut client = bounded(
             conn.dial_timeout,
             &what,
-            Client::connect(&endpoints, Some(opts)),
+            Client::connect_with_balanced_channel(
+                &endpoints,
+                Some(opts),
+                failover::Builder(router),
+            ),
         )
         .await?;
         // The channel is lazy: one cheap linearizable read proves the cluster is there and

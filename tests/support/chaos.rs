@@ -112,6 +112,8 @@ pub struct Cluster {
     pub ttl: Duration,
     pub election: String,
     pub marks: Vec<Mark>,
+    /// Lease flags besides `--ttl` (lead-exec's defaults when empty).
+    pub lease_args: Vec<String>,
     deaths: Arc<Mutex<HashMap<i32, i64>>>,
     stop: Arc<AtomicBool>,
     cg_root: Option<PathBuf>,
@@ -130,8 +132,20 @@ fn own_cgroup() -> Option<PathBuf> {
 }
 
 impl Cluster {
-    /// Three etcd members and `n` workers, each with lease TTL `ttl`.
+    /// Three etcd members and `n` workers, each with lease TTL `ttl` (grace and safety
+    /// margin 500 ms).
     pub fn start(n: usize, ttl: Duration) -> Cluster {
+        let lease = ["--grace", "500ms", "--safety-margin", "500ms"];
+        Cluster::start_with(n, ttl, lease.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// As [`Cluster::start`], with lead-exec's default lease settings (TTL 10 s, grace 3 s,
+    /// margin 1 s), as operators run it.
+    pub fn start_defaults(n: usize) -> Cluster {
+        Cluster::start_with(n, secs(10), Vec::new())
+    }
+
+    pub fn start_with(n: usize, ttl: Duration, lease_args: Vec<String>) -> Cluster {
         let etcd = Etcd::start3();
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("ledger.db");
@@ -162,6 +176,7 @@ impl Cluster {
             ttl,
             election: "chaos".into(),
             marks: Vec::new(),
+            lease_args,
             deaths,
             stop,
             cg_root,
@@ -209,14 +224,11 @@ impl Cluster {
             &endpoints,
             "--ttl",
             &ttl,
-            "--grace",
-            "500ms",
-            "--safety-margin",
-            "500ms",
             "--id",
             &self.workers[i].name,
-            "--",
         ])
+        .args(&self.lease_args)
+        .arg("--")
         .arg(&ledger)
         .args([
             "--db",
@@ -337,6 +349,34 @@ impl Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Terms started after token `t`: each one a job restart.
+    pub fn terms_after(&self, t: i64) -> Vec<(i64, String)> {
+        self.starts().into_iter().filter(|(k, _)| *k > t).collect()
+    }
+
+    /// Workers whose lead-exec has exited, with how.
+    pub fn exited(&mut self) -> Vec<(String, std::process::ExitStatus)> {
+        let mut out = Vec::new();
+        for w in &mut self.workers {
+            if let Some(st) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                out.push((w.name.clone(), st));
+            }
+        }
+        out
+    }
+
+    /// Whether etcd member `m` answers as a healthy member of a cluster with a quorum.
+    pub fn member_healthy(&self, m: usize) -> bool {
+        etcdctl_status(&self.etcd.members[m].endpoint(), &["endpoint", "health"]).success()
+    }
+
+    /// Restarts etcd member `m` (same data) and waits until it is healthy again.
+    pub fn restart_member(&mut self, m: usize) {
+        self.etcd.members[m].restart();
+        let ok = wait_until(secs(30), || self.member_healthy(m));
+        assert!(ok, "etcd member {m} not healthy after its restart");
     }
 
     /// The raft leader among the etcd members.
@@ -783,7 +823,18 @@ pub struct SoakReport {
     pub rejected: usize,
     pub fenced_overlaps: usize,
     pub terms: usize,
+    /// Job restarts caused by faults that lead-exec is meant to ride through.
+    pub restarts: std::collections::BTreeMap<&'static str, usize>,
 }
+
+/// Routine etcd operations and network blips: the term should survive these.
+pub const RIDDEN: [&str; 5] = [
+    "raft-leader-kill",
+    "member-down",
+    "rolling-restart",
+    "reply-hold",
+    "endpoint-blackhole",
+];
 
 /// xorshift64*: a deterministic generator, so a seed replays the same fault schedule.
 struct Rng(u64);
@@ -801,7 +852,7 @@ impl Rng {
     }
 }
 
-pub const FAULTS: [&str; 9] = [
+pub const FAULTS: [&str; 13] = [
     "leader-sigkill",
     "leader-freeze",
     "worker-freeze",
@@ -810,6 +861,10 @@ pub const FAULTS: [&str; 9] = [
     "resets",
     "raft-leader-kill",
     "quorum-loss",
+    "member-down",
+    "rolling-restart",
+    "reply-hold",
+    "endpoint-blackhole",
     "key-delete",
 ];
 
@@ -907,6 +962,38 @@ pub fn soak(
                 c.etcd.members[r].restart();
                 c.etcd.wait_healthy(secs(20));
             }
+            "member-down" => {
+                moved = false;
+                let k = rng.below(3);
+                c.etcd.members[k].kill();
+                std::thread::sleep(ttl);
+                c.restart_member(k);
+            }
+            "rolling-restart" => {
+                moved = false;
+                for k in 0..3 {
+                    c.restart_member(k);
+                }
+            }
+            "reply-hold" => {
+                // On one endpoint of the leader's: a lost reply if it is the one in use.
+                moved = false;
+                let k = rng.below(3);
+                c.workers[i].proxies[k].set(Mode::HoldReplies);
+                std::thread::sleep(ttl / 2);
+                c.workers[i].proxies[k].set(Mode::Pass);
+            }
+            "endpoint-blackhole" => {
+                moved = false;
+                let k = rng.below(3);
+                for w in &c.workers {
+                    w.proxies[k].set(Mode::Blackhole);
+                }
+                std::thread::sleep(ttl);
+                for w in &c.workers {
+                    w.proxies[k].set(Mode::Pass);
+                }
+            }
             "quorum-loss" => {
                 let keep = rng.below(3);
                 for (k, mem) in c.etcd.members.iter().enumerate() {
@@ -932,6 +1019,12 @@ pub fn soak(
             }
         }
         c.heal(m);
+        if RIDDEN.contains(&fault) {
+            let restarts = c.terms_after(t).len();
+            if restarts > 0 {
+                *rep.restarts.entry(fault).or_default() += restarts;
+            }
+        }
         *rep.per_fault.entry(fault).or_default() += 1;
         rep.faults_injected += 1;
         let took = if moved {

@@ -1,7 +1,8 @@
 //! A TCP fault proxy between lead-exec and etcd, driven from tests.
 //!
-//! Modes: pass; blackhole (connections stay open, nothing is forwarded); delay N ms per chunk;
-//! reset (every connection is closed, new ones are closed at once).
+//! Modes: pass; blackhole (connections stay open, nothing is forwarded); hold replies (requests
+//! pass, answers are held back until the mode changes: to the client, a lost reply); delay N ms
+//! per chunk; reset (every connection is closed, new ones are closed at once).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -13,6 +14,7 @@ use std::time::Duration;
 pub enum Mode {
     Pass,
     Blackhole,
+    HoldReplies,
     Delay(u64),
     Reset,
 }
@@ -67,8 +69,9 @@ impl Proxy {
                     client.try_clone().unwrap(),
                     server.try_clone().unwrap(),
                     gen,
+                    false,
                 );
-                pump(s.clone(), server, client, gen);
+                pump(s.clone(), server, client, gen, true);
             }
         });
         Proxy { port, shared }
@@ -99,7 +102,8 @@ impl Drop for Proxy {
     }
 }
 
-fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64) {
+/// Copies `from` to `to`; `replies` is the server-to-client direction.
+fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64, replies: bool) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
@@ -109,7 +113,7 @@ fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64) {
                 break;
             }
             let mode = *s.mode.lock().unwrap();
-            if mode == Mode::Blackhole {
+            if mode == Mode::Blackhole || (replies && mode == Mode::HoldReplies) {
                 // Keep the bytes: a blackhole drops traffic, but TCP never loses it; what
                 // was in flight arrives (late) once the path heals, as on a real network.
                 match from.read(&mut buf) {

@@ -1,0 +1,439 @@
+//! Failover across etcd endpoints, under the etcd client.
+//!
+//! etcd-client's own multi-endpoint channel balances requests over every endpoint and fails
+//! a request that it happens to route to a dead one (etcd-client#39): with one member of three
+//! down, most calls failed. etcd's Go client instead pins one endpoint and moves on when it
+//! fails. This channel does the same, below the client, so that every request of every
+//! subcommand gets it:
+//!
+//! - All requests go to the pinned endpoint. A transport error, a timeout or an `Unavailable`
+//!   answer (which, with `require_leader`, includes a member that has lost its quorum) moves
+//!   the pin to the next endpoint.
+//! - A unary request is buffered (they are small) and retried on the next endpoint when that
+//!   is safe: always for reads, and for writes only when the request cannot have been applied
+//!   (the connection was never made, or the member said it has no leader), as the Go client
+//!   does. A write that may have been applied is never sent twice.
+//! - A stream (keepalives, watches) cannot be replayed: its owner reopens it, and the reopened
+//!   stream goes to the new pin. [`endpoint_failed`] lets the owner report an endpoint that
+//!   stopped answering on a stream, which nothing below can see.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+use tonic::body::Body;
+use tonic::transport::channel::Change;
+use tonic::transport::Endpoint;
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, Service, ServiceExt};
+
+type Req = Request<Body>;
+type Resp = Response<Body>;
+
+/// The routing state shared by the client's channel and the stream owners.
+pub struct Router {
+    members: Mutex<Vec<Member>>,
+    changes: Mutex<Option<mpsc::Receiver<Change<Uri, Endpoint>>>>,
+    pinned: AtomicUsize,
+    /// A bound on one attempt of a unary request when there is another endpoint to try.
+    attempt_timeout: Duration,
+    /// Counts pin moves, so that stream owners can reopen on the new endpoint.
+    moves: tokio::sync::watch::Sender<u64>,
+}
+
+struct Member {
+    uri: Uri,
+    channel: tonic::transport::Channel,
+}
+
+/// The process's router: a process talks to one etcd cluster, and the owners of streams
+/// (the keepalive loop) need to report failures that only they can see.
+static CURRENT: Mutex<Option<Arc<Router>>> = Mutex::new(None);
+
+impl Router {
+    pub fn new(attempt_timeout: Duration) -> Arc<Router> {
+        let r = Arc::new(Router {
+            members: Mutex::new(Vec::new()),
+            changes: Mutex::new(None),
+            pinned: AtomicUsize::new(0),
+            attempt_timeout,
+            moves: tokio::sync::watch::Sender::new(0),
+        });
+        *CURRENT.lock().expect("router lock") = Some(r.clone());
+        r
+    }
+
+    /// Takes in the endpoints the client announced. Lazy channels: nothing connects until a
+    /// request is routed there.
+    fn absorb_changes(&self) {
+        let mut rx = self.changes.lock().expect("router lock");
+        let Some(rx) = rx.as_mut() else { return };
+        let mut members = self.members.lock().expect("router lock");
+        while let Ok(change) = rx.try_recv() {
+            match change {
+                Change::Insert(uri, ep) => {
+                    members.retain(|m| m.uri != uri);
+                    members.push(Member {
+                        uri,
+                        channel: ep.connect_lazy(),
+                    });
+                }
+                Change::Remove(uri) => members.retain(|m| m.uri != uri),
+            }
+        }
+    }
+
+    /// The pinned endpoint's index and channel.
+    fn current(&self) -> Option<(usize, tonic::transport::Channel)> {
+        let members = self.members.lock().expect("router lock");
+        if members.is_empty() {
+            return None;
+        }
+        let i = self.pinned.load(Ordering::SeqCst) % members.len();
+        Some((i, members[i].channel.clone()))
+    }
+
+    fn len(&self) -> usize {
+        self.members.lock().expect("router lock").len()
+    }
+
+    /// Moves the pin off endpoint `i`, unless someone already did.
+    fn failed(&self, i: usize) {
+        let n = self.len();
+        if n < 2 {
+            return;
+        }
+        let cur = self.pinned.load(Ordering::SeqCst) % n;
+        if cur == i
+            && self
+                .pinned
+                .compare_exchange(cur, (i + 1) % n, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            let members = self.members.lock().expect("router lock");
+            tracing::info!(
+                from = %members[i].uri,
+                to = %members[(i + 1) % n].uri,
+                "etcd endpoint failed; moving to the next"
+            );
+            crate::metrics::endpoint_failover();
+            self.moves.send_modify(|m| *m += 1);
+        }
+    }
+
+    /// The endpoint requests go to now, for a stream owner to report later.
+    pub fn pinned(&self) -> usize {
+        let n = self.len().max(1);
+        self.pinned.load(Ordering::SeqCst) % n
+    }
+}
+
+/// Reports that endpoint `i` (as read from [`pinned`] when a stream was opened) stopped
+/// answering: later requests and streams go elsewhere.
+pub fn endpoint_failed(i: usize) {
+    if let Some(r) = CURRENT.lock().expect("router lock").clone() {
+        r.failed(i);
+    }
+}
+
+/// Changes whenever the pin moves: a watch opened before may sit on a dead endpoint (a stream
+/// to a blackholed member goes silent rather than failing), so its owner reopens it.
+pub fn moves() -> tokio::sync::watch::Receiver<u64> {
+    match CURRENT.lock().expect("router lock").as_ref() {
+        Some(r) => r.moves.subscribe(),
+        None => tokio::sync::watch::Sender::new(0).subscribe(),
+    }
+}
+
+/// Waits for the next pin move (forever, if there can be none).
+pub async fn moved(rx: &mut tokio::sync::watch::Receiver<u64>) {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The pinned endpoint of the process's router.
+pub fn pinned() -> usize {
+    CURRENT
+        .lock()
+        .expect("router lock")
+        .as_ref()
+        .map_or(0, |r| r.pinned())
+}
+
+/// Hands the client a channel that routes through `router`.
+pub struct Builder(pub Arc<Router>);
+
+impl etcd_client::BalancedChannelBuilder for Builder {
+    type Error = etcd_client::Error;
+
+    fn balanced_channel(
+        self,
+        buffer_size: usize,
+    ) -> Result<(etcd_client::Channel, mpsc::Sender<Change<Uri, Endpoint>>), Self::Error> {
+        let (tx, rx) = mpsc::channel(buffer_size);
+        *self.0.changes.lock().expect("router lock") = Some(rx);
+        let svc = Failover { router: self.0 };
+        Ok((
+            etcd_client::Channel::Custom(BoxCloneSyncService::new(svc)),
+            tx,
+        ))
+    }
+}
+
+#[derive(Clone)]
+struct Failover {
+    router: Arc<Router>,
+}
+
+impl Service<Req> for Failover {
+    type Response = Resp;
+    type Error = BoxError;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Resp, BoxError>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        // Each member channel is made ready when a request is routed to it.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        Box::pin(route(self.router.clone(), req))
+    }
+}
+
+/// What kind of call a gRPC path is, for the retry rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A stream: sent once, reopened by its owner.
+    Stream,
+    /// A read: safe to send again anywhere.
+    Read,
+    /// A write: sent again only if it cannot have been applied.
+    Write,
+}
+
+impl Kind {
+    pub fn of(path: &str) -> Kind {
+        match path {
+            "/etcdserverpb.Watch/Watch"
+            | "/etcdserverpb.Lease/LeaseKeepAlive"
+            | "/v3electionpb.Election/Observe"
+            | "/etcdserverpb.Maintenance/Snapshot" => Kind::Stream,
+            "/etcdserverpb.KV/Range"
+            | "/etcdserverpb.Lease/LeaseTimeToLive"
+            | "/etcdserverpb.Lease/LeaseLeases"
+            | "/etcdserverpb.Maintenance/Status"
+            | "/etcdserverpb.Cluster/MemberList"
+            | "/etcdserverpb.Auth/Authenticate" => Kind::Read,
+            _ => Kind::Write,
+        }
+    }
+}
+
+/// What one attempt's answer means for routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand the answer to the caller.
+    Done,
+    /// The endpoint failed; hand the answer (or error) to the caller anyway.
+    FailedFinal,
+    /// The endpoint failed, and the request may go to the next one.
+    FailedRetry,
+}
+
+/// How an attempt went, as far as routing cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// An answer that is not `Unavailable`.
+    Answered,
+    /// `Unavailable`; `no_leader` when the member said it has no leader (nothing applied).
+    Unavailable { no_leader: bool },
+    /// The connection could not be made: nothing was sent.
+    NotConnected,
+    /// Any other transport failure, or no answer in time: a write may have been applied.
+    Lost,
+}
+
+/// The pure retry rule.
+pub fn verdict(kind: Kind, attempt: Attempt, more_endpoints: bool) -> Verdict {
+    let safe = match attempt {
+        Attempt::Answered => return Verdict::Done,
+        Attempt::NotConnected => true,
+        Attempt::Unavailable { no_leader } => no_leader || kind == Kind::Read,
+        Attempt::Lost => kind == Kind::Read,
+    };
+    if safe && more_endpoints && kind != Kind::Stream {
+        Verdict::FailedRetry
+    } else {
+        Verdict::FailedFinal
+    }
+}
+
+fn classify_answer(resp: &Resp) -> Attempt {
+    // Only trailers-only answers carry the status in the headers; those are the immediate
+    // refusals (no leader, auth) that matter here.
+    let h = resp.headers();
+    if h.get("grpc-status").and_then(|v| v.to_str().ok()) != Some("14") {
+        return Attempt::Answered;
+    }
+    let msg = h
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    Attempt::Unavailable {
+        no_leader: msg.contains("no leader") || msg.contains("no%20leader"),
+    }
+}
+
+fn classify_error(e: &BoxError) -> Attempt {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
+    while let Some(s) = src {
+        let text = s.to_string();
+        if text.contains("connect") || text.contains("Connection refused") {
+            return Attempt::NotConnected;
+        }
+        src = s.source();
+    }
+    Attempt::Lost
+}
+
+async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
+    router.absorb_changes();
+    let kind = Kind::of(req.uri().path());
+    let n = router.len();
+    if kind == Kind::Stream {
+        let (i, ch) = router.current().ok_or("no etcd endpoint")?;
+        return match ch.oneshot(req).await {
+            Ok(resp) => {
+                if classify_answer(&resp) != Attempt::Answered {
+                    router.failed(i);
+                }
+                Ok(resp)
+            }
+            Err(e) => {
+                router.failed(i);
+                Err(e.into())
+            }
+        };
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = body.collect().await?.to_bytes();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let more = attempt < n;
+        let (i, ch) = router.current().ok_or("no etcd endpoint")?;
+        let mut b = Request::builder()
+            .method(parts.method.clone())
+            .uri(parts.uri.clone())
+            .version(parts.version);
+        if let Some(h) = b.headers_mut() {
+            *h = parts.headers.clone();
+        }
+        let req = b.body(Body::new(http_body_util::Full::new(bytes.clone())))?;
+        let result = if more {
+            match tokio::time::timeout(router.attempt_timeout, ch.oneshot(req)).await {
+                Ok(r) => r.map_err(BoxError::from),
+                Err(_) => Err(BoxError::from(format!(
+                    "no answer within {}ms",
+                    router.attempt_timeout.as_millis()
+                ))),
+            }
+        } else {
+            ch.oneshot(req).await.map_err(BoxError::from)
+        };
+        let how = match &result {
+            Ok(resp) => classify_answer(resp),
+            Err(e) if e.to_string().starts_with("no answer within") => Attempt::Lost,
+            Err(e) => classify_error(e),
+        };
+        match verdict(kind, how, more) {
+            Verdict::Done => return result,
+            Verdict::FailedFinal => {
+                router.failed(i);
+                return result;
+            }
+            Verdict::FailedRetry => {
+                tracing::debug!(
+                    attempt,
+                    ?how,
+                    "etcd request failed; trying the next endpoint"
+                );
+                router.failed(i);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_are_retried_after_any_failure() {
+        for how in [
+            Attempt::NotConnected,
+            Attempt::Lost,
+            Attempt::Unavailable { no_leader: false },
+        ] {
+            assert_eq!(
+                verdict(Kind::Read, how, true),
+                Verdict::FailedRetry,
+                "{how:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn writes_are_retried_only_when_nothing_can_have_been_applied() {
+        assert_eq!(
+            verdict(Kind::Write, Attempt::NotConnected, true),
+            Verdict::FailedRetry
+        );
+        assert_eq!(
+            verdict(Kind::Write, Attempt::Unavailable { no_leader: true }, true),
+            Verdict::FailedRetry
+        );
+        assert_eq!(
+            verdict(Kind::Write, Attempt::Lost, true),
+            Verdict::FailedFinal
+        );
+        assert_eq!(
+            verdict(Kind::Write, Attempt::Unavailable { no_leader: false }, true),
+            Verdict::FailedFinal
+        );
+    }
+
+    #[test]
+    fn streams_are_never_replayed() {
+        assert_eq!(
+            verdict(Kind::Stream, Attempt::NotConnected, true),
+            Verdict::FailedFinal
+        );
+    }
+
+    #[test]
+    fn the_last_endpoint_gives_its_answer() {
+        assert_eq!(
+            verdict(Kind::Read, Attempt::Lost, false),
+            Verdict::FailedFinal
+        );
+        assert_eq!(verdict(Kind::Read, Attempt::Answered, true), Verdict::Done);
+    }
+
+    #[test]
+    fn paths_are_classified() {
+        assert_eq!(Kind::of("/etcdserverpb.KV/Range"), Kind::Read);
+        assert_eq!(Kind::of("/etcdserverpb.KV/Txn"), Kind::Write);
+        assert_eq!(Kind::of("/etcdserverpb.Lease/LeaseGrant"), Kind::Write);
+        assert_eq!(Kind::of("/etcdserverpb.Watch/Watch"), Kind::Stream);
+        assert_eq!(Kind::of("/etcdserverpb.Lease/LeaseKeepAlive"), Kind::Stream);
+    }
+}

@@ -1,0 +1,91 @@
+//! Riding through routine etcd trouble: connections etcd keeps, `--wait` per wait in line.
+//! (Member and endpoint faults on a three-member cluster are in `chaos`.)
+
+use std::collections::BTreeSet;
+
+use crate::support::*;
+
+/// The socket inodes a process holds.
+fn sockets(pid: i32) -> BTreeSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|l| l.display().to_string())
+                .filter(|l| l.starts_with("socket:"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// etcd answers HTTP/2 pings more frequent than its `--grpc-keepalive-min-time` (5 s) with a
+/// GOAWAY "too_many_pings" and drops the connection: an idle candidate must not provoke it.
+#[test]
+fn etcd_keeps_the_connections_of_idle_candidates() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // A long TTL: keepalives every 20 s, so only pings cross the connection meanwhile.
+    let long = ["--ttl", "60s"];
+    let job = script(
+        dir.path(),
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; exec sleep 60",
+    );
+    let base = |name: &'static str| vec!["run", "idle", "--endpoints", &ep, "--id", name];
+    let mut leader_args = base("leader");
+    leader_args.extend_from_slice(&long);
+    leader_args.extend_from_slice(&["--", "sh", "-c", &job]);
+    let mut leader = spawn(dir.path(), "leader", &leader_args);
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut waiter_args = base("waiter");
+    waiter_args.extend_from_slice(&long);
+    waiter_args.extend_from_slice(&["--", "true"]);
+    let mut waiter = spawn(dir.path(), "waiter", &waiter_args);
+    waiter.wait_log("waiting behind leader", secs(10));
+    let first_l = sockets(leader.pid());
+    let first_w = sockets(waiter.pid());
+    // Several of etcd's 5 s ping windows; at a 1 s ping interval the connections were
+    // replaced every few seconds.
+    let end = std::time::Instant::now() + secs(16);
+    while std::time::Instant::now() < end {
+        let (l, w) = (sockets(leader.pid()), sockets(waiter.pid()));
+        assert!(
+            l.is_subset(&first_l) && w.is_subset(&first_w),
+            "a connection was replaced: leader {first_l:?} -> {l:?}, waiter {first_w:?} -> {w:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    for w in [&mut leader, &mut waiter] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+}
+
+/// `--wait D` bounds each wait in line: a leader resigned after a term longer than D queues
+/// again (here it wins again at once) instead of exiting 75.
+#[test]
+fn wait_counts_from_each_campaign_not_from_process_start() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; exec sleep 60",
+    );
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("waitd", &ep, &["--wait", "1s"], &job),
+    );
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    // The term must outlast the wait: there is no event for "1 s has passed".
+    std::thread::sleep(secs(2));
+    let (code, _, err) = run(&["resign", "waitd", "--endpoints", &ep]);
+    assert_eq!(code, 0, "resign: {err}");
+    let ok = wait_until(secs(10), || terms(dir.path()).len() >= 2);
+    assert!(ok, "no second term after the resign:\n{}", w.log_text());
+    let t = terms(dir.path());
+    assert!(t[1].0 > t[0].0, "{t:?}");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
