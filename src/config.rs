@@ -16,6 +16,17 @@ use crate::exit::{fail, Exit};
 /// The lowest TTL etcd grants with default election timeouts.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
+/// The largest lease TTL etcd grants (`MaxLeaseTTL` in etcd's lease package); a grant above
+/// it fails with "too large lease TTL".
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
+
+/// The shortest `--dial-timeout` and `--command-timeout`: below it no request can complete,
+/// and a run would retry forever.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A `--wait` this short cannot outlast the first attempt, so it means `--no-wait`.
+pub const NO_WAIT_BELOW: Duration = Duration::from_millis(10);
+
 /// How to reach etcd.
 #[derive(Debug, Clone)]
 pub struct Conn {
@@ -77,8 +88,20 @@ impl Conn {
                 ));
             }
         }
-        if a.dial_timeout.is_zero() || a.command_timeout.is_zero() {
-            return Err(fail(Exit::Usage, "timeouts must be greater than zero"));
+        for (flag, d) in [
+            ("--dial-timeout", a.dial_timeout),
+            ("--command-timeout", a.command_timeout),
+        ] {
+            if d < MIN_TIMEOUT {
+                return Err(fail(
+                    Exit::Usage,
+                    format!(
+                        "{flag} {} is too short: it must be at least {}",
+                        human(d),
+                        human(MIN_TIMEOUT)
+                    ),
+                ));
+            }
         }
         let env_path = |name: &str| std::env::var_os(name).map(PathBuf::from);
         let cacert = a.cacert.clone().or_else(|| env_path("ETCDCTL_CACERT"));
@@ -91,6 +114,12 @@ impl Conn {
         let tls =
             (cacert.is_some() || cert.is_some() || https).then_some(Tls { cacert, cert, key });
         let auth = match &a.user {
+            None if a.password_file.is_some() => {
+                return Err(fail(Exit::Usage, "--password-file needs --user"))
+            }
+            Some(user) if user.is_empty() => {
+                return Err(fail(Exit::Usage, "--user must not be empty"))
+            }
             None => None,
             Some(user) => Some((user.clone(), read_password(a)?)),
         };
@@ -113,6 +142,15 @@ fn read_password(a: &ConnArgs) -> Result<Secret> {
             )
         })?;
         let line = text.lines().next().unwrap_or("").to_string();
+        if line.is_empty() {
+            return Err(fail(
+                Exit::Usage,
+                format!(
+                    "--password-file {}: the first line is empty; it must hold the password",
+                    path.display()
+                ),
+            ));
+        }
         return Ok(Secret(line));
     }
     match std::env::var("LEAD_EXEC_PASSWORD") {
@@ -182,7 +220,7 @@ pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> R
                 "unsafe lease settings: --grace {} + --safety-margin {} + keepalive interval {} (ttl/3) must be below --ttl {}",
                 humantime::format_duration(grace),
                 humantime::format_duration(margin),
-                humantime::format_duration(interval),
+                human(interval),
                 humantime::format_duration(ttl)
             ),
         ));
@@ -194,9 +232,12 @@ impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
         let election = Election::new(&a.election.election)?;
         let conn = Conn::from_args(&a.election.conn)?;
-        check_lease_safety(a.ttl, a.grace, a.safety_margin)?;
+        let ttl = lease_ttl("--ttl", a.ttl)?;
+        check_lease_safety(ttl, a.grace, a.safety_margin)?;
+        let run_key_ttl = lease_ttl("--run-key-ttl", a.run_key_ttl)?;
         let wait = match (a.no_wait, a.wait) {
             (true, _) => Wait::No,
+            (false, Some(d)) if d < NO_WAIT_BELOW => Wait::No,
             (false, Some(d)) => Wait::For(d),
             (false, None) => Wait::Forever,
         };
@@ -212,20 +253,16 @@ impl RunConfig {
         }
         let metrics_addr = match &a.metrics_addr {
             None => None,
-            Some(s) => Some(s.parse().map_err(|_| {
-                fail(
-                    Exit::Usage,
-                    format!("--metrics-addr '{s}' is not HOST:PORT (e.g. 127.0.0.1:9464)"),
-                )
-            })?),
+            Some(s) => Some(metrics_addr(s)?),
         };
         if a.command.first().is_none_or(|c| c.is_empty()) {
             return Err(fail(Exit::Usage, "no command given after --"));
         }
+        check_exec_size(&a.command, std::env::vars_os())?;
         Ok(RunConfig {
             election,
             conn,
-            ttl: a.ttl,
+            ttl,
             grace: a.grace,
             safety_margin: a.safety_margin,
             id,
@@ -234,12 +271,99 @@ impl RunConfig {
             conflict_exit_code: a.conflict_exit_code,
             history_keep: a.history_keep.max(1),
             run_key: a.run_key.clone(),
-            run_key_ttl: a.run_key_ttl,
+            run_key_ttl,
             cgroup: a.cgroup,
             metrics_addr,
             command: a.command.clone(),
         })
     }
+}
+
+/// A lease TTL as etcd grants it: whole seconds, so a fraction is rounded up (the safety check
+/// then sees the TTL actually requested), and no more than etcd's maximum.
+pub fn lease_ttl(flag: &str, d: Duration) -> Result<Duration> {
+    if d.is_zero() {
+        return Err(fail(
+            Exit::Usage,
+            format!("{flag} must be greater than zero"),
+        ));
+    }
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let whole = Duration::from_secs(secs);
+    if whole > MAX_LEASE_TTL {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "{flag} {} is above etcd's maximum lease TTL of {} s",
+                human(d),
+                MAX_LEASE_TTL.as_secs()
+            ),
+        ));
+    }
+    Ok(whole)
+}
+
+/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
+pub fn human(d: Duration) -> humantime::FormattedDuration {
+    let ms = if d < Duration::from_millis(1) {
+        d
+    } else {
+        Duration::from_millis(d.as_millis() as u64)
+    };
+    humantime::format_duration(ms)
+}
+
+/// `HOST:PORT` with HOST a name or an address; a name is resolved now, to its first address.
+fn metrics_addr(s: &str) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let bad = |why: String| {
+        fail(
+            Exit::Usage,
+            format!("--metrics-addr '{s}': {why} (expected HOST:PORT, e.g. localhost:9464)"),
+        )
+    };
+    if !s.contains(':') {
+        return Err(bad("no port".into()));
+    }
+    s.to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("the host name has no address".into()))
+}
+
+/// Room kept for what is added to the job's exec beyond its command and lead-exec's
+/// environment: the job's `FENCING_TOKEN`/`LEAD_EXEC_*` variables and the watchdog's own
+/// arguments.
+const EXEC_RESERVE: usize = 4096;
+
+/// The longest single argument or environment string execve(2) takes (`MAX_ARG_STRLEN`).
+const MAX_ARG_STRLEN: usize = 32 * 4096;
+
+/// Refuses, before campaigning, a command whose arguments and environment execve(2) would
+/// refuse with E2BIG (exit 126, as a shell gives): otherwise the run would win an election
+/// only to fail at the spawn.
+pub fn check_exec_size(
+    command: &[String],
+    env: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<()> {
+    // SAFETY: sysconf has no preconditions.
+    let limit = unsafe { libc::sysconf(libc::_SC_ARG_MAX) };
+    let limit = if limit > 0 { limit as usize } else { 2 << 20 };
+    let ptr = std::mem::size_of::<usize>();
+    let env: Vec<usize> = env.map(|(k, v)| k.len() + 1 + v.len()).collect();
+    let strings = command.iter().map(String::len).chain(env.iter().copied());
+    let longest = strings.clone().max().unwrap_or(0);
+    let total: usize = strings.map(|n| n + 1 + ptr).sum::<usize>() + EXEC_RESERVE;
+    if longest >= MAX_ARG_STRLEN || total > limit {
+        return Err(fail(
+            Exit::NotExecutable,
+            format!(
+                "{}: cannot execute: argument list too long ({total} bytes of arguments and environment, {longest} in the longest string; the limits are {limit} and {MAX_ARG_STRLEN})",
+                command[0]
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// This machine's host name, for candidate identities.
