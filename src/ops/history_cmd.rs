@@ -11,7 +11,7 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
     let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.limit).await?;
     match a.output {
         // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
-        Output::Json => println!("{}", serde_json::to_string_pretty(&recs)?),
+        Output::Json => println!("{}", serde_json::to_string(&recs)?),
         Output::Text => {
             println!(
                 "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} END",
