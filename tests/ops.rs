@@ -217,7 +217,7 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
     }
     let (code, out, _) = run(&["history", "hist", "--endpoints", &ep, "-o", "json"]);
     assert_eq!(code, 0);
-    let recs: Vec<serde_json::Value> = out.lines().map(json).collect();
+    let recs: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
     assert_eq!(recs.len(), 2, "{out}");
     assert_eq!(recs[0]["end"], "exit 0");
     assert_eq!(recs[1]["end"], "exit 3");
@@ -553,17 +553,18 @@ fn a_pause_reads_the_same_in_status_and_watch() {
     text.expect("no leader", secs(10));
     let a = candidate(dir.path(), "pt", &ep, "a", "alpha");
     let b = candidate(dir.path(), "pt", &ep, "b", "beta");
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
-    let tb = wait_int(&dir.path().join("b.token"), secs(10)).min(ta);
-    let _ = tb;
-    text.expect("leader", secs(10));
+    wait_int(&dir.path().join("a.token"), secs(10));
+    b.wait_log("waiting behind alpha", secs(10));
+    text.expect("leader alpha", secs(10));
     let (code, _, _) = run(&["pause", "pt", "--endpoints", &ep, "--reason", "maint"]);
     assert_eq!(code, 0);
     text.expect(": paused", secs(10));
     let line = js.expect("\"paused\":true", secs(10));
     assert_eq!(json(&line)["leader"], serde_json::Value::Null, "{line}");
-    // The stopped leader queues again behind the other candidate: views stay "paused".
-    a.wait_log("election paused; waiting for resume", secs(10));
+    // The stopped leader queues again behind the other candidate, now first in line: the
+    // views stay "paused", once.
+    b.wait_log("election paused; waiting for resume", secs(10));
+    a.wait_log("waiting behind beta", secs(10));
     text.quiet_for("paused", secs(1));
     js.quiet_for("paused", secs(1));
     let (code, out, _) = run(&["status", "pt", "--endpoints", &ep]);
