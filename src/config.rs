@@ -403,6 +403,74 @@ mod tests {
     }
 
     #[test]
+    fn lease_ttls_round_up_to_whole_seconds_within_etcds_maximum() {
+        let ms = Duration::from_millis;
+        assert_eq!(lease_ttl("--ttl", ms(2900)).unwrap(), s(3));
+        assert_eq!(lease_ttl("--ttl", s(10)).unwrap(), s(10));
+        assert_eq!(lease_ttl("--ttl", Duration::from_nanos(1)).unwrap(), s(1));
+        assert_eq!(lease_ttl("--ttl", MAX_LEASE_TTL).unwrap(), MAX_LEASE_TTL);
+        let e = lease_ttl("--ttl", MAX_LEASE_TTL + ms(1)).unwrap_err();
+        assert!(e.to_string().contains("above etcd's maximum"), "{e}");
+        let e = lease_ttl("--run-key-ttl", Duration::ZERO).unwrap_err();
+        assert!(e.to_string().contains("greater than zero"), "{e}");
+    }
+
+    #[test]
+    fn a_fractional_ttl_is_checked_as_granted() {
+        // 2900ms would pass the check, then be granted as 2s: unsafe. Rounded to 3s it is safe.
+        let ttl = lease_ttl("--ttl", Duration::from_millis(2900)).unwrap();
+        check_lease_safety(ttl, s(1), Duration::from_millis(500)).unwrap();
+        assert!(check_lease_safety(s(2), s(1), Duration::from_millis(500)).is_err());
+    }
+
+    #[test]
+    fn durations_for_people_stop_at_milliseconds() {
+        assert_eq!(human(s(2) / 3).to_string(), "666ms");
+        assert_eq!(human(Duration::from_nanos(1)).to_string(), "1ns");
+        assert_eq!(human(s(10) / 3).to_string(), "3s 333ms");
+    }
+
+    #[test]
+    fn exec_size_is_checked_against_the_system_limit() {
+        let none = std::iter::empty::<(std::ffi::OsString, std::ffi::OsString)>;
+        check_exec_size(&["true".into()], none()).unwrap();
+        let huge: Vec<String> = (0..40).map(|_| "x".repeat(100_000)).collect();
+        let e = check_exec_size(&huge, none()).unwrap_err();
+        assert_eq!(crate::exit::exit_of(&e), Exit::NotExecutable);
+        assert!(e.to_string().contains("argument list too long"), "{e}");
+        let one = vec!["x".repeat(MAX_ARG_STRLEN)];
+        assert!(check_exec_size(&one, none()).is_err());
+    }
+
+    #[test]
+    fn metrics_addresses_resolve_host_names() {
+        assert!(metrics_addr("localhost:9464").unwrap().ip().is_loopback());
+        assert_eq!(
+            metrics_addr("127.0.0.1:9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert!(metrics_addr("9464").is_err());
+    }
+
+    fn wait_of(flag: &[&str]) -> Wait {
+        use clap::Parser;
+        let args = [&["lead-exec", "run", "x"], flag, &["--", "true"]].concat();
+        let cli = crate::cli::Cli::try_parse_from(args).unwrap();
+        let crate::cli::Command::Run(a) = cli.command else {
+            unreachable!()
+        };
+        RunConfig::from_args(&a).unwrap().wait
+    }
+
+    #[test]
+    fn a_wait_too_short_to_attempt_means_no_wait() {
+        assert_eq!(wait_of(&["--wait", "0s"]), Wait::No);
+        assert_eq!(wait_of(&["--wait", "1ns"]), Wait::No);
+        assert_eq!(wait_of(&["--wait", "1s"]), Wait::For(s(1)));
+        assert_eq!(wait_of(&[]), Wait::Forever);
+    }
+
+    #[test]
     fn password_is_not_debug_printed() {
         let p = Secret("hunter2".into());
         assert!(!format!("{p:?}").contains("hunter2"));
