@@ -409,7 +409,9 @@ pub fn usage_message(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
         .take_while(|l| !l.trim().is_empty())
         .map(str::trim)
         .collect();
-    let (head, rest) = first.split_first().map_or(("invalid arguments", &[][..]), |(h, r)| (*h, r));
+    let (head, rest) = first
+        .split_first()
+        .map_or(("invalid arguments", &[][..]), |(h, r)| (*h, r));
     let head = head.strip_prefix("error: ").unwrap_or(head);
     if rest.is_empty() {
         head.to_string()

@@ -257,7 +257,10 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
             &["--log-format", "xml", "status", "x"],
             "[possible values: text, json]",
         ),
-        (&["status", "x", "-o", "yaml"], "[possible values: text, json]"),
+        (
+            &["status", "x", "-o", "yaml"],
+            "[possible values: text, json]",
+        ),
         (
             &["run", "x", "--ttl", "300years", "--", "true"],
             "--ttl 300years is above etcd's maximum lease TTL of 9000000000 s",
@@ -283,17 +286,39 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
             "--password-file needs --user",
         ),
         (
-            &["run", "x", "--user", "u", "--password-file", empty, "--", "true"],
+            &[
+                "run",
+                "x",
+                "--user",
+                "u",
+                "--password-file",
+                empty,
+                "--",
+                "true",
+            ],
             "the first line is empty",
         ),
-        (&["pause", "x", "--reason", ""], "--reason must not be empty"),
-        (&["pause", "x", "--reason", "  "], "--reason must not be empty"),
+        (
+            &["pause", "x", "--reason", ""],
+            "--reason must not be empty",
+        ),
+        (
+            &["pause", "x", "--reason", "  "],
+            "--reason must not be empty",
+        ),
         (
             &["run", "x", "--ttl", "2s", "--", "true"],
             "keepalive interval 666ms (ttl/3)",
         ),
         (
-            &["run", "x", "--metrics-addr", "nohost.invalid:9464", "--", "true"],
+            &[
+                "run",
+                "x",
+                "--metrics-addr",
+                "nohost.invalid:9464",
+                "--",
+                "true",
+            ],
             "--metrics-addr 'nohost.invalid:9464'",
         ),
         (
@@ -478,7 +503,14 @@ fn missing_interpreter_is_named_and_gives_126() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Checked before connecting: no etcd needed.
-    let (code, _, err) = run(&["run", "x", "--endpoints", "127.0.0.1:1", "--", f.to_str().unwrap()]);
+    let (code, _, err) = run(&[
+        "run",
+        "x",
+        "--endpoints",
+        "127.0.0.1:1",
+        "--",
+        f.to_str().unwrap(),
+    ]);
     assert_eq!(code, 126, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(

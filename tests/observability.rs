@@ -191,17 +191,24 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
     let w = spawn(
         dir.path(),
         "named",
-        &run_args("metname", &ep, &["--metrics-addr", &addr], &job(dir.path(), "a")),
+        &run_args(
+            "metname",
+            &ep,
+            &["--metrics-addr", &addr],
+            &job(dir.path(), "a"),
+        ),
     );
     wait_int(&dir.path().join("a.token"), secs(10));
     let mut text = None;
     assert!(wait_until(secs(5), || {
-        text = TcpStream::connect(("localhost", port)).ok().and_then(|mut s| {
-            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-            let mut out = String::new();
-            s.read_to_string(&mut out).ok()?;
-            Some(out)
-        });
+        text = TcpStream::connect(("localhost", port))
+            .ok()
+            .and_then(|mut s| {
+                s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+                let mut out = String::new();
+                s.read_to_string(&mut out).ok()?;
+                Some(out)
+            });
         text.is_some()
     }));
     assert!(text.unwrap().contains("lead_exec_is_leader 1"));
@@ -209,7 +216,12 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
     // The same port again: taken. Refused at start-up, before campaigning.
     let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
     let taken = format!("127.0.0.1:{}", taken.local_addr().unwrap().port());
-    let (code, _, err) = run(&run_args("metname2", &ep, &["--metrics-addr", &taken], "exit 0"));
+    let (code, _, err) = run(&run_args(
+        "metname2",
+        &ep,
+        &["--metrics-addr", &taken],
+        "exit 0",
+    ));
     assert_eq!(code, 64, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(&taken) && err.contains("in use"), "{err}");
@@ -220,13 +232,19 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
 fn fatal_errors_are_json_under_log_format_json() {
     let etcd = Etcd::start();
     let ep = etcd.endpoints();
-    let cases: Vec<(Vec<&str>, &[(&str, &str)], i64)> = vec![
+    type Case<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)], i64);
+    let cases: Vec<Case> = vec![
         // Refused by the configuration check.
         (
-            run_args("fj", &ep, &["--log-format", "json", "--ttl", "300years"], "exit 0")
-                .into_iter()
-                .filter(|a| *a != "--ttl" && *a != "3s")
-                .collect(),
+            run_args(
+                "fj",
+                &ep,
+                &["--log-format", "json", "--ttl", "300years"],
+                "exit 0",
+            )
+            .into_iter()
+            .filter(|a| *a != "--ttl" && *a != "3s")
+            .collect(),
             &[],
             64,
         ),
@@ -251,6 +269,9 @@ fn fatal_errors_are_json_under_log_format_json() {
             serde_json::from_str(err.trim()).unwrap_or_else(|e| panic!("{e}: {err}"));
         assert_eq!(v["level"], "ERROR", "{err}");
         assert_eq!(v["exit_code"], want, "{err}");
-        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{err}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{err}"
+        );
     }
 }

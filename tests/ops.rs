@@ -452,9 +452,14 @@ fn history_json_is_one_array_and_empty_is_brackets() {
     }
     let (_, out, _) = run(&["history", "hj", "--endpoints", &ep, "-o", "json"]);
     let recs = json(&out);
-    let recs = recs.as_array().unwrap_or_else(|| panic!("not an array: {out}"));
+    let recs = recs
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {out}"));
     assert_eq!(recs.len(), 2, "{out}");
-    assert!(recs[0]["token"].as_i64() < recs[1]["token"].as_i64(), "{out}");
+    assert!(
+        recs[0]["token"].as_i64() < recs[1]["token"].as_i64(),
+        "{out}"
+    );
 }
 
 #[test]
@@ -504,9 +509,18 @@ fn a_resign_request_only_acts_on_the_token_it_names() {
         lines(&dir.path().join("log")).contains(&format!("end {ta}"))
     });
     assert!(!stopped, "a request for another token stopped the job");
-    let (code, out, err) = run(&["resign", "rt", "--endpoints", &ep, "--token", &ta.to_string()]);
+    let (code, out, err) = run(&[
+        "resign",
+        "rt",
+        "--endpoints",
+        &ep,
+        "--token",
+        &ta.to_string(),
+    ]);
     assert_eq!(code, 0, "{out}{err}");
-    wait_line(&dir.path().join("log"), secs(10), |l| l == format!("end {ta}"));
+    wait_line(&dir.path().join("log"), secs(10), |l| {
+        l == format!("end {ta}")
+    });
     drop(a);
 }
 
@@ -521,8 +535,20 @@ fn resign_does_not_report_success_when_its_watch_ends_early() {
         "trap '' TERM; echo $FENCING_TOKEN > $D/t; while :; do sleep 0.05; done",
     );
     let args = [
-        "run", "rw", "--endpoints", &ep, "--ttl", "30s", "--grace", "15s", "--safety-margin",
-        "1s", "--", "sh", "-c", &job,
+        "run",
+        "rw",
+        "--endpoints",
+        &ep,
+        "--ttl",
+        "30s",
+        "--grace",
+        "15s",
+        "--safety-margin",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        &job,
     ];
     let _leader = spawn(dir.path(), "leader", &args);
     wait_int(&dir.path().join("t"), secs(10));

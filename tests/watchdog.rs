@@ -322,7 +322,10 @@ fn descriptors_the_caller_passes_reach_the_job() {
         .join(" ");
     let status = std::process::Command::new("sh")
         .arg("-c")
-        .arg(script(dir.path(), &format!("exec 7> $D/seven; exec {BIN} {args}")))
+        .arg(script(
+            dir.path(),
+            &format!("exec 7> $D/seven; exec {BIN} {args}"),
+        ))
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .stderr(std::process::Stdio::null())
         .status()

@@ -237,7 +237,10 @@ mod tests {
 
     #[test]
     fn trimming_keeps_n_records_with_the_new_one() {
-        let keys: Vec<Vec<u8>> = ["h1", "h2", "h3"].iter().map(|k| k.as_bytes().to_vec()).collect();
+        let keys: Vec<Vec<u8>> = ["h1", "h2", "h3"]
+            .iter()
+            .map(|k| k.as_bytes().to_vec())
+            .collect();
         assert_eq!(trim_end(&keys, 100, "h4"), None);
         assert_eq!(trim_end(&keys, 4, "h4"), None);
         assert_eq!(trim_end(&keys, 3, "h4"), Some(b"h2".to_vec()));

@@ -77,7 +77,11 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         // Take back a request that did not act, unless it already did or another replaced
         // it: left behind, it would act whenever its term noticed it.
         let undo = Txn::new()
-            .when([Compare::mod_revision(request.clone(), CompareOp::Equal, rev)])
+            .when([Compare::mod_revision(
+                request.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
             .and_then([TxnOp::delete(request, None)]);
         let _ = bounded(ctx.limit, "etcd", c.txn(undo)).await;
     }
