@@ -378,12 +378,21 @@ pub fn forget_outer_job(run: &mut RunArgs, m: &clap::ArgMatches) -> Result<(), S
 pub fn usage_message(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     let before_dashes = || args.iter().take_while(|a| *a != "--");
+    let negative = |a: &str| {
+        a.strip_prefix('-')
+            .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+    };
+    // `--count=-1`: the value reached its parser.
+    if let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        e.get(ContextKind::InvalidArg),
+        e.get(ContextKind::InvalidValue),
+    ) {
+        if negative(value) {
+            return format!("invalid value '{value}' for '{arg}': negative values are not allowed");
+        }
+    }
     if e.kind() == ErrorKind::UnknownArgument {
         if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
-            let negative = |a: &str| {
-                a.strip_prefix('-')
-                    .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-            };
             if negative(arg) {
                 let typed = before_dashes()
                     .map(|a| a.to_string_lossy())

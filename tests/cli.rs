@@ -246,6 +246,14 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
             "'-1': negative values are not allowed",
         ),
         (
+            &["run", "foo", "--ttl=-1s", "--", "true"],
+            "'-1s' for '--ttl <DURATION>': negative values are not allowed",
+        ),
+        (
+            &["history", "x", "--count=-1"],
+            "'-1' for '--count <N>': negative values are not allowed",
+        ),
+        (
             &["run", "x", "--on-loss", "foo", "--", "true"],
             "[possible values: campaign, exit]",
         ),
