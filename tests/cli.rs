@@ -4,6 +4,14 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
+/// Starts a leader of `election` whose job runs for 30 s, and waits until the job runs.
+fn sleeping_leader(dir: &std::path::Path, election: &str, ep: &str, extra: &[&str]) -> Worker {
+    let s = script(dir, "echo up > $D/up; sleep 30");
+    let w = spawn(dir, "leader", &run_args(election, ep, extra, &s));
+    wait_line(&dir.join("up"), secs(10), |l| l == "up");
+    w
+}
+
 #[test]
 fn job_exit_code_passes_through() {
     let etcd = Etcd::start();
@@ -87,9 +95,7 @@ fn no_wait_gives_conflict_code_while_another_leads() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let s = script(dir.path(), "echo up > $D/up; sleep 30");
-    let mut leader = spawn(dir.path(), "leader", &run_args("cron", &ep, &[], &s));
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut leader = sleeping_leader(dir.path(), "cron", &ep, &[]);
 
     let start = Instant::now();
     let (code, _, _) = run(&run_args("cron", &ep, &["--no-wait"], "echo ran; exit 0"));
@@ -350,9 +356,7 @@ fn boolean_variables_accept_1_0_yes_no_true_false() {
     let etcd = Etcd::start();
     let ep = etcd.endpoints();
     let dir = tempfile::tempdir().unwrap();
-    let s = script(dir.path(), "echo up > $D/up; sleep 30");
-    let mut leader = spawn(dir.path(), "leader", &run_args("bools", &ep, &[], &s));
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut leader = sleeping_leader(dir.path(), "bools", &ep, &[]);
     for yes in ["1", "yes", "true", "TRUE"] {
         let (code, _, err) = run_env(
             &run_args("bools", &ep, &[], "exit 0"),
@@ -422,9 +426,7 @@ fn wait_zero_or_1ns_behaves_like_no_wait() {
         assert_eq!(code, 5, "--wait {w} on a free election: {err}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let s = script(dir.path(), "echo up > $D/up; sleep 30");
-    let mut leader = spawn(dir.path(), "leader", &run_args("w0", &ep, &[], &s));
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut leader = sleeping_leader(dir.path(), "w0", &ep, &[]);
     for w in ["0s", "1ns"] {
         let (code, _, err) = run(&run_args("w0", &ep, &["--wait", w], "exit 5"));
         assert_eq!(code, 75, "--wait {w} behind a leader: {err}");
@@ -438,13 +440,7 @@ fn no_wait_loser_names_the_leader_in_one_line_even_when_quiet() {
     let etcd = Etcd::start();
     let ep = etcd.endpoints();
     let dir = tempfile::tempdir().unwrap();
-    let s = script(dir.path(), "echo up > $D/up; sleep 30");
-    let mut leader = spawn(
-        dir.path(),
-        "leader",
-        &run_args("named", &ep, &["--id", "the-leader"], &s),
-    );
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut leader = sleeping_leader(dir.path(), "named", &ep, &["--id", "the-leader"]);
     let mut args = vec!["-q"];
     args.extend(run_args("named", &ep, &["--no-wait"], "exit 0"));
     let (code, _, err) = run(&args);

@@ -7,7 +7,11 @@ use std::os::unix::net::UnixDatagram;
 use crate::support::*;
 
 fn scrape(port: u16) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    scrape_at("127.0.0.1", port)
+}
+
+fn scrape_at(host: &str, port: u16) -> Option<String> {
+    let mut s = TcpStream::connect((host, port)).ok()?;
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
@@ -201,14 +205,7 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
     wait_int(&dir.path().join("a.token"), secs(10));
     let mut text = None;
     assert!(wait_until(secs(5), || {
-        text = TcpStream::connect(("localhost", port))
-            .ok()
-            .and_then(|mut s| {
-                s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-                let mut out = String::new();
-                s.read_to_string(&mut out).ok()?;
-                Some(out)
-            });
+        text = scrape_at("localhost", port);
         text.is_some()
     }));
     assert!(text.unwrap().contains("lead_exec_is_leader 1"));
