@@ -578,8 +578,8 @@ fn a_pause_reads_the_same_in_status_and_watch() {
     let (text, js) = (watch("text"), watch("json"));
     text.expect("no leader", secs(10));
     let a = candidate(dir.path(), "pt", &ep, "a", "alpha");
-    let b = candidate(dir.path(), "pt", &ep, "b", "beta");
     wait_int(&dir.path().join("a.token"), secs(10));
+    let b = candidate(dir.path(), "pt", &ep, "b", "beta");
     b.wait_log("waiting behind alpha", secs(10));
     text.expect("leader alpha", secs(10));
     let (code, _, _) = run(&["pause", "pt", "--endpoints", &ep, "--reason", "maint"]);
