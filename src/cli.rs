@@ -61,7 +61,7 @@ pub struct LogArgs {
     pub verbose: u8,
 
     /// Only warnings and errors.
-    #[arg(short, long, global = true, env = "LEAD_EXEC_QUIET")]
+    #[arg(short, long, global = true, env = "LEAD_EXEC_QUIET", value_parser = clap::builder::BoolishValueParser::new())]
     pub quiet: bool,
 
     /// Log line format on stderr.
@@ -89,11 +89,11 @@ pub struct ConnArgs {
     #[arg(long, env = "LEAD_EXEC_ENDPOINTS", value_name = "URLS")]
     pub endpoints: Option<String>,
 
-    /// How long to wait for etcd to answer the first request.
+    /// How long to wait for etcd to answer the first request (at least 100ms).
     #[arg(long, env = "LEAD_EXEC_DIAL_TIMEOUT", default_value = "2s", value_parser = duration, value_name = "DURATION")]
     pub dial_timeout: Duration,
 
-    /// How long one etcd request may take once connected.
+    /// How long one etcd request may take once connected (at least 100ms).
     #[arg(long, env = "LEAD_EXEC_COMMAND_TIMEOUT", default_value = "5s", value_parser = duration, value_name = "DURATION")]
     pub command_timeout: Duration,
 
@@ -113,7 +113,7 @@ pub struct ConnArgs {
     #[arg(long, env = "LEAD_EXEC_USER", value_name = "NAME")]
     pub user: Option<String>,
 
-    /// File whose first line is the etcd password.
+    /// File whose first line is the etcd password (needs --user; an empty line is refused).
     #[arg(long, env = "LEAD_EXEC_PASSWORD_FILE", value_name = "FILE")]
     pub password_file: Option<PathBuf>,
 }
@@ -152,7 +152,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
 
-    /// Lease TTL. etcd may grant more; the granted TTL is used.
+    /// Lease TTL, rounded up to whole seconds. etcd may grant more; the granted TTL is used.
     #[arg(long, env = "LEAD_EXEC_TTL", default_value = "10s", value_parser = duration, value_name = "DURATION", help_heading = "Lease")]
     pub ttl: Duration,
 
@@ -181,12 +181,13 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "LEAD_EXEC_NO_WAIT",
+        value_parser = clap::builder::BoolishValueParser::new(),
         conflicts_with = "wait",
         help_heading = "Election"
     )]
     pub no_wait: bool,
 
-    /// Give up waiting for leadership after this long.
+    /// Give up waiting for leadership after this long (under 10ms: as --no-wait).
     #[arg(long, env = "LEAD_EXEC_WAIT", value_parser = duration, value_name = "DURATION", help_heading = "Election")]
     pub wait: Option<Duration>,
 
@@ -210,7 +211,8 @@ pub struct RunArgs {
     )]
     pub history_keep: u32,
 
-    /// Run at most once per KEY: skip if KEY is recorded as done, record it when the job exits 0.
+    /// Skip the job if KEY is recorded as done; record KEY when the job exits 0 while still
+    /// leading. Until a success is recorded, every run runs the job again.
     #[arg(
         long,
         env = "LEAD_EXEC_RUN_KEY",
@@ -219,7 +221,7 @@ pub struct RunArgs {
     )]
     pub run_key: Option<String>,
 
-    /// How long a --run-key record is kept.
+    /// How long a --run-key record is kept (whole seconds, rounded up).
     #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", help_heading = "Election")]
     pub run_key_ttl: Duration,
 
@@ -291,7 +293,7 @@ pub struct PauseArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
 
-    /// Why: shown by `status` and kept in the history.
+    /// Why (not empty): shown by `status` and kept in the history.
     #[arg(long, env = "LEAD_EXEC_PAUSE_REASON", value_name = "TEXT")]
     pub reason: String,
 }
@@ -329,6 +331,104 @@ pub struct CompletionsArgs {
     /// The shell to generate for.
     #[arg(value_enum)]
     pub shell: clap_complete::Shell,
+}
+
+/// Set by lead-exec for every job (see [`crate::fencing::job_env`]): its presence means this
+/// process runs inside a job.
+pub const INSIDE_JOB_VAR: &str = "LEAD_EXEC_LEADER_KEY";
+
+/// Keeps an outer job's variables from acting as flags of a `run` inside that job.
+///
+/// The job's `LEAD_EXEC_ELECTION`, `LEAD_EXEC_ID` and `LEAD_EXEC_RUN_KEY` describe the outer
+/// term, yet share their names with flag variables: read as flags, a nested run would take the
+/// outer id and run key, and without a name would queue behind its own parent forever. Inside a
+/// job, `run` ignores them (an election name must be given), and refuses the election the outer
+/// job already leads. Operator commands still read them, so `status` or `check` in a job need no
+/// arguments.
+pub fn forget_outer_job(run: &mut RunArgs, m: &clap::ArgMatches) -> Result<(), String> {
+    use clap::parser::ValueSource;
+    let Some(outer_key) = std::env::var_os(INSIDE_JOB_VAR) else {
+        return Ok(());
+    };
+    let from_env = |id: &str| m.value_source(id) == Some(ValueSource::EnvVariable);
+    if from_env("election") {
+        return Err("the following required arguments were not provided: <ELECTION> \
+            (inside a job, LEAD_EXEC_ELECTION names the outer job's election and is not read by `run`)"
+            .to_string());
+    }
+    if from_env("id") {
+        run.id = None;
+    }
+    if from_env("run_key") {
+        run.run_key = None;
+    }
+    let outer = std::env::var("LEAD_EXEC_ELECTION").unwrap_or_default();
+    if run.election.election == outer {
+        return Err(format!(
+            "this process runs inside the job that leads election '{outer}' (leader key {}): \
+             a run in the same election would wait behind its own parent forever",
+            outer_key.to_string_lossy()
+        ));
+    }
+    Ok(())
+}
+
+/// The one-line message for a usage error: clap's first paragraph joined (so the missing
+/// arguments and the accepted values are named), with hints for two common slips.
+pub fn usage_message(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let before_dashes = || args.iter().take_while(|a| *a != "--");
+    let negative = |a: &str| {
+        a.strip_prefix('-')
+            .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+    };
+    // `--count=-1`: the value reached its parser.
+    if let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        e.get(ContextKind::InvalidArg),
+        e.get(ContextKind::InvalidValue),
+    ) {
+        if negative(value) {
+            return format!("invalid value '{value}' for '{arg}': negative values are not allowed");
+        }
+    }
+    if e.kind() == ErrorKind::UnknownArgument {
+        if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
+            if negative(arg) {
+                let typed = before_dashes()
+                    .map(|a| a.to_string_lossy())
+                    .find(|a| a.starts_with(arg.as_str()))
+                    .map_or_else(|| arg.clone(), |a| a.into_owned());
+                return format!("invalid value '{typed}': negative values are not allowed");
+            }
+            let usage = e
+                .get(ContextKind::Usage)
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            if !arg.starts_with('-') && usage.contains("lead-exec run") {
+                return format!(
+                    "unexpected argument '{arg}': the command goes after `--`, as in \
+                     `lead-exec run NAME [OPTIONS] -- COMMAND [ARGS...]`"
+                );
+            }
+        }
+    }
+    let text = e.to_string();
+    let first: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let (head, rest) = first
+        .split_first()
+        .map_or(("invalid arguments", &[][..]), |(h, r)| (*h, r));
+    let head = head.strip_prefix("error: ").unwrap_or(head);
+    if rest.is_empty() {
+        head.to_string()
+    } else if head.ends_with(':') {
+        format!("{head} {}", rest.join(", "))
+    } else {
+        format!("{head} {}", rest.join(" "))
+    }
 }
 
 /// Parses a duration the way humantime does ("500ms", "10s", "1m30s").

@@ -17,6 +17,17 @@ use crate::exit::{fail, Exit};
 /// The lowest TTL etcd grants with default election timeouts.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
+/// The largest lease TTL etcd grants (`MaxLeaseTTL` in etcd's lease package); a grant above
+/// it fails with "too large lease TTL".
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
+
+/// The shortest `--dial-timeout` and `--command-timeout`: below it no request can complete,
+/// and a run would retry forever.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A `--wait` this short cannot outlast the first attempt, so it means `--no-wait`.
+pub const NO_WAIT_BELOW: Duration = Duration::from_millis(10);
+
 /// How to reach etcd.
 #[derive(Debug, Clone)]
 pub struct Conn {
@@ -78,8 +89,20 @@ impl Conn {
                 ));
             }
         }
-        if a.dial_timeout.is_zero() || a.command_timeout.is_zero() {
-            return Err(fail(Exit::Usage, "timeouts must be greater than zero"));
+        for (flag, d) in [
+            ("--dial-timeout", a.dial_timeout),
+            ("--command-timeout", a.command_timeout),
+        ] {
+            if d < MIN_TIMEOUT {
+                return Err(fail(
+                    Exit::Usage,
+                    format!(
+                        "{flag} {} is too short: it must be at least {}",
+                        human(d),
+                        human(MIN_TIMEOUT)
+                    ),
+                ));
+            }
         }
         let env_path = |name: &str| std::env::var_os(name).map(PathBuf::from);
         let cacert = a.cacert.clone().or_else(|| env_path("ETCDCTL_CACERT"));
@@ -92,6 +115,12 @@ impl Conn {
         let tls =
             (cacert.is_some() || cert.is_some() || https).then_some(Tls { cacert, cert, key });
         let auth = match &a.user {
+            None if a.password_file.is_some() => {
+                return Err(fail(Exit::Usage, "--password-file needs --user"))
+            }
+            Some(user) if user.is_empty() => {
+                return Err(fail(Exit::Usage, "--user must not be empty"))
+            }
             None => None,
             Some(user) => Some((user.clone(), read_password(a)?)),
         };
@@ -114,6 +143,15 @@ fn read_password(a: &ConnArgs) -> Result<Secret> {
             )
         })?;
         let line = text.lines().next().unwrap_or("").to_string();
+        if line.is_empty() {
+            return Err(fail(
+                Exit::Usage,
+                format!(
+                    "--password-file {}: the first line is empty; it must hold the password",
+                    path.display()
+                ),
+            ));
+        }
         return Ok(Secret(line));
     }
     match std::env::var("LEAD_EXEC_PASSWORD") {
@@ -174,19 +212,17 @@ pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> R
     }
     let budget = Renewal::budget(ttl, grace, margin);
     if budget < MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS {
-        let ms =
-            |d: Duration| humantime::format_duration(Duration::from_millis(d.as_millis() as u64));
         return Err(fail(
             Exit::Usage,
             format!(
                 "unsafe lease settings: --ttl {} minus --grace {}, --safety-margin {} and the keepalive interval {} (ttl/3) leaves {} to renew, below {} attempts of {}",
-                ms(ttl),
-                ms(grace),
-                ms(margin),
-                ms(ttl / 3),
-                ms(budget),
+                human(ttl),
+                human(grace),
+                human(margin),
+                human(ttl / 3),
+                human(budget),
                 RENEWAL_ATTEMPTS,
-                ms(MIN_RENEWAL_TIMEOUT),
+                human(MIN_RENEWAL_TIMEOUT),
             ),
         ));
     }
@@ -197,9 +233,12 @@ impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
         let election = Election::new(&a.election.election)?;
         let conn = Conn::from_args(&a.election.conn)?;
-        check_lease_safety(a.ttl, a.grace, a.safety_margin)?;
+        let ttl = lease_ttl("--ttl", a.ttl)?;
+        check_lease_safety(ttl, a.grace, a.safety_margin)?;
+        let run_key_ttl = lease_ttl("--run-key-ttl", a.run_key_ttl)?;
         let wait = match (a.no_wait, a.wait) {
             (true, _) => Wait::No,
+            (false, Some(d)) if d < NO_WAIT_BELOW => Wait::No,
             (false, Some(d)) => Wait::For(d),
             (false, None) => Wait::Forever,
         };
@@ -215,20 +254,16 @@ impl RunConfig {
         }
         let metrics_addr = match &a.metrics_addr {
             None => None,
-            Some(s) => Some(s.parse().map_err(|_| {
-                fail(
-                    Exit::Usage,
-                    format!("--metrics-addr '{s}' is not HOST:PORT (e.g. 127.0.0.1:9464)"),
-                )
-            })?),
+            Some(s) => Some(metrics_addr(s)?),
         };
         if a.command.first().is_none_or(|c| c.is_empty()) {
             return Err(fail(Exit::Usage, "no command given after --"));
         }
+        check_exec_size(&a.command, std::env::vars_os())?;
         Ok(RunConfig {
             election,
             conn,
-            ttl: a.ttl,
+            ttl,
             grace: a.grace,
             safety_margin: a.safety_margin,
             id,
@@ -237,12 +272,99 @@ impl RunConfig {
             conflict_exit_code: a.conflict_exit_code,
             history_keep: a.history_keep.max(1),
             run_key: a.run_key.clone(),
-            run_key_ttl: a.run_key_ttl,
+            run_key_ttl,
             cgroup: a.cgroup,
             metrics_addr,
             command: a.command.clone(),
         })
     }
+}
+
+/// A lease TTL as etcd grants it: whole seconds, so a fraction is rounded up (the safety check
+/// then sees the TTL actually requested), and no more than etcd's maximum.
+pub fn lease_ttl(flag: &str, d: Duration) -> Result<Duration> {
+    if d.is_zero() {
+        return Err(fail(
+            Exit::Usage,
+            format!("{flag} must be greater than zero"),
+        ));
+    }
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let whole = Duration::from_secs(secs);
+    if whole > MAX_LEASE_TTL {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "{flag} {} is above etcd's maximum lease TTL of {} s",
+                human(d),
+                MAX_LEASE_TTL.as_secs()
+            ),
+        ));
+    }
+    Ok(whole)
+}
+
+/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
+pub fn human(d: Duration) -> humantime::FormattedDuration {
+    let ms = if d < Duration::from_millis(1) {
+        d
+    } else {
+        Duration::from_millis(d.as_millis() as u64)
+    };
+    humantime::format_duration(ms)
+}
+
+/// `HOST:PORT` with HOST a name or an address; a name is resolved now, to its first address.
+fn metrics_addr(s: &str) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let bad = |why: String| {
+        fail(
+            Exit::Usage,
+            format!("--metrics-addr '{s}': {why} (expected HOST:PORT, e.g. localhost:9464)"),
+        )
+    };
+    if !s.contains(':') {
+        return Err(bad("no port".into()));
+    }
+    s.to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("the host name has no address".into()))
+}
+
+/// Room kept for what is added to the job's exec beyond its command and lead-exec's
+/// environment: the job's `FENCING_TOKEN`/`LEAD_EXEC_*` variables and the watchdog's own
+/// arguments.
+const EXEC_RESERVE: usize = 4096;
+
+/// The longest single argument or environment string execve(2) takes (`MAX_ARG_STRLEN`).
+const MAX_ARG_STRLEN: usize = 32 * 4096;
+
+/// Refuses, before campaigning, a command whose arguments and environment execve(2) would
+/// refuse with E2BIG (exit 126, as a shell gives): otherwise the run would win an election
+/// only to fail at the spawn.
+pub fn check_exec_size(
+    command: &[String],
+    env: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<()> {
+    // SAFETY: sysconf has no preconditions.
+    let limit = unsafe { libc::sysconf(libc::_SC_ARG_MAX) };
+    let limit = if limit > 0 { limit as usize } else { 2 << 20 };
+    let ptr = std::mem::size_of::<usize>();
+    let env: Vec<usize> = env.map(|(k, v)| k.len() + 1 + v.len()).collect();
+    let strings = command.iter().map(String::len).chain(env.iter().copied());
+    let longest = strings.clone().max().unwrap_or(0);
+    let total: usize = strings.map(|n| n + 1 + ptr).sum::<usize>() + EXEC_RESERVE;
+    if longest >= MAX_ARG_STRLEN || total > limit {
+        return Err(fail(
+            Exit::NotExecutable,
+            format!(
+                "{}: cannot execute: argument list too long ({total} bytes of arguments and environment, {longest} in the longest string; the limits are {limit} and {MAX_ARG_STRLEN})",
+                command[0]
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// This machine's host name, for candidate identities.
@@ -298,6 +420,74 @@ mod tests {
             Duration::from_millis(250),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn lease_ttls_round_up_to_whole_seconds_within_etcds_maximum() {
+        let ms = Duration::from_millis;
+        assert_eq!(lease_ttl("--ttl", ms(2900)).unwrap(), s(3));
+        assert_eq!(lease_ttl("--ttl", s(10)).unwrap(), s(10));
+        assert_eq!(lease_ttl("--ttl", Duration::from_nanos(1)).unwrap(), s(1));
+        assert_eq!(lease_ttl("--ttl", MAX_LEASE_TTL).unwrap(), MAX_LEASE_TTL);
+        let e = lease_ttl("--ttl", MAX_LEASE_TTL + ms(1)).unwrap_err();
+        assert!(e.to_string().contains("above etcd's maximum"), "{e}");
+        let e = lease_ttl("--run-key-ttl", Duration::ZERO).unwrap_err();
+        assert!(e.to_string().contains("greater than zero"), "{e}");
+    }
+
+    #[test]
+    fn a_fractional_ttl_is_checked_as_granted() {
+        // 2900ms would pass the check, then be granted as 2s: unsafe. Rounded to 3s it is safe.
+        let ttl = lease_ttl("--ttl", Duration::from_millis(2900)).unwrap();
+        check_lease_safety(ttl, s(1), Duration::from_millis(500)).unwrap();
+        assert!(check_lease_safety(s(2), s(1), Duration::from_millis(500)).is_err());
+    }
+
+    #[test]
+    fn durations_for_people_stop_at_milliseconds() {
+        assert_eq!(human(s(2) / 3).to_string(), "666ms");
+        assert_eq!(human(Duration::from_nanos(1)).to_string(), "1ns");
+        assert_eq!(human(s(10) / 3).to_string(), "3s 333ms");
+    }
+
+    #[test]
+    fn exec_size_is_checked_against_the_system_limit() {
+        let none = std::iter::empty::<(std::ffi::OsString, std::ffi::OsString)>;
+        check_exec_size(&["true".into()], none()).unwrap();
+        let huge: Vec<String> = (0..40).map(|_| "x".repeat(100_000)).collect();
+        let e = check_exec_size(&huge, none()).unwrap_err();
+        assert_eq!(crate::exit::exit_of(&e), Exit::NotExecutable);
+        assert!(e.to_string().contains("argument list too long"), "{e}");
+        let one = vec!["x".repeat(MAX_ARG_STRLEN)];
+        assert!(check_exec_size(&one, none()).is_err());
+    }
+
+    #[test]
+    fn metrics_addresses_resolve_host_names() {
+        assert!(metrics_addr("localhost:9464").unwrap().ip().is_loopback());
+        assert_eq!(
+            metrics_addr("127.0.0.1:9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert!(metrics_addr("9464").is_err());
+    }
+
+    fn wait_of(flag: &[&str]) -> Wait {
+        use clap::Parser;
+        let args = [&["lead-exec", "run", "x"], flag, &["--", "true"]].concat();
+        let cli = crate::cli::Cli::try_parse_from(args).unwrap();
+        let crate::cli::Command::Run(a) = cli.command else {
+            unreachable!()
+        };
+        RunConfig::from_args(&a).unwrap().wait
+    }
+
+    #[test]
+    fn a_wait_too_short_to_attempt_means_no_wait() {
+        assert_eq!(wait_of(&["--wait", "0s"]), Wait::No);
+        assert_eq!(wait_of(&["--wait", "1ns"]), Wait::No);
+        assert_eq!(wait_of(&["--wait", "1s"]), Wait::For(s(1)));
+        assert_eq!(wait_of(&[]), Wait::Forever);
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub enum Exit {
     NotAcquired(u8),
     /// Leadership was lost while the job ran and `--on-loss exit` was given.
     LeadershipLost,
-    /// `status`: the election has no leader right now.
+    /// `status`, `resign`: the election has no leader right now (none, or paused).
     NoLeader,
     /// `check` or `resign --token`: the token is not the current leader's.
     StaleToken,
@@ -113,8 +113,8 @@ pub fn fail(exit: Exit, message: impl Into<String>) -> anyhow::Error {
     })
 }
 
-/// The exit code an error ends the process with: the innermost [`Coded`] in the chain, or
-/// [`Exit::Software`] for errors nobody classified.
+/// The exit code an error ends the process with: the first [`Coded`] met walking the chain from
+/// the outermost error inward (`anyhow`'s chain order), or [`Exit::Software`] for errors nobody classified.
 pub fn exit_of(err: &anyhow::Error) -> Exit {
     err.chain()
         .find_map(|e| e.downcast_ref::<Coded>().map(|c| c.exit))

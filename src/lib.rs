@@ -53,7 +53,6 @@ pub mod supervisor;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Parser;
 
 use cli::{Cli, Command};
 use exit::{exit_of, Exit};
@@ -61,8 +60,17 @@ use exit::{exit_of, Exit};
 /// Parses argv. Usage errors print one line and give [`Exit::Usage`]; `--help` and
 /// `--version` print and give success.
 pub fn parse(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, ExitCode> {
-    match Cli::try_parse_from(args) {
-        Ok(cli) => Ok(cli),
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let parsed = cli::command().try_get_matches_from(&args).and_then(|m| {
+        let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&m)?;
+        Ok((cli_after_env(&mut cli, &m), cli))
+    });
+    match parsed {
+        Ok((Ok(()), cli)) => Ok(cli),
+        Ok((Err(message), _)) => {
+            fatal_usage(&args, &message);
+            Err(Exit::Usage.into())
+        }
         Err(e) => {
             use clap::error::ErrorKind;
             if matches!(
@@ -79,19 +87,64 @@ pub fn parse(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, 
                     Exit::Usage.into()
                 });
             }
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("lead-exec: {first} (see --help)");
+            fatal_usage(&args, &cli::usage_message(&e, &args));
             Err(Exit::Usage.into())
         }
+    }
+}
+
+fn cli_after_env(cli: &mut Cli, m: &clap::ArgMatches) -> std::result::Result<(), String> {
+    match (&mut cli.command, m.subcommand()) {
+        (Command::Run(a), Some(("run", sub))) => cli::forget_outer_job(a, sub),
+        _ => Ok(()),
+    }
+}
+
+/// A usage error, before logging is set up: JSON when `--log-format json` (or its variable)
+/// asks for it, else one plain line.
+fn fatal_usage(args: &[std::ffi::OsString], message: &str) {
+    let flag = args
+        .iter()
+        .take_while(|a| *a != "--")
+        .zip(args.iter().skip(1))
+        .find_map(|(a, b)| {
+            let a = a.to_string_lossy();
+            if a == "--log-format" {
+                Some(b.to_string_lossy().into_owned())
+            } else {
+                a.strip_prefix("--log-format=").map(str::to_string)
+            }
+        });
+    let json = flag.or_else(|| std::env::var("LEAD_EXEC_LOG_FORMAT").ok()) == Some("json".into());
+    fatal(json, &format!("{message} (see --help)"), Exit::Usage);
+}
+
+/// Prints the error that ends the process: one plain line, or one JSON log object under
+/// `--log-format json` so that a log pipeline parses it like every other line.
+fn fatal(json: bool, message: &str, exit: Exit) {
+    if json {
+        logging::init(&cli::LogArgs {
+            verbose: 0,
+            quiet: false,
+            log_format: cli::LogFormat::Json,
+        });
+        tracing::error!(exit_code = exit.code(), "{message}");
+    } else {
+        eprintln!("lead-exec: {message}");
     }
 }
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
-        Command::Run(a) => run::run(config::RunConfig::from_args(&a)?).await,
+        Command::Run(a) => {
+            let cfg = config::RunConfig::from_args(&a)?;
+            let exit = run::run(cfg.clone()).await?;
+            if let Exit::NotAcquired(_) = exit {
+                ops::status::report_not_acquired(&cfg).await;
+            }
+            Ok(exit)
+        }
         Command::Status(a) => ops::status::run(a).await,
         Command::Watch(a) => ops::watch::run(a).await,
         Command::Resign(a) => ops::resign::run(a).await,
@@ -124,6 +177,7 @@ pub fn main() -> ExitCode {
         Err(code) => return code,
     };
     logging::init(&cli.log);
+    let json = cli.log.log_format == cli::LogFormat::Json;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -137,8 +191,9 @@ pub fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(exit) => exit.into(),
         Err(err) => {
-            eprintln!("lead-exec: {err:#}");
-            exit_of(&err).into()
+            let exit = exit_of(&err);
+            fatal(json, &format!("{err:#}"), exit);
+            exit.into()
         }
     }
 }

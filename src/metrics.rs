@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -166,9 +166,13 @@ pub fn render() -> String {
 
 /// Binds now (so a bad address fails at start-up) and serves in the background.
 pub async fn serve(addr: SocketAddr) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--metrics-addr {addr}"))?;
+    // A taken port or a foreign address is a setting to fix, not an internal error.
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        crate::exit::fail(
+            crate::exit::Exit::Usage,
+            format!("--metrics-addr {addr}: cannot listen: {e}"),
+        )
+    })?;
     tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {

@@ -4,6 +4,14 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
+/// Starts a leader of `election` whose job runs for 30 s, and waits until the job runs.
+fn sleeping_leader(dir: &std::path::Path, election: &str, ep: &str, extra: &[&str]) -> Worker {
+    let s = script(dir, "echo up > $D/up; sleep 30");
+    let w = spawn(dir, "leader", &run_args(election, ep, extra, &s));
+    wait_line(&dir.join("up"), secs(10), |l| l == "up");
+    w
+}
+
 #[test]
 fn job_exit_code_passes_through() {
     let etcd = Etcd::start();
@@ -87,9 +95,7 @@ fn no_wait_gives_conflict_code_while_another_leads() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let s = script(dir.path(), "echo up > $D/up; sleep 30");
-    let mut leader = spawn(dir.path(), "leader", &run_args("cron", &ep, &[], &s));
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut leader = sleeping_leader(dir.path(), "cron", &ep, &[]);
 
     let start = Instant::now();
     let (code, _, _) = run(&run_args("cron", &ep, &["--no-wait"], "echo ran; exit 0"));
@@ -214,4 +220,339 @@ fn flags_also_come_from_the_environment() {
         &[("ETCDCTL_ENDPOINTS", &etcd.endpoints())],
     );
     assert_eq!(code, 6, "{err}");
+}
+
+#[test]
+fn usage_errors_name_what_is_missing_and_what_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty-password");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["run"], "not provided: <ELECTION>, <COMMAND>..."),
+        (&["run", "foo"], "not provided: <COMMAND>..."),
+        (&["run", "foo", "--"], "not provided: <COMMAND>..."),
+        (&["pause", "x"], "not provided: --reason <TEXT>"),
+        (&["check"], "not provided: --election <NAME>, --token <T>"),
+        (&["completions"], "not provided: <SHELL>"),
+        (
+            &["run", "foo", "--endpoints", "127.0.0.1:1", "echo", "hi"],
+            "unexpected argument 'echo': the command goes after `--`",
+        ),
+        (
+            &["run", "foo", "--ttl", "-1s", "--", "true"],
+            "'-1s': negative values are not allowed",
+        ),
+        (
+            &["run", "foo", "--history-keep", "-1", "--", "true"],
+            "'-1': negative values are not allowed",
+        ),
+        (
+            &["history", "x", "-n", "-1"],
+            "'-1': negative values are not allowed",
+        ),
+        (
+            &["run", "foo", "--ttl=-1s", "--", "true"],
+            "'-1s' for '--ttl <DURATION>': negative values are not allowed",
+        ),
+        (
+            &["history", "x", "--count=-1"],
+            "'-1' for '--count <N>': negative values are not allowed",
+        ),
+        (
+            &["run", "x", "--on-loss", "foo", "--", "true"],
+            "[possible values: campaign, exit]",
+        ),
+        (
+            &["run", "x", "--cgroup", "foo", "--", "true"],
+            "[possible values: auto, on, off]",
+        ),
+        (
+            &["--log-format", "xml", "status", "x"],
+            "[possible values: text, json]",
+        ),
+        (
+            &["status", "x", "-o", "yaml"],
+            "[possible values: text, json]",
+        ),
+        (
+            &["run", "x", "--ttl", "300years", "--", "true"],
+            "--ttl 300years is above etcd's maximum lease TTL of 9000000000 s",
+        ),
+        (
+            &["run", "x", "--run-key-ttl", "1000years", "--", "true"],
+            "--run-key-ttl 1000years is above etcd's maximum lease TTL",
+        ),
+        (
+            &["run", "x", "--run-key-ttl", "0s", "--", "true"],
+            "--run-key-ttl must be greater than zero",
+        ),
+        (
+            &["run", "x", "--command-timeout", "1ns", "--", "true"],
+            "--command-timeout 1ns is too short: it must be at least 100ms",
+        ),
+        (
+            &["status", "x", "--dial-timeout", "0s"],
+            "--dial-timeout 0s is too short",
+        ),
+        (
+            &["run", "x", "--password-file", empty, "--", "true"],
+            "--password-file needs --user",
+        ),
+        (
+            &[
+                "run",
+                "x",
+                "--user",
+                "u",
+                "--password-file",
+                empty,
+                "--",
+                "true",
+            ],
+            "the first line is empty",
+        ),
+        (
+            &["pause", "x", "--reason", ""],
+            "--reason must not be empty",
+        ),
+        (
+            &["pause", "x", "--reason", "  "],
+            "--reason must not be empty",
+        ),
+        (
+            &["run", "x", "--ttl", "2s", "--", "true"],
+            "keepalive interval 666ms (ttl/3)",
+        ),
+        (
+            &[
+                "run",
+                "x",
+                "--metrics-addr",
+                "nohost.invalid:9464",
+                "--",
+                "true",
+            ],
+            "--metrics-addr 'nohost.invalid:9464'",
+        ),
+        (
+            &["run", "x", "--metrics-addr", "9464", "--", "true"],
+            "--metrics-addr '9464': no port",
+        ),
+    ];
+    for (args, want) in cases {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: not one line:\n{err}");
+        assert!(err.starts_with("lead-exec: "), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: want {want:?}, got {err}");
+        assert!(!err.contains("unexpected argument '-"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn boolean_variables_accept_1_0_yes_no_true_false() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = sleeping_leader(dir.path(), "bools", &ep, &[]);
+    for yes in ["1", "yes", "true", "TRUE"] {
+        let (code, _, err) = run_env(
+            &run_args("bools", &ep, &[], "exit 0"),
+            &[("LEAD_EXEC_NO_WAIT", yes)],
+        );
+        assert_eq!(code, 75, "LEAD_EXEC_NO_WAIT={yes}: {err}");
+    }
+    for no in ["0", "no", "false"] {
+        // Not --no-wait: a free election runs the job.
+        let (code, _, err) = run_env(
+            &run_args("bools-free", &ep, &[], "exit 4"),
+            &[("LEAD_EXEC_NO_WAIT", no)],
+        );
+        assert_eq!(code, 4, "LEAD_EXEC_NO_WAIT={no}: {err}");
+    }
+    for (v, quiet) in [("1", true), ("yes", true), ("0", false), ("no", false)] {
+        let (code, _, err) = run_env(
+            &run_args("bools-free", &ep, &[], "exit 0"),
+            &[("LEAD_EXEC_QUIET", v)],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(!err.contains("INFO"), quiet, "LEAD_EXEC_QUIET={v}: {err}");
+    }
+    let (code, _, err) = run_env(
+        &run_args("bools-free", &ep, &[], "exit 0"),
+        &[("LEAD_EXEC_NO_WAIT", "maybe")],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    leader.signal(libc::SIGTERM);
+    leader.wait(secs(10));
+}
+
+#[test]
+fn fractional_ttl_is_rounded_up_before_the_safety_check() {
+    // 2900ms truncated to 2s would stop this job 0.5 s into every term; rounded up to 3s the
+    // settings are safe and the job runs to its end.
+    let etcd = Etcd::start();
+    let args = [
+        "run",
+        "frac",
+        "--endpoints",
+        &etcd.endpoints(),
+        "--ttl",
+        "2900ms",
+        "--grace",
+        "1s",
+        "--safety-margin",
+        "500ms",
+        "--on-loss",
+        "exit",
+        "--",
+        "sh",
+        "-c",
+        "sleep 2.5; exit 9",
+    ];
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 9, "{err}");
+}
+
+#[test]
+fn wait_zero_or_1ns_behaves_like_no_wait() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    for w in ["0s", "1ns"] {
+        let (code, _, err) = run(&run_args("w0", &ep, &["--wait", w], "exit 5"));
+        assert_eq!(code, 5, "--wait {w} on a free election: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = sleeping_leader(dir.path(), "w0", &ep, &[]);
+    for w in ["0s", "1ns"] {
+        let (code, _, err) = run(&run_args("w0", &ep, &["--wait", w], "exit 5"));
+        assert_eq!(code, 75, "--wait {w} behind a leader: {err}");
+    }
+    leader.signal(libc::SIGTERM);
+    leader.wait(secs(10));
+}
+
+#[test]
+fn no_wait_loser_names_the_leader_in_one_line_even_when_quiet() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = sleeping_leader(dir.path(), "named", &ep, &["--id", "the-leader"]);
+    let mut args = vec!["-q"];
+    args.extend(run_args("named", &ep, &["--no-wait"], "exit 0"));
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 75, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("not acquired: named is led by the-leader"),
+        "{err}"
+    );
+    leader.signal(libc::SIGTERM);
+    leader.wait(secs(10));
+}
+
+#[test]
+fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    // The outer job runs three nested commands, each recording its exit code and stderr.
+    let outer = script(
+        dir.path(),
+        &format!(
+            "{BIN} run -- true 2> $D/noname.err; echo $? > $D/noname.code; \
+             {BIN} run outer -- true 2> $D/same.err; echo $? > $D/same.code; \
+             {BIN} run inner --ttl 3s --grace 500ms --safety-margin 500ms -- \
+               sh -c 'env > $D/inner.env' 2> $D/inner.err; echo $? > $D/inner.code"
+        ),
+    );
+    let (code, _, err) = run(&run_args(
+        "outer",
+        &ep,
+        &["--id", "outer-id", "--run-key", "outer-key"],
+        &outer,
+    ));
+    assert_eq!(code, 0, "{err}");
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    assert_eq!(read("noname.code").trim(), "64", "{}", read("noname.err"));
+    assert!(
+        read("noname.err").contains("not provided: <ELECTION>"),
+        "{}",
+        read("noname.err")
+    );
+    assert_eq!(read("same.code").trim(), "64", "{}", read("same.err"));
+    assert!(
+        read("same.err").contains("inside the job that leads election 'outer'"),
+        "{}",
+        read("same.err")
+    );
+    assert_eq!(read("inner.code").trim(), "0", "{}", read("inner.err"));
+    let env = read("inner.env");
+    assert!(env.contains("LEAD_EXEC_ELECTION=inner\n"), "{env}");
+    assert!(!env.contains("LEAD_EXEC_ID=outer-id"), "{env}");
+    // The outer run key was not taken as the inner run's: nothing recorded for it.
+    assert!(etcd.keys("lead-exec/meta/inner/runs/").is_empty());
+    // The endpoints are inherited on purpose: the same cluster.
+    assert!(env.contains(&format!("LEAD_EXEC_ENDPOINTS={ep}")), "{env}");
+}
+
+#[test]
+fn missing_interpreter_is_named_and_gives_126() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("script");
+    std::fs::write(&f, "#!/no/such/interpreter -e\necho hi\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Checked before connecting: no etcd needed.
+    let (code, _, err) = run(&[
+        "run",
+        "x",
+        "--endpoints",
+        "127.0.0.1:1",
+        "--",
+        f.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 126, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("bad interpreter /no/such/interpreter"),
+        "{err}"
+    );
+}
+
+#[test]
+fn argument_lists_too_long_to_exec_are_refused_before_campaigning() {
+    let etcd = Etcd::start();
+    // SAFETY: sysconf has no preconditions.
+    let limit = unsafe { libc::sysconf(libc::_SC_ARG_MAX) } as usize;
+    // lead-exec itself starts (its own exec fits), but the job's exec, which adds the job's
+    // variables and the watchdog's arguments, would not: refused as a shell would, 126.
+    let ep = etcd.endpoints();
+    let mut args: Vec<String> = ["run", "big", "--endpoints", &ep, "--", "true"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let chunk = "x".repeat(100_000);
+    let used = |a: &[String]| a.iter().map(|s| s.len() + 1 + 8).sum::<usize>() + 200;
+    while used(&args) + chunk.len() + 9 < limit - 1500 {
+        args.push(chunk.clone());
+    }
+    let pad = limit - 1500 - used(&args) - 9;
+    args.push("y".repeat(pad));
+    let start = Instant::now();
+    let out = std::process::Command::new(BIN)
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(126), "{err}");
+    assert!(err.contains("argument list too long"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(start.elapsed() < secs(10));
+    assert!(etcd.keys("lead-exec/").iter().all(|k| !k.contains("big")));
 }

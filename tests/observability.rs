@@ -7,7 +7,11 @@ use std::os::unix::net::UnixDatagram;
 use crate::support::*;
 
 fn scrape(port: u16) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    scrape_at("127.0.0.1", port)
+}
+
+fn scrape_at(host: &str, port: u16) -> Option<String> {
+    let mut s = TcpStream::connect((host, port)).ok()?;
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
@@ -177,6 +181,94 @@ fn completions_are_generated_for_each_shell() {
         assert!(
             out.contains("lead-exec") && out.contains("resign"),
             "{shell}"
+        );
+    }
+}
+
+#[test]
+fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let port = free_port();
+    let addr = format!("localhost:{port}");
+    let w = spawn(
+        dir.path(),
+        "named",
+        &run_args(
+            "metname",
+            &ep,
+            &["--metrics-addr", &addr],
+            &job(dir.path(), "a"),
+        ),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let mut text = None;
+    assert!(wait_until(secs(5), || {
+        text = scrape_at("localhost", port);
+        text.is_some()
+    }));
+    assert!(text.unwrap().contains("lead_exec_is_leader 1"));
+
+    // The same port again: taken. Refused at start-up, before campaigning.
+    let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let taken = format!("127.0.0.1:{}", taken.local_addr().unwrap().port());
+    let (code, _, err) = run(&run_args(
+        "metname2",
+        &ep,
+        &["--metrics-addr", &taken],
+        "exit 0",
+    ));
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&taken) && err.contains("in use"), "{err}");
+    drop(w);
+}
+
+#[test]
+fn fatal_errors_are_json_under_log_format_json() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    type Case<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)], i64);
+    let cases: Vec<Case> = vec![
+        // Refused by the configuration check.
+        (
+            run_args(
+                "fj",
+                &ep,
+                &["--log-format", "json", "--ttl", "300years"],
+                "exit 0",
+            )
+            .into_iter()
+            .filter(|a| *a != "--ttl" && *a != "3s")
+            .collect(),
+            &[],
+            64,
+        ),
+        // Refused by the parser, with the format from the flag or the variable.
+        (vec!["--log-format", "json", "run", "fj"], &[], 64),
+        (vec!["run", "fj"], &[("LEAD_EXEC_LOG_FORMAT", "json")], 64),
+        // From the command.
+        (
+            run_args("fj", &ep, &["--log-format=json"], "exit 0")
+                .into_iter()
+                .map(|a| if a == "sh" { "no-such-command-xyz" } else { a })
+                .collect(),
+            &[],
+            127,
+        ),
+    ];
+    for (args, env, want) in cases {
+        let (code, _, err) = run_env(&args, env);
+        assert_eq!(code as i64, want, "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        let v: serde_json::Value =
+            serde_json::from_str(err.trim()).unwrap_or_else(|e| panic!("{e}: {err}"));
+        assert_eq!(v["level"], "ERROR", "{err}");
+        assert_eq!(v["exit_code"], want, "{err}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{err}"
         );
     }
 }

@@ -217,7 +217,7 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
     }
     let (code, out, _) = run(&["history", "hist", "--endpoints", &ep, "-o", "json"]);
     assert_eq!(code, 0);
-    let recs: Vec<serde_json::Value> = out.lines().map(json).collect();
+    let recs: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
     assert_eq!(recs.len(), 2, "{out}");
     assert_eq!(recs[0]["end"], "exit 0");
     assert_eq!(recs[1]["end"], "exit 3");
@@ -422,4 +422,214 @@ fn subcommands_reject_bad_elections_and_report_missing_leaders() {
     ]);
     assert_eq!(code, 4, "{err}");
     assert!(err.contains("there is no leader"), "{err}");
+}
+
+#[test]
+fn history_keep_1_keeps_only_the_newest_term() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    for i in 0..3 {
+        let (c, _, err) = run(&run_args("keep1", &ep, &["--history-keep", "1"], "exit 0"));
+        assert_eq!(c, 0, "run {i}: {err}");
+        assert!(!err.contains("history:"), "run {i}: {err}");
+    }
+    let (_, out, _) = run(&["history", "keep1", "--endpoints", &ep, "-o", "json"]);
+    let recs = json(&out);
+    assert_eq!(recs.as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(etcd.keys("lead-exec/meta/keep1/history/").len(), 1);
+}
+
+#[test]
+fn history_json_is_one_array_and_empty_is_brackets() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let (code, out, err) = run(&["history", "hj", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "[]");
+    for _ in 0..2 {
+        let (c, _, err) = run(&run_args("hj", &ep, &[], "exit 0"));
+        assert_eq!(c, 0, "{err}");
+    }
+    let (_, out, _) = run(&["history", "hj", "--endpoints", &ep, "-o", "json"]);
+    let recs = json(&out);
+    let recs = recs
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {out}"));
+    assert_eq!(recs.len(), 2, "{out}");
+    assert!(
+        recs[0]["token"].as_i64() < recs[1]["token"].as_i64(),
+        "{out}"
+    );
+}
+
+#[test]
+fn resign_without_a_leader_or_while_paused_is_3_and_leaves_nothing() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (code, _, err) = run(&["resign", "rp", "--endpoints", &ep]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no leader"), "{err}");
+    let (code, _, err) = run(&["resign", "rp", "--endpoints", &ep, "--token", "5"]);
+    assert_eq!(code, 3, "{err}");
+
+    let a = candidate(dir.path(), "rp", &ep, "a", "alpha");
+    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let (code, _, err) = run(&["pause", "rp", "--endpoints", &ep, "--reason", "test"]);
+    assert_eq!(code, 0, "{err}");
+    a.wait_log("election paused; waiting for resume", secs(10));
+    let (code, _, err) = run(&["resign", "rp", "--endpoints", &ep]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no leader to resign (paused)"), "{err}");
+    assert!(etcd.keys("lead-exec/meta/rp/resign").is_empty());
+
+    // After resume the next term runs: nothing left behind stops it.
+    let (code, _, _) = run(&["resume", "rp", "--endpoints", &ep]);
+    assert_eq!(code, 0);
+    assert!(wait_until(secs(10), || starts(dir.path()).len() == 2));
+    let t2 = starts(dir.path())[1].0;
+    assert!(t2 > ta);
+    let stopped = wait_until(secs(2), || {
+        lines(&dir.path().join("log")).contains(&format!("end {t2}"))
+    });
+    assert!(!stopped, "the job after resume was stopped");
+    drop(a);
+}
+
+#[test]
+fn a_resign_request_only_acts_on_the_token_it_names() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let a = candidate(dir.path(), "rt", &ep, "a", "alpha");
+    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    // A request naming another term (as a stale one would) is ignored by this term.
+    etcd.ctl(&["put", "lead-exec/meta/rt/resign", &(ta - 1).to_string()]);
+    let stopped = wait_until(secs(2), || {
+        lines(&dir.path().join("log")).contains(&format!("end {ta}"))
+    });
+    assert!(!stopped, "a request for another token stopped the job");
+    let (code, out, err) = run(&[
+        "resign",
+        "rt",
+        "--endpoints",
+        &ep,
+        "--token",
+        &ta.to_string(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_line(&dir.path().join("log"), secs(10), |l| {
+        l == format!("end {ta}")
+    });
+    drop(a);
+}
+
+#[test]
+fn resign_does_not_report_success_when_its_watch_ends_early() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // A job that ignores SIGTERM, with a long grace: the leader keeps its key for a while.
+    let job = script(
+        dir.path(),
+        "trap '' TERM; echo $FENCING_TOKEN > $D/t; while :; do sleep 0.05; done",
+    );
+    let args = [
+        "run",
+        "rw",
+        "--endpoints",
+        &ep,
+        "--ttl",
+        "30s",
+        "--grace",
+        "15s",
+        "--safety-margin",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        &job,
+    ];
+    let _leader = spawn(dir.path(), "leader", &args);
+    wait_int(&dir.path().join("t"), secs(10));
+    let mut resign = spawn(dir.path(), "resign", &["resign", "rw", "--endpoints", &ep]);
+    wait_line(&dir.path().join("resign.out"), secs(10), |l| {
+        l.starts_with("asked ")
+    });
+    // The watch ends before the leader steps down: that is no success.
+    signal(etcd.members[0].pid(), libc::SIGTERM);
+    let code = resign.code(secs(30));
+    assert_eq!(code, 69, "{}", resign.log_text());
+    assert!(!std::fs::read_to_string(dir.path().join("resign.out"))
+        .unwrap()
+        .contains("resigned"));
+}
+
+#[test]
+fn a_pause_reads_the_same_in_status_and_watch() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let watch = |format: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["watch", "pt", "--endpoints", &ep, "-o", format]);
+        LineReader::start(cmd)
+    };
+    let (text, js) = (watch("text"), watch("json"));
+    text.expect("no leader", secs(10));
+    let a = candidate(dir.path(), "pt", &ep, "a", "alpha");
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let b = candidate(dir.path(), "pt", &ep, "b", "beta");
+    b.wait_log("waiting behind alpha", secs(10));
+    text.expect("leader alpha", secs(10));
+    let (code, _, _) = run(&["pause", "pt", "--endpoints", &ep, "--reason", "maint"]);
+    assert_eq!(code, 0);
+    text.expect(": paused", secs(10));
+    let line = js.expect("\"paused\":true", secs(10));
+    assert_eq!(json(&line)["leader"], serde_json::Value::Null, "{line}");
+    // The stopped leader queues again behind the other candidate, now first in line: the
+    // views stay "paused", once.
+    b.wait_log("election paused; waiting for resume", secs(10));
+    a.wait_log("waiting behind beta", secs(10));
+    text.quiet_for("paused", secs(1));
+    js.quiet_for("paused", secs(1));
+    let (code, out, _) = run(&["status", "pt", "--endpoints", &ep]);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("leader:    none"), "{out}");
+    let (_, out, _) = run(&["status", "pt", "--endpoints", &ep, "-o", "json"]);
+    let v = json(&out);
+    assert_eq!(v["leader"], serde_json::Value::Null, "{out}");
+    assert!(v["paused"].is_object(), "{out}");
+    drop((a, b));
+}
+
+#[test]
+fn run_key_runs_again_until_a_success_is_recorded() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let rk = ["--run-key", "k1", "--on-loss", "exit"];
+    // A successful job whose term was lost (its key deleted) is not recorded.
+    let job = script(
+        dir.path(),
+        "trap 'exit 0' TERM; echo ran >> $D/runs; echo $LEAD_EXEC_LEADER_KEY > $D/key; \
+         while :; do sleep 0.05; done",
+    );
+    let mut w = spawn(dir.path(), "lost", &run_args("rk", &ep, &rk, &job));
+    let key = wait_line(&dir.path().join("key"), secs(10), |l| !l.is_empty());
+    etcd.ctl(&["del", &key]);
+    assert_eq!(w.code(secs(10)), 76, "{}", w.log_text());
+    // A failure is not recorded either.
+    let fail = script(dir.path(), "echo ran >> $D/runs; exit 1");
+    let (code, _, err) = run(&run_args("rk", &ep, &rk, &fail));
+    assert_eq!(code, 1, "{err}");
+    // So the job runs again, and its success is recorded...
+    let ok = script(dir.path(), "echo ran >> $D/runs; exit 0");
+    let (code, _, err) = run(&run_args("rk", &ep, &rk, &ok));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&dir.path().join("runs")).len(), 3);
+    // ...after which it is skipped.
+    let (code, _, err) = run(&run_args("rk", &ep, &rk, &ok));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&dir.path().join("runs")).len(), 3);
 }

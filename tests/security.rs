@@ -251,6 +251,7 @@ fn wrong_credentials_exit_77_in_one_line() {
     assert!(start.elapsed() < secs(10));
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("authentication failed"), "{err}");
+    assert!(!err.contains("unavailable"), "{err}");
     assert!(!err.contains("wrong"), "{err}");
     // No credentials at all against an auth-enabled cluster.
     let (code, _, err) = run(&run_args("authd", &ep, &[], "exit 0"));

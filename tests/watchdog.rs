@@ -307,3 +307,29 @@ fn the_watchdog_binary_is_optional() {
         "job survived a lone lead-exec's SIGKILL"
     );
 }
+
+#[test]
+fn descriptors_the_caller_passes_reach_the_job() {
+    // As with flock(1) and systemd socket activation: a descriptor the caller leaves open
+    // across exec is the job's too; lead-exec's own descriptors are close-on-exec.
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = "echo through-fd-7 >&7";
+    let args = run_args("passfd", &etcd.endpoints(), &[], job)
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script(
+            dir.path(),
+            &format!("exec 7> $D/seven; exec {BIN} {args}"),
+        ))
+        .env_remove("LEAD_EXEC_ENDPOINTS")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(lines(&dir.path().join("seven")), vec!["through-fd-7"]);
+}

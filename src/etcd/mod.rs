@@ -128,7 +128,14 @@ pub async fn bounded<T>(
                 humantime::format_duration(limit)
             ),
         )),
-        Ok(Err(e)) => Err(classify(e)).with_context(|| format!("{what} unavailable")),
+        Ok(Err(e)) => {
+            let err = classify(e);
+            let how = match crate::exit::exit_of(&err) {
+                Exit::Auth => "refused the credentials",
+                _ => "unavailable",
+            };
+            Err(err).with_context(|| format!("{what} {how}"))
+        }
         Ok(Ok(v)) => Ok(v),
     }
 }

@@ -83,12 +83,10 @@ pub async fn record_start(client: &Client, cfg: &RunConfig, token: i64, key: &st
         serde_json::to_string(&rec)?,
         None,
     )];
-    let keep = cfg.history_keep as usize;
-    if keys.len() + 1 > keep {
-        let first_kept = &keys[keys.len() + 1 - keep];
+    if let Some(end) = trim_end(&keys, cfg.history_keep as usize, &e.history_key(token)) {
         ops.push(TxnOp::delete(
             e.history_prefix(),
-            Some(DeleteOptions::new().with_range(first_kept.clone())),
+            Some(DeleteOptions::new().with_range(end)),
         ));
     }
     let txn = Txn::new()
@@ -97,6 +95,22 @@ pub async fn record_start(client: &Client, cfg: &RunConfig, token: i64, key: &st
     let resp = bounded(cfg.conn.command_timeout, "etcd", c.txn(txn)).await?;
     anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
     Ok(())
+}
+
+/// Where to stop deleting old records so that `keep` remain with the new one (`new_key`):
+/// the first existing key kept, or the new key itself when none is. `None`: nothing to trim.
+/// The range never reaches the new key, which etcd would refuse in the same transaction.
+fn trim_end(existing: &[Vec<u8>], keep: usize, new_key: &str) -> Option<Vec<u8>> {
+    let drop = (existing.len() + 1).checked_sub(keep.max(1))?;
+    if drop == 0 {
+        return None;
+    }
+    Some(
+        existing
+            .get(drop)
+            .cloned()
+            .unwrap_or_else(|| new_key.as_bytes().to_vec()),
+    )
 }
 
 /// Writes the end of our term, if our key still guards it.
@@ -219,6 +233,19 @@ mod tests {
         assert_eq!(r[0].ended_ms, Some(9000));
         assert_eq!(r[1].end.as_deref(), Some("exit 0"));
         assert_eq!(r[2].end, None, "the newest term may still run");
+    }
+
+    #[test]
+    fn trimming_keeps_n_records_with_the_new_one() {
+        let keys: Vec<Vec<u8>> = ["h1", "h2", "h3"]
+            .iter()
+            .map(|k| k.as_bytes().to_vec())
+            .collect();
+        assert_eq!(trim_end(&keys, 100, "h4"), None);
+        assert_eq!(trim_end(&keys, 4, "h4"), None);
+        assert_eq!(trim_end(&keys, 3, "h4"), Some(b"h2".to_vec()));
+        assert_eq!(trim_end(&keys, 1, "h4"), Some(b"h4".to_vec()));
+        assert_eq!(trim_end(&[], 1, "h1"), None);
     }
 
     #[test]

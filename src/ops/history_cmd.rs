@@ -10,11 +10,8 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.limit).await?;
     match a.output {
-        Output::Json => {
-            for r in &recs {
-                println!("{}", serde_json::to_string(r)?);
-            }
-        }
+        // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
+        Output::Json => println!("{}", serde_json::to_string(&recs)?),
         Output::Text => {
             println!(
                 "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} END",

@@ -34,7 +34,11 @@ impl Ctx {
     pub async fn connect(a: &ElectionArgs) -> Result<Ctx> {
         let election = Election::new(&a.election)?;
         let conn = Conn::from_args(&a.conn)?;
-        let client = crate::etcd::connect(&conn).await?;
+        Ctx::open(&conn, election).await
+    }
+
+    pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
+        let client = crate::etcd::connect(conn).await?;
         Ok(Ctx {
             client,
             election,
@@ -84,6 +88,12 @@ impl Ctx {
             })
         }))
     }
+}
+
+/// The leader as every view shows it: the head of the line, unless the election is paused
+/// (then nobody runs the job, whoever is first in line).
+pub fn leader<'a>(entries: &'a [Entry], paused: Option<&Pause>) -> Option<&'a Entry> {
+    entries.first().filter(|_| paused.is_none())
 }
 
 /// One candidate key.

@@ -10,9 +10,15 @@ use super::{Ctx, Pause};
 use crate::cli::{ElectionArgs, PauseArgs};
 use crate::election::unix_ms;
 use crate::etcd::bounded;
-use crate::exit::Exit;
+use crate::exit::{fail, Exit};
 
 pub async fn pause(a: PauseArgs) -> Result<Exit> {
+    if a.reason.trim().is_empty() {
+        return Err(fail(
+            Exit::Usage,
+            "--reason must not be empty: say why, for whoever finds the election paused",
+        ));
+    }
     let ctx = Ctx::connect(&a.election).await?;
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     let p = Pause {

@@ -4,11 +4,16 @@
 //! while that key still leads with that token (compare-and-put, never blind). The leader sees
 //! the request through its watch, stops its job (grace, then SIGKILL), revokes its lease and
 //! queues again at the back; only then does the next candidate take over, so the two jobs
-//! never overlap. The request lives on the leader's lease and vanishes with the term.
+//! never overlap. The request lives on the leader's lease and vanishes with the term; the
+//! leader acts on it only if it names the leader's own token. A paused election has no
+//! leader to resign, and a request that did not act (timeout, broken watch) is taken back.
 
 use anyhow::Result;
+use std::time::Duration;
+
 use etcd_client::{
-    Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
+    WatchOptions,
 };
 
 use super::Ctx;
@@ -19,10 +24,14 @@ use crate::exit::{fail, Exit};
 pub async fn run(a: ResignArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let (entries, _) = ctx.candidates().await?;
-    let Some(leader) = entries.first() else {
+    let paused = ctx.paused().await?;
+    // A paused election has no leader: its head of line runs nothing, and a request left for
+    // it would stop its first job after `resume`.
+    let Some(leader) = super::leader(&entries, paused.as_ref()) else {
+        let why = if paused.is_some() { " (paused)" } else { "" };
         return Err(fail(
             Exit::NoLeader,
-            format!("{}: no leader to resign", ctx.election.name()),
+            format!("{}: no leader to resign{why}", ctx.election.name()),
         ));
     };
     if let Some(t) = a.token {
@@ -36,14 +45,14 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
             ));
         }
     }
+    let request = ctx.election.resign_key();
     let txn = Txn::new()
-        .when([Compare::create_revision(
-            leader.key.clone(),
-            CompareOp::Equal,
-            leader.token,
-        )])
+        .when([
+            Compare::create_revision(leader.key.clone(), CompareOp::Equal, leader.token),
+            Compare::version(ctx.election.paused_key(), CompareOp::Equal, 0),
+        ])
         .and_then([TxnOp::put(
-            ctx.election.resign_key(),
+            request.clone(),
             leader.token.to_string(),
             Some(PutOptions::new().with_lease(leader.lease)),
         )]);
@@ -63,40 +72,20 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         "asked {} (token {}) to resign; waiting for it to stop its job",
         leader.candidate.id, leader.token
     );
-    let opts = WatchOptions::new()
-        .with_start_revision(rev + 1)
-        .with_filters([WatchFilterType::NoPut]);
-    let mut stream = bounded(ctx.limit, "etcd", c.watch(leader.key.clone(), Some(opts))).await?;
-    let gone = async {
-        loop {
-            match stream.message().await {
-                Ok(Some(r))
-                    if r.events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete) =>
-                {
-                    return Ok(())
-                }
-                Ok(Some(r)) if r.canceled() => return Ok(()),
-                Ok(Some(_)) => continue,
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(classify(e)),
-            }
-        }
-    };
-    match tokio::time::timeout(a.timeout, gone).await {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(fail(
-                Exit::Unavailable,
-                format!(
-                    "token {} still leads after {}; its lease ends it if it is stuck",
-                    leader.token,
-                    humantime::format_duration(a.timeout)
-                ),
-            ))
-        }
+    let outcome = wait_gone(&ctx, &leader.key, rev, a.timeout).await;
+    if outcome.is_err() {
+        // Take back a request that did not act, unless it already did or another replaced
+        // it: left behind, it would act whenever its term noticed it.
+        let undo = Txn::new()
+            .when([Compare::mod_revision(
+                request.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([TxnOp::delete(request, None)]);
+        let _ = bounded(ctx.limit, "etcd", c.txn(undo)).await;
     }
+    outcome?;
     let (after, _) = ctx.candidates().await?;
     match after.first() {
         Some(n) => println!(
@@ -106,4 +95,56 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         None => println!("resigned; no candidate is waiting"),
     }
     Ok(Exit::Job(0))
+}
+
+/// Waits until the leader's key is deleted. A watch that is cancelled or closes says nothing
+/// about the leader: then the key is read again, and only its absence counts as success.
+async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<()> {
+    let mut c = ctx.client.clone();
+    let opts = WatchOptions::new()
+        .with_start_revision(rev + 1)
+        .with_filters([WatchFilterType::NoPut]);
+    let mut stream = bounded(ctx.limit, "etcd", c.watch(key, Some(opts))).await?;
+    let gone = async {
+        loop {
+            match stream.message().await {
+                Ok(Some(r))
+                    if r.events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete) =>
+                {
+                    return Ok(true)
+                }
+                Ok(Some(r)) if r.canceled() => return Ok(false),
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ok(false),
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    };
+    let deleted = match tokio::time::timeout(timeout, gone).await {
+        Ok(r) => r?,
+        Err(_) => false,
+    };
+    if deleted {
+        return Ok(());
+    }
+    let still = bounded(
+        ctx.limit,
+        "etcd",
+        c.get(key, Some(GetOptions::new().with_count_only())),
+    )
+    .await?
+    .count()
+        > 0;
+    if !still {
+        return Ok(());
+    }
+    Err(fail(
+        Exit::Unavailable,
+        format!(
+            "{key} still leads after {} or its watch ended; its lease ends it if it is stuck",
+            humantime::format_duration(timeout)
+        ),
+    ))
 }

@@ -1,7 +1,9 @@
-//! Once-per-run keys (`run --run-key KEY`): a job that completed for KEY does not run again.
+//! Run keys (`run --run-key KEY`): the job runs again until a success is recorded for KEY.
 //!
 //! The completion record is written in a transaction guarded by our leader key, so only the
-//! leader that ran the job can record it, and it lives on a lease of `--run-key-ttl`.
+//! leader that ran the job can record it, and it lives on a lease of `--run-key-ttl`. A failed
+//! job, a success after the term was lost, and a record that could not be written all leave
+//! KEY open: running twice is the failure mode chosen over never running.
 
 use anyhow::Result;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};

@@ -8,14 +8,41 @@ use serde_json::json;
 
 use super::{fmt_ms, history, Ctx};
 use crate::cli::{Output, StatusArgs};
+use crate::config::RunConfig;
 use crate::exit::Exit;
+
+/// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`). A warning,
+/// so that `-q` keeps it: a cron mail should say who ran instead.
+pub async fn report_not_acquired(cfg: &RunConfig) {
+    let name = cfg.election.name();
+    let who = async {
+        let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
+        let (entries, _) = ctx.candidates().await?;
+        let paused = ctx.paused().await?;
+        anyhow::Ok(match (super::leader(&entries, paused.as_ref()), &paused) {
+            (Some(l), _) => format!(
+                "{name} is led by {} (host {}, pid {}, token {})",
+                l.candidate.id, l.candidate.host, l.candidate.pid, l.token
+            ),
+            (None, Some(p)) => format!("{name} is paused by {}: {}", p.by, p.reason),
+            (None, None) => format!("{name} had another leader, whose term has ended since"),
+        })
+    };
+    match who.await {
+        Ok(who) => tracing::warn!(election = name, "not acquired: {who}"),
+        Err(e) => tracing::warn!(
+            election = name,
+            "not acquired: another candidate leads {name} ({e:#})"
+        ),
+    }
+}
 
 pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let (entries, _) = ctx.candidates().await?;
     let paused = ctx.paused().await?;
     let recent = history::read(&ctx.client, &ctx.election, 5, ctx.limit).await?;
-    let leader = entries.first();
+    let leader = super::leader(&entries, paused.as_ref());
     let ttl_left = match leader {
         Some(l) if l.lease != 0 => {
             let mut c = ctx.client.clone();
@@ -32,12 +59,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             .find(|r| r.token == l.token)
             .map(|r| r.started_ms)
     });
-    let leading = leader.is_some() && paused.is_none();
+    let leading = leader.is_some();
     match a.output {
         Output::Json => {
             let v = json!({
                 "election": ctx.election.name(),
-                "leader": leader.filter(|_| leading).map(|l| json!({
+                "leader": leader.map(|l| json!({
                     "id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid,
                     "token": l.token, "key": l.key, "since_ms": since, "lease_ttl_left_s": ttl_left,
                 })),
@@ -49,8 +76,8 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
         }
         Output::Text => {
             println!("election:  {}", ctx.election.name());
-            match (leader, &paused) {
-                (Some(l), None) => {
+            match leader {
+                Some(l) => {
                     println!(
                         "leader:    {} (host {}, pid {}), token {}",
                         l.candidate.id, l.candidate.host, l.candidate.pid, l.token
@@ -62,7 +89,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                         println!("lease:     {t}s left");
                     }
                 }
-                _ => println!("leader:    none"),
+                None => println!("leader:    none"),
             }
             if let Some(p) = &paused {
                 println!(

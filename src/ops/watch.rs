@@ -16,7 +16,7 @@ use crate::exit::Exit;
 
 pub async fn run(a: WatchArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
-    let mut last: Option<Option<(i64, bool)>> = None;
+    let mut last: Option<(Option<i64>, bool)> = None;
     let mut c = ctx.client.clone();
     loop {
         let (entries, rev) = match ctx.candidates().await {
@@ -27,10 +27,14 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
                 continue;
             }
         };
-        let paused = ctx.paused().await.ok().flatten().is_some();
-        let now = entries.first().map(|l| (l.token, paused));
-        if last.as_ref() != Some(&now) {
-            print(&a.output, ctx.election.name(), entries.first(), paused);
+        let pause = ctx.paused().await.ok().flatten();
+        let leader = super::leader(&entries, pause.as_ref());
+        let paused = pause.is_some();
+        // What is shown, not the line behind it: while paused, candidates re-queueing change
+        // nothing a reader can see.
+        let now = (leader.map(|l| l.token), paused);
+        if last != Some(now) {
+            print(&a.output, ctx.election.name(), leader, paused);
             last = Some(now);
         }
         // The meta prefix holds the pause switch; the candidates' prefix holds the line.

@@ -236,6 +236,32 @@ pub fn exec_error(cmd: &str, errno: i32) -> anyhow::Error {
     }
 }
 
+/// A script whose `#!` interpreter is missing fails exec with ENOENT, which would read as
+/// "command not found" for a file that exists: name the interpreter instead (126, as bash's
+/// "bad interpreter").
+fn check_interpreter(cmd: &str, path: &std::path::Path) -> Result<()> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let Some(line) = head[..n].strip_prefix(b"#!") else {
+        return Ok(());
+    };
+    let line = line.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let Some(interp) = line.split_whitespace().next() else {
+        return Ok(());
+    };
+    if std::path::Path::new(interp).exists() {
+        return Ok(());
+    }
+    Err(fail(
+        Exit::NotExecutable,
+        format!("{cmd}: bad interpreter {interp}: no such file"),
+    ))
+}
+
 /// Checks the command before campaigning, so a typo is reported at once instead of after
 /// winning an election.
 pub fn preflight(cmd: &str) -> Result<()> {
@@ -251,7 +277,7 @@ pub fn preflight(cmd: &str) -> Result<()> {
     for c in candidates {
         if let Ok(m) = std::fs::metadata(&c) {
             if m.is_file() && m.permissions().mode() & 0o111 != 0 {
-                return Ok(());
+                return check_interpreter(cmd, &c);
             }
             found_unexecutable = true;
         }
