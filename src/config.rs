@@ -196,10 +196,10 @@ pub enum Wait {
 /// one lost keepalive.
 ///
 /// The job gets SIGTERM at `D - grace` and SIGKILL at `D`, where
-/// `D = send time of the last good keepalive + TTL - margin`. A keepalive goes out one
-/// interval (TTL/3) after the last good one; what is left before `D - grace` is the room to
-/// retry it, and [`RENEWAL_ATTEMPTS`] attempts of at least [`MIN_RENEWAL_TIMEOUT`] must fit,
-/// so that one lost reply or one etcd leader election does not cost the job.
+/// `D = send time of the last good keepalive + TTL - margin`. Keepalives go out every third of
+/// the window `TTL - margin - grace` (see [`Renewal`]); the two thirds left after a missed one
+/// must hold [`RENEWAL_ATTEMPTS`] attempts of at least [`MIN_RENEWAL_TIMEOUT`], so that one
+/// lost reply or one etcd leader election does not cost the job.
 pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> Result<()> {
     if ttl < MIN_TTL {
         return Err(fail(
@@ -212,15 +212,17 @@ pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> R
     }
     let budget = Renewal::budget(ttl, grace, margin);
     if budget < MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS {
+        // The smallest window whose last two thirds hold the attempts.
+        let need = MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS * 3 / 2;
         return Err(fail(
             Exit::Usage,
             format!(
-                "unsafe lease settings: --ttl {} minus --grace {}, --safety-margin {} and the keepalive interval {} (ttl/3) leaves {} to renew, below {} attempts of {}",
+                "unsafe lease settings: --ttl {} minus --grace {} and --safety-margin {} leaves {} before SIGTERM; at least {} is needed to renew with {} retries of {}",
                 human(ttl),
                 human(grace),
                 human(margin),
-                human(ttl / 3),
-                human(budget),
+                human(Renewal::window(ttl, grace, margin)),
+                human(need),
                 RENEWAL_ATTEMPTS,
                 human(MIN_RENEWAL_TIMEOUT),
             ),
@@ -396,28 +398,27 @@ mod tests {
     }
 
     #[test]
-    fn grace_plus_margin_plus_interval_must_fit_in_ttl() {
-        // 3s grace + 1s margin + 2s interval = 6s, not below 6s.
-        let e = check_lease_safety(s(6), s(3), s(1)).unwrap_err();
+    fn grace_plus_margin_must_leave_a_window_in_the_ttl() {
+        let e = check_lease_safety(s(4), s(3), s(1)).unwrap_err();
         assert!(e.to_string().contains("unsafe lease settings"), "{e}");
-        check_lease_safety(s(7), s(3), s(1)).unwrap();
+        check_lease_safety(s(5), s(3), s(1)).unwrap();
     }
 
     #[test]
     fn three_renewal_attempts_must_fit_before_sigterm() {
-        // 3s - 1s interval - 1.5s grace - 0.25s margin = 250ms: not 3 attempts of 100ms.
+        // A 400ms window: renewing every 133ms leaves 267ms, not 3 attempts of 100ms.
         let e = check_lease_safety(
             s(3),
-            Duration::from_millis(1500),
-            Duration::from_millis(250),
+            Duration::from_millis(2400),
+            Duration::from_millis(200),
         )
         .unwrap_err();
-        assert!(e.to_string().contains("below 3 attempts of 100ms"), "{e}");
-        // 300ms left: just enough.
+        assert!(e.to_string().contains("leaves 400ms before SIGTERM"), "{e}");
+        assert!(e.to_string().contains("at least 450ms"), "{e}");
         check_lease_safety(
             s(3),
-            Duration::from_millis(1450),
-            Duration::from_millis(250),
+            Duration::from_millis(2350),
+            Duration::from_millis(200),
         )
         .unwrap();
     }
@@ -439,8 +440,8 @@ mod tests {
     fn a_fractional_ttl_is_checked_as_granted() {
         // 2900ms would pass the check, then be granted as 2s: unsafe. Rounded to 3s it is safe.
         let ttl = lease_ttl("--ttl", Duration::from_millis(2900)).unwrap();
-        check_lease_safety(ttl, s(1), Duration::from_millis(500)).unwrap();
-        assert!(check_lease_safety(s(2), s(1), Duration::from_millis(500)).is_err());
+        check_lease_safety(ttl, s(2), Duration::from_millis(500)).unwrap();
+        assert!(check_lease_safety(s(2), s(2), Duration::from_millis(500)).is_err());
     }
 
     #[test]

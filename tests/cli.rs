@@ -138,7 +138,7 @@ fn malformed_flags_are_usage_errors_in_one_line() {
         ),
         (
             &["run", "x", "--ttl", "3s", "--", "true"],
-            "unsafe lease settings: --ttl 3s minus --grace 3s, --safety-margin 1s",
+            "unsafe lease settings: --ttl 3s minus --grace 3s and --safety-margin 1s leaves 0s",
         ),
         (&["run", "a/b", "--", "true"], "invalid election name 'a/b'"),
         (&["run", "", "--", "true"], "invalid election name ''"),
@@ -322,7 +322,7 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
         ),
         (
             &["run", "x", "--ttl", "2s", "--", "true"],
-            "keepalive interval 666ms (ttl/3)",
+            "at least 450ms is needed to renew with 3 retries of 100ms",
         ),
         (
             &[

@@ -57,7 +57,7 @@ fn metrics_follow_a_failover() {
     assert_eq!(metric(&text, "lead_exec_fencing_token"), Some(ta as f64));
     assert_eq!(metric(&text, "lead_exec_job_starts_total"), Some(1.0));
     assert_eq!(metric(&text, "lead_exec_campaigns_won_total"), Some(1.0));
-    // Keepalives happen every TTL/3 = 1 s.
+    // Keepalives happen every third of TTL − grace − margin = 667 ms.
     assert!(wait_until(secs(5), || {
         scrape(pa)
             .and_then(|t| metric(&t, "lead_exec_keepalive_rtt_seconds_count"))

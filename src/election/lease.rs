@@ -26,11 +26,12 @@ const MAX_RENEWAL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// When keepalives go out and how long each may take.
 ///
-/// A keepalive goes out `interval` after the send time of the last good one. If it gets no
-/// answer within `timeout`, another goes out at once (on the next endpoint). The SIGTERM is
-/// due at `D − grace = last good send + TTL − margin − grace`, so the attempts that fit are
-/// `(TTL − margin − grace − interval) / timeout`: the timeout is chosen so that
-/// [`RENEWAL_ATTEMPTS`] of them do.
+/// The job may run until SIGTERM at `D − grace = last good send + TTL − margin − grace`: call
+/// `TTL − margin − grace` the window. A keepalive goes out every third of the window, so an
+/// etcd outage (a leader election, a dead member) of up to two thirds of it costs nothing. If
+/// one gets no answer within `timeout`, another goes out at once on the next endpoint, while
+/// the first may still answer; `timeout` is chosen so that [`RENEWAL_ATTEMPTS`] of them fit
+/// between the missed keepalive and SIGTERM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Renewal {
     pub interval: Duration,
@@ -39,17 +40,23 @@ pub struct Renewal {
 
 impl Renewal {
     pub fn plan(ttl: Duration, grace: Duration, margin: Duration) -> Renewal {
-        let interval = ttl / 3;
-        let budget = ttl.saturating_sub(grace + margin + interval);
+        let interval = Renewal::window(ttl, grace, margin) / 3;
+        let budget = Renewal::budget(ttl, grace, margin);
         Renewal {
             interval,
             timeout: (budget / RENEWAL_ATTEMPTS).min(MAX_RENEWAL_TIMEOUT),
         }
     }
 
+    /// From a renewal's send time to the SIGTERM it allows.
+    pub fn window(ttl: Duration, grace: Duration, margin: Duration) -> Duration {
+        ttl.saturating_sub(grace + margin)
+    }
+
     /// Room before SIGTERM for the retries of one missed keepalive.
     pub fn budget(ttl: Duration, grace: Duration, margin: Duration) -> Duration {
-        ttl.saturating_sub(grace + margin + ttl / 3)
+        let w = Renewal::window(ttl, grace, margin);
+        w - w / 3
     }
 }
 
@@ -372,12 +379,23 @@ mod tests {
     fn defaults_fit_three_renewal_attempts_before_sigterm() {
         let (ttl, grace, margin) = (ms(10_000), ms(3_000), ms(1_000));
         let p = Renewal::plan(ttl, grace, margin);
-        assert_eq!(p.interval, ms(3_333) + Duration::from_nanos(333_333));
-        assert!(p.timeout < p.interval, "{p:?}");
-        assert!(p.timeout >= MIN_RENEWAL_TIMEOUT);
+        assert_eq!(p.interval, ms(2_000));
+        assert_eq!(p.timeout, MAX_RENEWAL_TIMEOUT);
         // The last attempt ends no later than D − grace, counted from the last good send.
         let last_done = p.interval + p.timeout * RENEWAL_ATTEMPTS;
         assert!(last_done <= ttl - margin - grace, "{last_done:?}");
+    }
+
+    #[test]
+    fn an_outage_of_two_thirds_of_the_window_is_ridden_through() {
+        // ttl 4 s, grace 1 s, margin 1 s: a keepalive every 667 ms; an etcd leader election
+        // of 1.3 s between two of them still leaves a renewal before SIGTERM.
+        let (ttl, grace, margin) = (ms(4_000), ms(1_000), ms(1_000));
+        let p = Renewal::plan(ttl, grace, margin);
+        let window = ttl - grace - margin;
+        assert!(window - p.interval >= ms(1_333), "{p:?}");
+        assert!(p.timeout * RENEWAL_ATTEMPTS <= window - p.interval);
+        assert!(p.timeout >= MIN_RENEWAL_TIMEOUT);
     }
 
     #[test]
@@ -387,9 +405,10 @@ mod tests {
     }
 
     #[test]
-    fn no_budget_means_no_time_for_retries() {
-        let p = Renewal::plan(ms(6_000), ms(3_000), ms(1_000));
+    fn no_window_means_no_time_for_retries() {
+        let p = Renewal::plan(ms(4_000), ms(3_000), ms(1_000));
         assert_eq!(p.timeout, Duration::ZERO);
+        assert_eq!(p.interval, Duration::ZERO);
     }
 
     #[test]
