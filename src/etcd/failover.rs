@@ -295,8 +295,13 @@ fn classify_answer(resp: &Resp) -> Attempt {
 fn classify_error(e: &BoxError) -> Attempt {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
     while let Some(s) = src {
+        // Only failures to establish the connection: "connection closed before message
+        // completed" and the like may come after the request went out.
         let text = s.to_string();
-        if text.contains("connect") || text.contains("Connection refused") {
+        if ["tcp connect error", "error trying to connect", "Connection refused", "dns error"]
+            .iter()
+            .any(|m| text.contains(m))
+        {
             return Attempt::NotConnected;
         }
         src = s.source();
@@ -426,6 +431,21 @@ mod tests {
             Verdict::FailedFinal
         );
         assert_eq!(verdict(Kind::Read, Attempt::Answered, true), Verdict::Done);
+    }
+
+    #[test]
+    fn only_connection_failures_count_as_not_sent() {
+        let e = |m: &str| -> BoxError { m.to_string().into() };
+        assert_eq!(classify_error(&e("tcp connect error")), Attempt::NotConnected);
+        assert_eq!(
+            classify_error(&e("Connection refused (os error 111)")),
+            Attempt::NotConnected
+        );
+        assert_eq!(
+            classify_error(&e("connection closed before message completed")),
+            Attempt::Lost
+        );
+        assert_eq!(classify_error(&e("stream reset")), Attempt::Lost);
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub mod failover;
 use crate::config::Conn;
 use crate::exit::{fail, Exit};
 
+/// The least one request attempt gets before it may go to the next endpoint.
+const MIN_ATTEMPT: Duration = Duration::from_millis(50);
+
 /// Above etcd's default `--grpc-keepalive-min-time` of 5 s.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -68,9 +71,10 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
         .collect();
     let what = format!("etcd at {}", conn.endpoints.join(","));
     let probe = async {
-        // One attempt of a unary request may use a third of the command timeout before it is
-        // tried on the next endpoint.
-        let router = failover::Router::new(conn.command_timeout / 3);
+        // A healthy member answers in milliseconds: half the shorter timeout per attempt lets
+        // a request (the probe below included) reach a second endpoint in time.
+        let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
+        let router = failover::Router::new(attempt);
         let mut client = bounded(
             conn.dial_timeout,
             &what,
