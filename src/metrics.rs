@@ -26,6 +26,7 @@ struct Metrics {
     job_starts: IntCounter,
     job_exits: IntCounterVec,
     slack: Gauge,
+    token_regressions: IntCounter,
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
@@ -83,6 +84,11 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         "Lease deadline minus the time the last job's group died",
     )
     .unwrap();
+    let token_regressions = IntCounter::new(
+        "lead_exec_token_regressions_total",
+        "Terms whose fencing token was not above this process's previous one (etcd's revisions were reset)",
+    )
+    .unwrap();
     for c in [
         Box::new(is_leader.clone()) as Box<dyn prometheus::core::Collector>,
         Box::new(token.clone()),
@@ -94,6 +100,7 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(job_starts.clone()),
         Box::new(job_exits.clone()),
         Box::new(slack.clone()),
+        Box::new(token_regressions.clone()),
     ] {
         registry.register(c).unwrap();
     }
@@ -109,6 +116,7 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         job_starts,
         job_exits,
         slack,
+        token_regressions,
     }
 });
 
@@ -120,6 +128,10 @@ pub fn elected(token: i64, campaign: Duration) {
     M.campaigns_won.inc();
     M.campaign_seconds.observe(campaign.as_secs_f64());
     M.token.set(token);
+}
+
+pub fn token_regressed() {
+    M.token_regressions.inc();
 }
 
 pub fn leading(on: bool) {

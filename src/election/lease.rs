@@ -6,11 +6,12 @@
 //! which the margin covers). The etcd client gives us only a stream; the timer, the retries and
 //! reopening a broken stream are ours.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use etcd_client::Client;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
 
@@ -58,6 +59,32 @@ pub struct Lease {
     state: watch::Receiver<LeaseState>,
     task: JoinHandle<()>,
     client: Client,
+    /// Wakes the keepalive task for a renewal ahead of its schedule.
+    renew: Arc<Notify>,
+}
+
+/// Whether a job may start with deadline `d` at `now`: it must be able to run until SIGTERM
+/// is due (`d − grace`) for at least one keepalive interval, so that one renewal can land
+/// before that. Anything less, and the job would be told to stop the moment it starts.
+pub fn enough_left(now: BootInstant, d: BootInstant, grace: Duration, interval: Duration) -> bool {
+    d.saturating_since(now) >= grace + interval
+}
+
+/// The deadline a positive keepalive answer gives: `sent + ttl − margin`, if that moves D
+/// forward. A late or reordered answer never moves it back.
+pub fn renewed(
+    current: BootInstant,
+    sent: BootInstant,
+    ttl: Duration,
+    margin: Duration,
+) -> Option<BootInstant> {
+    let d = sent.plus(ttl).minus(margin);
+    (d > current).then_some(d)
+}
+
+/// Whether etcd's error says the lease does not exist (any more).
+pub fn says_gone(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("not found"))
 }
 
 impl Lease {
@@ -79,6 +106,7 @@ impl Lease {
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
         let deadline = sent.plus(granted).minus(margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
+        let renew = Arc::new(Notify::new());
         let task = tokio::spawn(keepalive_loop(
             client.clone(),
             resp.id(),
@@ -86,6 +114,7 @@ impl Lease {
             margin,
             deadline,
             tx,
+            renew.clone(),
         ));
         Ok(Lease {
             id: resp.id(),
@@ -93,7 +122,49 @@ impl Lease {
             state: rx,
             task,
             client: client.clone(),
+            renew,
         })
+    }
+
+    /// A deadline that leaves the job `grace` plus one keepalive interval, renewing the lease
+    /// first if the current one does not (a lease granted or renewed late, after an etcd
+    /// stall). `None` when no such deadline comes within `limit` or the lease is lost.
+    pub async fn deadline_for_spawn(
+        &self,
+        grace: Duration,
+        limit: Duration,
+    ) -> Option<BootInstant> {
+        let interval = keepalive_interval(self.ttl);
+        let mut rx = self.subscribe();
+        let get = async {
+            loop {
+                let state = *rx.borrow_and_update();
+                match state {
+                    LeaseState::Alive { deadline }
+                        if enough_left(BootInstant::now(), deadline, grace, interval) =>
+                    {
+                        return Some(deadline);
+                    }
+                    LeaseState::Alive { .. } => {
+                        self.renew.notify_one();
+                        rx.changed().await.ok()?;
+                    }
+                    LeaseState::Lost(_) => return None,
+                }
+            }
+        };
+        timeout(limit, get).await.ok().flatten()
+    }
+
+    /// Asks etcd whether the lease still exists. `true` only on etcd's word that it is gone;
+    /// no answer within `limit` counts as not known.
+    pub async fn is_gone(&self, limit: Duration) -> bool {
+        let mut c = self.client.clone();
+        match timeout(limit, c.lease_time_to_live(self.id, None)).await {
+            Ok(Ok(r)) => r.ttl() <= 0,
+            Ok(Err(e)) => says_gone(&e),
+            Err(_) => false,
+        }
     }
 
     pub fn state(&self) -> LeaseState {
@@ -140,7 +211,7 @@ async fn try_revoke(c: &mut Client, id: i64, limit: Duration) -> bool {
             tracing::debug!(lease, "lease revoked");
             true
         }
-        Ok(Err(etcd_client::Error::GRpcStatus(s))) if s.message().contains("not found") => true,
+        Ok(Err(e)) if says_gone(&e) => true,
         Ok(Err(e)) => {
             tracing::debug!(lease, "lease not revoked yet: {e}");
             false
@@ -165,6 +236,7 @@ async fn keepalive_loop(
     margin: Duration,
     mut deadline: BootInstant,
     tx: watch::Sender<LeaseState>,
+    renew: Arc<Notify>,
 ) {
     let interval = keepalive_interval(ttl);
     let retry = (interval / 8).clamp(Duration::from_millis(50), Duration::from_millis(500));
@@ -172,7 +244,10 @@ async fn keepalive_loop(
     let mut next = Instant::now() + interval;
     let lease = format!("{id:x}");
     loop {
-        sleep_until(next).await;
+        tokio::select! {
+            _ = sleep_until(next) => {}
+            _ = renew.notified() => {}
+        }
         // Checked before every send: after a freeze, a keepalive sent now could renew a lease
         // whose job the watchdog has already killed. Declare the loss instead.
         if deadline.has_passed() {
@@ -212,14 +287,17 @@ async fn keepalive_loop(
             }
             Ok(Ok(Some(resp))) => {
                 crate::metrics::keepalive_rtt(sent_mono.elapsed());
-                let renewed = sent
-                    .plus(Duration::from_secs(resp.ttl() as u64))
-                    .minus(margin);
-                if renewed > deadline {
-                    deadline = renewed;
+                let ttl = Duration::from_secs(resp.ttl() as u64);
+                if let Some(d) = renewed(deadline, sent, ttl, margin) {
+                    deadline = d;
                     tx.send_replace(LeaseState::Alive { deadline });
                 }
                 next = sent_mono + interval;
+            }
+            Ok(Err(e)) if says_gone(&e) => {
+                tracing::warn!(lease, "etcd says the lease is gone: {e}");
+                tx.send_replace(LeaseState::Lost(LossReason::Expired));
+                return;
             }
             other => {
                 // A late answer on this stream would be matched to the wrong request: start a
@@ -233,5 +311,40 @@ async fn keepalive_loop(
                 next = Instant::now() + retry;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn deadline_only_moves_forward() {
+        let d = BootInstant::from_nanos(10_000_000_000);
+        let margin = Duration::from_millis(500);
+        // An answer to a request sent earlier than the one D came from: no change.
+        let early = BootInstant::from_nanos(6_000_000_000);
+        assert_eq!(renewed(d, early, 3 * S, margin), None);
+        let later = BootInstant::from_nanos(9_000_000_000);
+        assert_eq!(
+            renewed(d, later, 3 * S, margin),
+            Some(BootInstant::from_nanos(11_500_000_000))
+        );
+        assert_eq!(renewed(d, later, Duration::ZERO, margin), None);
+    }
+
+    #[test]
+    fn no_spawn_without_grace_and_one_renewal_left() {
+        let d = BootInstant::from_nanos(10_000_000_000);
+        let grace = Duration::from_millis(500);
+        let at = |ms: u64| BootInstant::from_nanos(ms * 1_000_000);
+        assert!(enough_left(at(8_500), d, grace, S));
+        assert!(!enough_left(at(8_501), d, grace, S));
+        // Inside the grace window, at D and after it.
+        assert!(!enough_left(at(9_600), d, grace, S));
+        assert!(!enough_left(at(10_000), d, grace, S));
+        assert!(!enough_left(at(12_000), d, grace, S));
     }
 }

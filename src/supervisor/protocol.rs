@@ -29,6 +29,8 @@ pub enum Cause {
     Deadline,
     /// lead-exec went away (pipe EOF or parent death).
     Orphaned,
+    /// The watchdog itself died (seen by lead-exec only, never sent).
+    WatchdogLost,
 }
 
 impl Cause {
@@ -38,6 +40,7 @@ impl Cause {
             Cause::Stop => "stop",
             Cause::Deadline => "deadline",
             Cause::Orphaned => "orphaned",
+            Cause::WatchdogLost => "watchdog-lost",
         }
     }
 
@@ -47,6 +50,7 @@ impl Cause {
             "stop" => Cause::Stop,
             "deadline" => Cause::Deadline,
             "orphaned" => Cause::Orphaned,
+            "watchdog-lost" => Cause::WatchdogLost,
             _ => return None,
         })
     }
@@ -61,6 +65,8 @@ pub enum Report {
     ExecFailed {
         errno: i32,
     },
+    /// The deadline was spent when the watchdog was about to fork: no job was started.
+    TooLate,
     /// The watchdog could not set up (e.g. `--cgroup on` without cgroup v2).
     SetupFailed {
         message: String,
@@ -104,6 +110,7 @@ impl Report {
         match self {
             Report::Spawned { pid } => format!("P {pid}\n"),
             Report::ExecFailed { errno } => format!("E {errno}\n"),
+            Report::TooLate => "L\n".to_string(),
             Report::SetupFailed { message } => format!("F {}\n", message.replace('\n', " ")),
             Report::Ended {
                 status,
@@ -130,6 +137,7 @@ impl Report {
             "E" => Report::ExecFailed {
                 errno: w.next()?.parse().ok()?,
             },
+            "L" => Report::TooLate,
             "F" => Report::SetupFailed {
                 message: rest.to_string(),
             },
@@ -177,6 +185,7 @@ mod tests {
         for r in [
             Report::Spawned { pid: 42 },
             Report::ExecFailed { errno: 2 },
+            Report::TooLate,
             Report::SetupFailed {
                 message: "no cgroup v2 here".into(),
             },
