@@ -10,6 +10,12 @@
 //! `PR_SET_PDEATHSIG` fires only when lead-exec itself exits, never when a worker thread does.
 //! It is the small `lead-exec-watchdog` binary when that is installed beside lead-exec, and
 //! lead-exec itself in its hidden `__watchdog` mode otherwise.
+//!
+//! lead-exec and the watchdog are two enforcers of the deadline, and must not fail together:
+//! the watchdog gets a session (and so a process group) of its own before exec, and a name
+//! without "lead-exec" in it, so that no group signal and no `pkill`/`killall` by name reaches
+//! both; and [`Job::wait`] kills the group at D itself when the watchdog has not reported it
+//! gone.
 
 pub mod group;
 pub mod protocol;

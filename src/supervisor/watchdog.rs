@@ -2,11 +2,13 @@
 //! deadline even when lead-exec is killed, frozen or starved.
 //!
 //! It runs as the `lead-exec-watchdog` binary, or as lead-exec re-executed in a hidden mode
-//! (`lead-exec __watchdog ...`): single-threaded, no async runtime, no etcd. lead-exec sends it deadline extensions over a pipe
-//! ([`super::protocol`]). It sends SIGTERM to the group at D − grace and SIGKILL at D, measured on
-//! CLOCK_BOOTTIME with a timerfd, whatever lead-exec is doing. EOF on the pipe means lead-exec is
-//! gone: there is no leadership left to wait for, so the group is killed at once.
-//! `PR_SET_PDEATHSIG` is a second way to learn of the parent's death; the pipe is the first.
+//! (`lead-exec __watchdog ...`): single-threaded, no async runtime, no etcd. Either way it
+//! runs in a session of its own and calls itself [`NAME`]. lead-exec sends it deadline
+//! extensions over a pipe ([`super::protocol`]). It sends SIGTERM to the group at D − grace
+//! and SIGKILL just before D, measured on CLOCK_BOOTTIME with a timerfd, whatever lead-exec is
+//! doing. EOF on the pipe means lead-exec is gone: there is no leadership left to wait for, so
+//! the group is killed at once. `PR_SET_PDEATHSIG` is a second way to learn of the parent's
+//! death; the pipe is the first.
 
 use std::ffi::OsString;
 use std::fs::File;
