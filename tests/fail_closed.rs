@@ -216,22 +216,7 @@ fn a_lease_etcd_says_is_gone_kills_the_job_without_grace() {
         "trap 'echo term >> $D/events' TERM; echo $$ > $D/pid; while :; do sleep 0.05; done",
     );
     let ep = etcd.endpoints();
-    let args = [
-        "run",
-        "gone",
-        "--endpoints",
-        &ep,
-        "--ttl",
-        "6s",
-        "--grace",
-        "2s",
-        "--safety-margin",
-        "500ms",
-        "--",
-        "sh",
-        "-c",
-        &job,
-    ];
+    let args = run_args_with(&WIDE_GRACE, "gone", &ep, &[], &job);
     let mut w = spawn(dir.path(), "w", &args);
     let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
     let key = etcd.keys("lead-exec/elections/gone/").remove(0);
@@ -267,26 +252,13 @@ fn a_lease_answered_late_is_renewed_before_the_job_starts() {
     // A grace wide enough that the window this test aims at does not depend on how fast etcd
     // answers after the stall. The connection outlives the stall (HTTP/2 pings wait 30 s);
     // requests wait 6 s.
-    let args = [
-        "run",
+    let args = run_args_with(
+        &WIDE_GRACE,
         "late",
-        "--endpoints",
         &ep,
-        "--ttl",
-        "6s",
-        "--grace",
-        "2s",
-        "--safety-margin",
-        "500ms",
-        "--dial-timeout",
-        "30s",
-        "--command-timeout",
-        "6s",
-        "--",
-        "sh",
-        "-c",
+        &["--dial-timeout", "30s", "--command-timeout", "6s"],
         &job,
-    ];
+    );
     let mut w = spawn(dir.path(), "w", &args);
     let events = dir.path().join("events");
     wait_line(&events, secs(10), |l| l == "start");

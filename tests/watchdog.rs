@@ -497,22 +497,7 @@ fn a_lingering_group_does_not_make_the_watchdog_spin() {
          echo $PPID > $D/watchdog; echo $$ > $D/pid; sleep 0.3",
     );
     let ep = etcd.endpoints();
-    let args = [
-        "run",
-        "linger",
-        "--endpoints",
-        &ep,
-        "--ttl",
-        "6s",
-        "--grace",
-        "2s",
-        "--safety-margin",
-        "500ms",
-        "--",
-        "sh",
-        "-c",
-        &job,
-    ];
+    let args = run_args_with(&WIDE_GRACE, "linger", &ep, &[], &job);
     let mut w = spawn(dir.path(), "w", &args);
     let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
     let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;

@@ -618,6 +618,10 @@ pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     )
 }
 
+/// A grace long enough to tell SIGTERM-and-wait from SIGKILL (or a spin from a wait) apart:
+/// grace 2 + margin 0.5 + interval 2 < ttl 6.
+pub const WIDE_GRACE: [&str; 6] = ["--ttl", "6s", "--grace", "2s", "--safety-margin", "500ms"];
+
 /// `run NAME --endpoints E <FAST> EXTRA... -- sh -c SCRIPT`.
 pub fn run_args<'a>(
     name: &'a str,
@@ -625,8 +629,19 @@ pub fn run_args<'a>(
     extra: &[&'a str],
     script: &'a str,
 ) -> Vec<&'a str> {
+    run_args_with(&FAST, name, endpoints, extra, script)
+}
+
+/// Like [`run_args`], with other lease settings than [`FAST`].
+pub fn run_args_with<'a>(
+    lease: &[&'a str],
+    name: &'a str,
+    endpoints: &'a str,
+    extra: &[&'a str],
+    script: &'a str,
+) -> Vec<&'a str> {
     let mut v = vec!["run", name, "--endpoints", endpoints];
-    v.extend_from_slice(&FAST);
+    v.extend_from_slice(lease);
     v.extend_from_slice(extra);
     v.extend_from_slice(&["--", "sh", "-c", script]);
     v
