@@ -84,7 +84,7 @@ pub fn renewed(
 
 /// Whether etcd's error says the lease does not exist (any more).
 pub fn says_gone(e: &etcd_client::Error) -> bool {
-    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("not found"))
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("lease not found"))
 }
 
 impl Lease {

@@ -211,10 +211,13 @@ impl Job {
     pub async fn wait(&mut self) -> Ended {
         let ended = loop {
             let due = self.kill_at.minus(KILL_LEAD);
-            let _ = self
+            if let Err(e) = self
                 .backstop
                 .get_ref()
-                .arm((!self.backstop_fired).then_some(due));
+                .arm((!self.backstop_fired).then_some(due))
+            {
+                tracing::warn!("deadline timer: {e}; the watchdog alone enforces this deadline");
+            }
             tokio::select! {
                 line = self.reports.next_line() => match line {
                     Ok(Some(l)) => match Report::decode(&l) {
@@ -246,8 +249,9 @@ impl Job {
         ended
     }
 
-    /// SIGKILL to the job's group and cgroup, without the watchdog. While the watchdog lives it
-    /// holds the group leader unreaped, so the pgid cannot belong to anyone else.
+    /// SIGKILL to the job's group and cgroup, without the watchdog. The watchdog holds the
+    /// group leader unreaped until the group is empty, so the pgid belongs to the job unless
+    /// the group ended in the instant before this, with its report still in the pipe.
     fn kill_directly(&self) {
         group::Cgroup::kill_by_watchdog(self.watchdog.id());
         let _ = nix::sys::signal::killpg(
@@ -278,11 +282,6 @@ impl Job {
             cause: Cause::WatchdogLost,
             slack_ms: 0,
         }
-    }
-
-    /// The watchdog's pid (a child of ours, so it cannot be reused while we hold it).
-    pub fn watchdog_pid(&self) -> u32 {
-        self.watchdog.id()
     }
 
     fn reap_watchdog(&mut self) {
