@@ -319,7 +319,8 @@ fn start_heartbeat(
     election: &str,
     endpoints: &str,
 ) -> (Worker, i32, i32, i32, String) {
-    let job = heartbeat_job(dir);
+    // The comment puts "lead-exec" in the job's command line, as a path could.
+    let job = format!("{} # lead-exec", heartbeat_job(dir));
     let w = spawn_detached(dir, "w", &run_args(election, endpoints, &[], &job), &[]);
     let pid = wait_int(&dir.join("pid"), secs(10)) as i32;
     let gc = wait_int(&dir.join("grandchild"), secs(10)) as i32;
@@ -330,8 +331,9 @@ fn start_heartbeat(
     (w, pid, gc, wd, key)
 }
 
-/// Neither a group signal, nor a session-wide one, nor a match on "lead-exec" by name or
-/// argv[0] reaches both lead-exec and its watchdog.
+/// Neither a group signal, nor a session-wide one, nor a match on "lead-exec" by name, argv[0]
+/// or whole command line (`pkill -f`) reaches both lead-exec and its watchdog, even when the
+/// job's own command line contains "lead-exec".
 #[test]
 fn the_watchdog_shares_no_group_session_or_name_with_lead_exec() {
     let etcd = Etcd::start();
@@ -340,7 +342,13 @@ fn the_watchdog_shares_no_group_session_or_name_with_lead_exec() {
     let (mut w, pid, _, wd, _) = start_heartbeat(dir.path(), &etcd, "names", &ep);
     let lead = w.pid();
     assert!(comm(lead).contains("lead-exec"), "{}", comm(lead));
-    for (what, name) in [("comm", comm(wd)), ("argv[0]", argv0(wd))] {
+    let cmdline = std::fs::read(format!("/proc/{wd}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    for (what, name) in [
+        ("comm", comm(wd)),
+        ("argv[0]", argv0(wd)),
+        ("command line", cmdline),
+    ] {
         assert!(!name.is_empty(), "no {what} for the watchdog {wd}");
         assert!(
             !name.contains("lead-exec"),
@@ -539,7 +547,7 @@ fn the_watchdog_never_starts_a_job_after_the_deadline() {
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
     };
-    let (ctl_r, _ctl_w) = pipe();
+    let (ctl_r, ctl_w) = pipe();
     let (rep_r, rep_w) = pipe();
     let (c, r) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
     let ran = dir.path().join("ran");
@@ -551,8 +559,7 @@ fn the_watchdog_never_starts_a_job_after_the_deadline() {
         &r.to_string(),
     ])
     // Grace 0.5 s; SIGTERM and SIGKILL due 1 ns and 2 ns after boot: long past.
-    .args(["500000000", "1", "2", "off", "--", "sh", "-c"])
-    .arg(format!("touch {}", ran.display()));
+    .args(["500000000", "1", "2", "off"]);
     // SAFETY: fcntl is async-signal-safe; it lets the watchdog inherit its two pipe ends.
     unsafe {
         cmd.pre_exec(move || {
@@ -567,6 +574,15 @@ fn the_watchdog_never_starts_a_job_after_the_deadline() {
     let mut child = cmd.spawn().unwrap();
     drop(rep_w);
     drop(ctl_r);
+    // The command comes over the control pipe: "A", then each argument in hex.
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let line = format!(
+        "A {} {} {}\n",
+        hex("sh"),
+        hex("-c"),
+        hex(&format!("touch {}", ran.display()))
+    );
+    std::io::Write::write_all(&mut std::fs::File::from(ctl_w), line.as_bytes()).unwrap();
     let mut first = String::new();
     std::io::BufReader::new(std::fs::File::from(rep_r))
         .read_line(&mut first)

@@ -96,7 +96,6 @@ impl Job {
             term_at: d.minus(spec.grace),
             kill_at: d,
             cgroup: spec.cgroup,
-            command: spec.command.iter().map(OsString::from).collect(),
         };
         let mut cmd = std::process::Command::new(watchdog_program());
         cmd.args(args.to_argv()).arg0(watchdog::NAME);
@@ -135,6 +134,16 @@ impl Job {
             backstop,
             backstop_fired: false,
         };
+        let argv: Vec<OsString> = spec.command.iter().map(OsString::from).collect();
+        if let Err(e) = job
+            .ctl
+            .write_all(protocol::encode_command(&argv).as_bytes())
+        {
+            // No job runs yet: the watchdog waits for this line.
+            let _ = job.watchdog.kill();
+            job.reap_watchdog();
+            return Err(e).context("sending the command to the watchdog");
+        }
         let first = loop {
             match job.reports.next_line().await? {
                 None => anyhow::bail!("the watchdog closed its pipe before starting the job"),

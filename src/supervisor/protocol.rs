@@ -79,6 +79,44 @@ pub enum Report {
     },
 }
 
+/// The job's command line as the first message to the watchdog: `A` and each argument's
+/// bytes in hex, so that any byte but NUL survives one text line.
+pub fn encode_command(argv: &[std::ffi::OsString]) -> String {
+    use std::fmt::Write;
+    let mut s = String::from("A");
+    for a in argv {
+        s.push(' ');
+        for b in a.as_encoded_bytes() {
+            let _ = write!(s, "{b:02x}");
+        }
+    }
+    s.push('\n');
+    s
+}
+
+pub fn decode_command(line: &[u8]) -> Option<Vec<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStringExt;
+    let line = std::str::from_utf8(line).ok()?;
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let mut w = line.split(' ');
+    if w.next()? != "A" {
+        return None;
+    }
+    let argv = w
+        .map(|hex| {
+            if hex.len() % 2 != 0 {
+                return None;
+            }
+            (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()
+                .map(std::ffi::OsString::from_vec)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!argv.is_empty()).then_some(argv)
+}
+
 impl Command {
     pub fn encode(&self) -> String {
         match self {
@@ -178,6 +216,25 @@ mod tests {
             assert_eq!(Command::decode(&c.encode()), Some(c));
         }
         assert_eq!(Command::decode("bogus"), None);
+    }
+
+    #[test]
+    fn commands_lines_round_trip() {
+        use std::os::unix::ffi::OsStringExt;
+        let argv: Vec<std::ffi::OsString> = vec![
+            "sh".into(),
+            "-c".into(),
+            "echo 'a b'\n# lead-exec".into(),
+            std::ffi::OsString::from_vec(vec![0xff, 0x01]),
+            "".into(),
+        ];
+        let line = encode_command(&argv);
+        assert_eq!(line.matches('\n').count(), 1);
+        assert!(!line.contains("lead-exec"));
+        assert_eq!(decode_command(line.as_bytes()), Some(argv));
+        assert_eq!(decode_command(b"A\n"), None);
+        assert_eq!(decode_command(b"A 6\n"), None);
+        assert_eq!(decode_command(b"D 1 2\n"), None);
     }
 
     #[test]

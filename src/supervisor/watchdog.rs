@@ -22,7 +22,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::group::{Cgroup, Group};
-use super::protocol::{Cause, Command, Report};
+use super::protocol::{decode_command, Cause, Command, Report};
 use super::KILL_LEAD;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
@@ -37,7 +37,9 @@ pub const NAME: &str = "lexec-watchdog";
 /// Signal the kernel sends us when the thread that forked us dies.
 const PARENT_DEATH: i32 = libc::SIGUSR2;
 
-/// The watchdog's fixed arguments, in order, before `--` and the command.
+/// The watchdog's arguments, in order. The job's command is not among them: it comes first
+/// over the control pipe ([`super::protocol::encode_command`]), so that the watchdog's own
+/// command line never holds what the job's does (`pkill -f` matches it).
 pub struct Args {
     pub parent: i32,
     pub ctl_fd: RawFd,
@@ -46,7 +48,6 @@ pub struct Args {
     pub term_at: BootInstant,
     pub kill_at: BootInstant,
     pub cgroup: crate::cli::CgroupMode,
-    pub command: Vec<OsString>,
 }
 
 impl Args {
@@ -56,7 +57,7 @@ impl Args {
             crate::cli::CgroupMode::On => "on",
             crate::cli::CgroupMode::Off => "off",
         };
-        let mut v: Vec<OsString> = [
+        [
             ARG.to_string(),
             self.parent.to_string(),
             self.ctl_fd.to_string(),
@@ -65,13 +66,10 @@ impl Args {
             self.term_at.as_nanos().to_string(),
             self.kill_at.as_nanos().to_string(),
             mode.to_string(),
-            "--".to_string(),
         ]
         .into_iter()
         .map(OsString::from)
-        .collect();
-        v.extend(self.command.iter().cloned());
-        v
+        .collect()
     }
 
     fn parse(argv: &[OsString]) -> Result<Args> {
@@ -81,7 +79,7 @@ impl Args {
                 .with_context(|| format!("watchdog argument {i} missing"))
         };
         let n = |i: usize| -> Result<u64> { Ok(s(i)?.parse()?) };
-        if s(1)? != ARG || s(9)? != "--" || argv.len() < 11 {
+        if s(1)? != ARG || argv.len() != 9 {
             bail!("bad watchdog arguments");
         }
         Ok(Args {
@@ -96,8 +94,28 @@ impl Args {
                 "off" => crate::cli::CgroupMode::Off,
                 _ => crate::cli::CgroupMode::Auto,
             },
-            command: argv[10..].to_vec(),
         })
+    }
+}
+
+/// Reads the job's command, the first line on the control pipe (blocking: nothing else can
+/// happen before it). Returns it and whatever was read past it; `None` on EOF (lead-exec
+/// went away before sending it).
+fn read_command(ctl: &mut File) -> Result<Option<(Vec<OsString>, Vec<u8>)>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let rest = buf.split_off(i + 1);
+            let command = decode_command(&buf).context("bad command from lead-exec")?;
+            return Ok(Some((command, rest)));
+        }
+        match ctl.read(&mut chunk) {
+            Ok(0) => return Ok(None),
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("reading the command"),
+        }
     }
 }
 
@@ -127,8 +145,11 @@ fn run(argv: &[OsString]) -> Result<()> {
     set_cloexec(a.ctl_fd)?;
     set_cloexec(a.report_fd)?;
     // SAFETY: lead-exec handed us these two descriptors and nothing else owns them.
-    let ctl = unsafe { File::from_raw_fd(a.ctl_fd) };
+    let mut ctl = unsafe { File::from_raw_fd(a.ctl_fd) };
     let mut report = unsafe { File::from_raw_fd(a.report_fd) };
+    let Some((command, pending)) = read_command(&mut ctl)? else {
+        return Ok(());
+    };
     set_nonblocking(ctl.as_raw_fd())?;
 
     // Orphaned grandchildren come to us, so that we can reap them and see the group empty.
@@ -186,7 +207,7 @@ fn run(argv: &[OsString]) -> Result<()> {
         return Ok(());
     }
     let required = a.cgroup == crate::cli::CgroupMode::On;
-    let spawned = match super::spawn::spawn(&a.command, cgroup.as_ref(), required) {
+    let spawned = match super::spawn::spawn(&command, cgroup.as_ref(), required) {
         Ok(s) => s,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
@@ -221,7 +242,7 @@ fn run(argv: &[OsString]) -> Result<()> {
         wake_r,
         timer,
     };
-    let res = supervise(&mut w, io, spawned.pidfd);
+    let res = supervise(&mut w, io, spawned.pidfd, pending);
     if res.is_err() {
         // A job we can no longer supervise must not run on.
         w.group.kill();
@@ -239,14 +260,14 @@ struct Io {
 }
 
 /// Enforces the schedule until the group is gone. On error the caller kills the group.
-fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>) -> Result<()> {
+fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>, mut buf: Vec<u8>) -> Result<()> {
     let pid = w.group.leader.as_raw();
     let pidfd = match pidfd {
         Some(fd) => fd,
         None => pidfd_open(pid)?,
     };
     let mut ctl_open = true;
-    let mut buf = Vec::new();
+    w.take_commands(&mut buf, BootInstant::now());
     loop {
         let now = BootInstant::now();
         w.enforce(now);
@@ -315,13 +336,7 @@ fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>) -> Result<()> {
                     }
                 }
             }
-            while let Some(i) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=i).collect();
-                if let Some(c) = Command::decode(&String::from_utf8_lossy(&line)) {
-                    let act = w.plan.command(c, now);
-                    w.apply(act);
-                }
-            }
+            w.take_commands(&mut buf, now);
             if !ctl_open {
                 let act = w.plan.orphaned();
                 w.apply(act);
@@ -466,6 +481,17 @@ impl Watch {
     fn enforce(&mut self, now: BootInstant) {
         let act = self.plan.enforce(now);
         self.apply(act);
+    }
+
+    /// Carries out the complete command lines in `buf`, leaving a partial one there.
+    fn take_commands(&mut self, buf: &mut Vec<u8>, now: BootInstant) {
+        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            if let Some(c) = Command::decode(&String::from_utf8_lossy(&line)) {
+                let act = self.plan.command(c, now);
+                self.apply(act);
+            }
+        }
     }
 
     fn apply(&self, act: Option<Act>) {
