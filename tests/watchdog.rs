@@ -407,26 +407,39 @@ fn a_stop_to_lead_exec_s_group_does_not_keep_the_job_past_the_deadline() {
 /// too, which PR_SET_PDEATHSIG alone would leave running.
 #[test]
 fn pkill_by_name_kills_lead_exec_only_and_the_watchdog_kills_the_job() {
+    pkill_lead_exec(&[], "pkill");
+}
+
+/// The same with `pkill -f`, while the job's own command line contains "lead-exec": it kills
+/// lead-exec and the job's main process, and the watchdog the rest.
+#[test]
+fn pkill_f_by_command_line_spares_the_watchdog() {
+    pkill_lead_exec(&["-f"], "pkillf");
+}
+
+fn pkill_lead_exec(flags: &[&str], election: &str) {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, "pkill", &ep);
+    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, election, &ep);
     let (_, lead_sid) = pgid_sid(w.pid()).unwrap();
     let (_, wd_sid) = pgid_sid(wd).unwrap();
     let killed = now_ns();
     let out = std::process::Command::new("pkill")
-        .args(["-9", "-s", &format!("{lead_sid},{wd_sid}"), "lead-exec"])
+        .arg("-9")
+        .args(flags)
+        .args(["-s", &format!("{lead_sid},{wd_sid}"), "lead-exec"])
         .output()
         .unwrap();
     assert!(out.status.success(), "pkill matched nothing: {out:?}");
     w.wait(secs(5));
     assert!(
         wait_until(secs(3), || !alive(pid) && !alive(gc)),
-        "job {pid} or grandchild {gc} survived pkill -9 lead-exec"
+        "job {pid} or grandchild {gc} survived pkill -9 {flags:?} lead-exec"
     );
     let last = last_heartbeat(dir.path());
     eprintln!(
-        "pkill -9: job's last heartbeat {} ms after the kill",
+        "pkill -9 {flags:?}: job's last heartbeat {} ms after the kill",
         (last - killed) / 1_000_000
     );
     assert!(
