@@ -242,9 +242,14 @@ fn run(argv: &[OsString]) -> Result<()> {
         wake_r,
         timer,
     };
-    let res = supervise(&mut w, io, spawned.pidfd, pending);
+    or_kill(&mut w, |w| supervise(w, io, spawned.pidfd, pending))
+}
+
+/// Runs `f`, and kills the group if it fails: a job we can no longer supervise must not run
+/// on.
+fn or_kill(w: &mut Watch, f: impl FnOnce(&mut Watch) -> Result<()>) -> Result<()> {
+    let res = f(w);
     if res.is_err() {
-        // A job we can no longer supervise must not run on.
         w.group.kill();
     }
     res
@@ -707,6 +712,39 @@ mod tests {
         assert!(!may_spawn(at(9_500), at(9_500)));
         // After D, too.
         assert!(!may_spawn(at(10_001), at(9_500)));
+    }
+
+    #[test]
+    fn a_failed_supervision_kills_the_group() {
+        use std::os::unix::process::CommandExt;
+        let mut job = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 30 & exec sleep 30"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let leader = Pid::from_raw(job.id() as i32);
+        let mut w = Watch {
+            group: Group {
+                leader,
+                cgroup: None,
+            },
+            plan: plan(),
+            exited: None,
+        };
+        let res = or_kill(&mut w, |_| bail!("poll: broken"));
+        assert!(res.is_err());
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(job.wait().unwrap().signal(), Some(libc::SIGKILL));
+        // The group's other member got it too (once its new parent reaps it, the group is
+        // empty).
+        let until = BootInstant::now().plus(Duration::from_secs(5));
+        while nix::sys::signal::killpg(leader, None).is_ok() && !until.has_passed() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            nix::sys::signal::killpg(leader, None),
+            Err(nix::errno::Errno::ESRCH)
+        );
     }
 
     #[test]
