@@ -4,6 +4,7 @@
 //! the machine sleeps, but the etcd server's lease keeps running out, so a deadline on the
 //! monotonic clock would be late by the length of the suspend.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// A point on `CLOCK_BOOTTIME`, in nanoseconds since boot.
@@ -60,6 +61,65 @@ impl BootInstant {
         (self.0 as i128 - other.0 as i128).clamp(i64::MIN as i128 * 1_000_000, i64::MAX as i128)
             as i64
             / 1_000_000
+    }
+}
+
+/// A one-shot timer on `CLOCK_BOOTTIME` (a timerfd), armed at absolute instants, so that a
+/// deadline fires on time even across a suspend. Readable once it has fired.
+pub struct BootTimer(OwnedFd);
+
+impl BootTimer {
+    pub fn new() -> std::io::Result<BootTimer> {
+        // SAFETY: returns a new descriptor or -1.
+        let fd = unsafe {
+            libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK)
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that we own.
+        Ok(BootTimer(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Arms the timer at `at` (or disarms it).
+    pub fn arm(&self, at: Option<BootInstant>) -> std::io::Result<()> {
+        let ns = at.map_or(0, |t| t.as_nanos().max(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: valid descriptor and itimerspec.
+        let rc = unsafe {
+            libc::timerfd_settime(
+                self.0.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Consumes a pending expiry, so that the descriptor is no longer readable.
+    pub fn drain(&self) {
+        let mut b = [0u8; 8];
+        // SAFETY: reading 8 bytes into our buffer from a non-blocking timerfd.
+        unsafe { libc::read(self.0.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+    }
+}
+
+impl AsRawFd for BootTimer {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
     }
 }
 

@@ -11,12 +11,20 @@
 //! `FENCING_TOKEN`: assigned by etcd, strictly larger every term.
 //!
 //! The job does not run inside lead-exec. A watchdog process (the small `lead-exec-watchdog`
-//! binary, or lead-exec re-executed in a hidden mode) forks it into its own process group, and cgroup when possible, and enforces
-//! the lease deadline D = send time of the last renewed keepalive + TTL − safety margin on
-//! CLOCK_BOOTTIME: SIGTERM to the group at D − grace, SIGKILL at D. lead-exec only ever moves
-//! D forward, over a pipe. If lead-exec dies, the pipe closes and the group is killed at once;
-//! if it freezes, the deadline fires anyway. So the job never outlives the lease on the
-//! server, and a frozen old leader's late writes carry a token the resource already rejects.
+//! binary, or lead-exec re-executed in a hidden mode) forks it into its own process group,
+//! and cgroup when possible, and enforces the lease deadline D = send time of the last renewed
+//! keepalive + TTL − safety margin on CLOCK_BOOTTIME: SIGTERM to the group at D − grace,
+//! SIGKILL just before D. lead-exec only ever moves D forward, over a pipe. If lead-exec dies,
+//! the pipe closes and the group is killed at once; if it freezes, the deadline fires anyway.
+//! The watchdog has a session and a name (`lexec-watchdog`) of its own, so no group signal or
+//! name match stops both; and lead-exec enforces D as well, SIGKILLing the group and cgroup
+//! itself if the watchdog has not reported them gone by then. So the job never outlives the
+//! lease on the server, and a frozen old leader's late writes carry a token the resource
+//! already rejects.
+//!
+//! A job starts only with a deadline that leaves it the grace plus one keepalive interval
+//! (lead-exec renews first if needed), and the watchdog checks the deadline again right
+//! before it forks. When etcd says the lease is gone, the job gets SIGKILL at once.
 //!
 //! When the job exits, lead-exec revokes the lease so the next candidate takes over at once,
 //! and exits with the job's code. When leadership is lost, it stops the job and campaigns

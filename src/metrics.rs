@@ -27,6 +27,7 @@ struct Metrics {
     job_exits: IntCounterVec,
     slack: Gauge,
     failovers: IntCounter,
+    token_regressions: IntCounter,
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
@@ -89,6 +90,11 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         "Times requests moved to the next etcd endpoint because the pinned one failed",
     )
     .unwrap();
+    let token_regressions = IntCounter::new(
+        "lead_exec_token_regressions_total",
+        "Terms whose fencing token was not above this process's previous one (etcd's revisions were reset)",
+    )
+    .unwrap();
     for c in [
         Box::new(failovers.clone()) as Box<dyn prometheus::core::Collector>,
         Box::new(is_leader.clone()),
@@ -101,6 +107,7 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(job_starts.clone()),
         Box::new(job_exits.clone()),
         Box::new(slack.clone()),
+        Box::new(token_regressions.clone()),
     ] {
         registry.register(c).unwrap();
     }
@@ -117,6 +124,7 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         job_exits,
         slack,
         failovers,
+        token_regressions,
     }
 });
 
@@ -132,6 +140,10 @@ pub fn elected(token: i64, campaign: Duration) {
     M.campaigns_won.inc();
     M.campaign_seconds.observe(campaign.as_secs_f64());
     M.token.set(token);
+}
+
+pub fn token_regressed() {
+    M.token_regressions.inc();
 }
 
 pub fn leading(on: bool) {

@@ -56,6 +56,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         job: None,
         term: None,
         watch: None,
+        last_token: None,
     };
     notify::ready();
     d.drive().await
@@ -81,6 +82,15 @@ struct Driver {
     job: Option<Job>,
     term: Option<Term>,
     watch: Option<LeaderWatch>,
+    /// The token of this process's previous term.
+    last_token: Option<i64>,
+}
+
+/// Whether a new term's token is not above the previous one's: etcd's revisions went back
+/// (a wiped data directory, or a restore without `--bump-revision`), and the fencing contract
+/// no longer holds for the resources this job writes to.
+pub fn token_regressed(last: Option<i64>, token: i64) -> bool {
+    last.is_some_and(|l| token <= l)
 }
 
 impl Driver {
@@ -215,6 +225,16 @@ impl Driver {
         };
         let ev = match outcome {
             Ok(Outcome::Elected { token, key }) => {
+                if token_regressed(self.last_token, token) {
+                    tracing::error!(
+                        election = self.cfg.election.name(),
+                        previous = self.last_token,
+                        token,
+                        "the fencing token went backwards: etcd's revisions were reset (wiped or restored without --bump-revision); resources that check tokens will reject this term"
+                    );
+                    metrics::token_regressed();
+                }
+                self.last_token = Some(token);
                 metrics::elected(token, started.elapsed());
                 self.watch = Some(LeaderWatch::new(
                     &self.client,
@@ -253,17 +273,15 @@ impl Driver {
 
     /// Starts the job for a confirmed term. `Some(event)` when it could not start.
     async fn spawn(&mut self, token: i64) -> Result<Option<Event>> {
+        // Lost between the confirmation and now: never spawn on an unconfirmed term.
+        let lost = Some(Event::JobEnded {
+            exit: Exit::LeadershipLost,
+            by_watchdog: true,
+        });
         let lease = self.lease.as_ref().expect("a term has a lease");
-        let deadline = match lease.state() {
-            LeaseState::Alive { deadline } if !deadline.has_passed() => deadline,
-            _ => {
-                // Lost between the confirmation and now: never spawn on an unconfirmed term.
-                return Ok(Some(Event::JobEnded {
-                    exit: Exit::LeadershipLost,
-                    by_watchdog: true,
-                }));
-            }
-        };
+        if !matches!(lease.state(), LeaseState::Alive { deadline } if !deadline.has_passed()) {
+            return Ok(lost);
+        }
         // Another worker may have finished this run key while we queued.
         if let Some(k) = crate::ops::runkey::already_done(&self.client, &self.cfg).await? {
             tracing::info!(
@@ -277,6 +295,19 @@ impl Driver {
                 by_watchdog: false,
             }));
         }
+        // Read only now: the checks above can take up to --command-timeout, and a lease
+        // granted or renewed late (etcd stalled) may leave too little time. Renew first.
+        let Some(deadline) = lease
+            .deadline_for_spawn(self.cfg.grace, self.cfg.conn.command_timeout)
+            .await
+        else {
+            tracing::warn!(
+                election = self.cfg.election.name(),
+                token,
+                "not starting the job: the lease could not be renewed in time to leave it --grace plus one keepalive interval"
+            );
+            return Ok(lost);
+        };
         let term = self.term.as_ref().expect("a term was confirmed");
         let spec = JobSpec {
             command: self.cfg.command.clone(),
@@ -285,7 +316,7 @@ impl Driver {
             cgroup: self.cfg.cgroup,
         };
         match Job::spawn(&spec, deadline).await {
-            Ok(job) => {
+            Ok(Some(job)) => {
                 tracing::info!(
                     election = self.cfg.election.name(),
                     id = self.cfg.id,
@@ -308,6 +339,14 @@ impl Driver {
                     }
                 }));
                 Ok(None)
+            }
+            Ok(None) => {
+                tracing::warn!(
+                    election = self.cfg.election.name(),
+                    token,
+                    "not starting the job: the lease deadline was spent when the watchdog was about to start it"
+                );
+                Ok(lost)
             }
             Err(e) => {
                 self.resign().await;
@@ -343,17 +382,21 @@ impl Driver {
                     let exit = Exit::from_job(ended.status);
                     metrics::leading(false);
                     metrics::job_exited(exit.code(), ended.slack_ms);
-                    let by_watchdog = matches!(ended.cause, Cause::Deadline | Cause::Orphaned);
-                    if by_watchdog {
-                        tracing::error!(
+                    let by_watchdog = matches!(ended.cause, Cause::Deadline | Cause::Orphaned | Cause::WatchdogLost);
+                    match ended.cause {
+                        Cause::Deadline => tracing::error!(
                             election = cfg.election.name(),
                             id = cfg.id,
                             slack_ms = ended.slack_ms,
                             "the watchdog stopped the job at the lease deadline ({}): lead-exec could not renew in time",
                             ended.status
-                        );
-                    } else {
-                        tracing::info!(election = cfg.election.name(), id = cfg.id, slack_ms = ended.slack_ms, "job ended: {}", ended.status);
+                        ),
+                        Cause::WatchdogLost | Cause::Orphaned => tracing::error!(
+                            election = cfg.election.name(),
+                            id = cfg.id,
+                            "the job was killed because its watchdog died; giving up this term"
+                        ),
+                        Cause::SelfExit | Cause::Stop => tracing::info!(election = cfg.election.name(), id = cfg.id, slack_ms = ended.slack_ms, "job ended: {}", ended.status),
                     }
                     return Event::JobEnded { exit, by_watchdog };
                 }
@@ -377,8 +420,16 @@ impl Driver {
                 ev = async { watch.as_mut().expect("watch").next().await }, if !draining && watch.is_some() => {
                     return match ev {
                         LeaderEvent::KeyDeleted => {
-                            metrics::lost(LossReason::KeyDeleted.as_str());
-                            Event::Lost(LossReason::KeyDeleted)
+                            // A revoked or expired lease deletes the key too, and then the next
+                            // leader may already run: ask, so the job gets SIGKILL at once.
+                            let limit = cfg.conn.command_timeout.min(Duration::from_secs(1));
+                            let gone = match lease.as_ref() {
+                                Some(l) => l.is_gone(limit).await,
+                                None => false,
+                            };
+                            let r = if gone { LossReason::Expired } else { LossReason::KeyDeleted };
+                            metrics::lost(r.as_str());
+                            Event::Lost(r)
                         }
                         LeaderEvent::Paused => Event::Paused,
                         LeaderEvent::ResignRequested => Event::ResignRequested,

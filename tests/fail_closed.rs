@@ -204,3 +204,139 @@ fn wait_gives_up_even_while_etcd_is_unreachable() {
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
 }
+
+/// When etcd says the lease is gone (here: revoked), another leader may already run: the job
+/// gets SIGKILL at once, not SIGTERM and the grace.
+#[test]
+fn a_lease_etcd_says_is_gone_kills_the_job_without_grace() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(
+        dir.path(),
+        "trap 'echo term >> $D/events' TERM; echo $$ > $D/pid; while :; do sleep 0.05; done",
+    );
+    let ep = etcd.endpoints();
+    let args = run_args_with(&WIDE_GRACE, "gone", &ep, &[], &job);
+    let mut w = spawn(dir.path(), "w", &args);
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let key = etcd.keys("lead-exec/elections/gone/").remove(0);
+    let lease = key.rsplit('/').next().unwrap().to_string();
+    let revoked = Instant::now();
+    etcd.ctl(&["lease", "revoke", &lease]);
+    assert!(wait_until(secs(10), || !alive(pid)), "job survived");
+    let took = revoked.elapsed();
+    eprintln!("job dead {took:?} after its lease was revoked");
+    assert!(
+        lines(&dir.path().join("events")).is_empty(),
+        "the job got SIGTERM, not SIGKILL"
+    );
+    assert!(took < Duration::from_millis(1500), "{took:?}: not at once");
+    w.wait_log("on Lost(Expired)", secs(5));
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+/// A lease whose grant was answered late (etcd stalled) leaves less than the grace before D:
+/// lead-exec renews it before starting the job, instead of starting a job that the watchdog
+/// stops the moment it starts.
+#[test]
+fn a_lease_answered_late_is_renewed_before_the_job_starts() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(
+        dir.path(),
+        "trap 'echo term >> $D/events; exit 143' TERM; echo start >> $D/events; \
+         while :; do echo beat >> $D/events; sleep 0.1; done",
+    );
+    let ep = etcd.endpoints();
+    // A grace wide enough that the window this test aims at does not depend on how fast etcd
+    // answers after the stall. The connection outlives the stall (HTTP/2 pings wait 30 s);
+    // requests wait 6 s.
+    let args = run_args_with(
+        &WIDE_GRACE,
+        "late",
+        &ep,
+        &["--dial-timeout", "30s", "--command-timeout", "6s"],
+        &job,
+    );
+    let mut w = spawn(dir.path(), "w", &args);
+    let events = dir.path().join("events");
+    wait_line(&events, secs(10), |l| l == "start");
+    etcd.members[0].stop();
+    // The job dies by D; lead-exec tries to record the end of the term (6 s), logs the
+    // transition, tries to revoke the old lease (1 s) and sends the grant of a new one, whose
+    // answer waits for etcd.
+    w.wait_log("-> campaigning", secs(30));
+    let lost = Instant::now();
+    // Thaw when that grant's D (send + 5.5 s) is 1.5 s away: inside the 2 s grace.
+    std::thread::sleep(Duration::from_millis(1000 + 4000).saturating_sub(lost.elapsed()));
+    etcd.members[0].cont();
+    let second_term = |ev: &[String]| -> Vec<String> {
+        ev.iter()
+            .skip_while(|l| *l != "start")
+            .skip(1)
+            .skip_while(|l| *l != "start")
+            .skip(1)
+            .cloned()
+            .collect()
+    };
+    let ok = wait_until(secs(30), || {
+        second_term(&lines(&events))
+            .iter()
+            .filter(|l| *l == "beat")
+            .count()
+            >= 8
+    });
+    assert!(ok, "no second term ran:\n{}", w.log_text());
+    // A job stopped the moment it starts may die before its shell writes anything: count
+    // the starts lead-exec made.
+    let log = w.log_text();
+    let starts = log.matches("leading: job started").count();
+    assert_eq!(
+        starts, 2,
+        "a job was started with its deadline (nearly) spent:\n{log}"
+    );
+    assert!(!second_term(&lines(&events)).iter().any(|l| l == "term"));
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+/// etcd restarted on an empty data directory: revisions start again, so the token goes
+/// backwards in the same lead-exec process. That is logged as an error and counted.
+#[test]
+fn a_wiped_etcd_is_reported_as_a_token_regression() {
+    let mut etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..30 {
+        etcd.ctl(&["put", "lead-exec-test/filler", &i.to_string()]);
+    }
+    let job = recording_job(dir.path());
+    let ep = etcd.endpoints();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("wiped", &ep, &["--metrics-addr", &addr], &job),
+    );
+    wait_int(&dir.path().join("pid"), secs(10));
+    etcd.members[0].wipe();
+    etcd.wait_healthy(secs(20));
+    assert!(
+        wait_until(secs(30), || terms(dir.path()).len() >= 2),
+        "no term after the wipe:\n{}",
+        w.log_text()
+    );
+    let t = terms(dir.path());
+    eprintln!("tokens across the wipe: {} -> {}", t[0].0, t[1].0);
+    assert!(t[1].0 < t[0].0, "{t:?}");
+    w.wait_log("the fencing token went backwards", secs(5));
+    let text = scrape(port).expect("metrics");
+    assert_eq!(
+        metric(&text, "lead_exec_token_regressions_total"),
+        Some(1.0),
+        "{text}"
+    );
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}

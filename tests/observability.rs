@@ -1,29 +1,8 @@
 //! Metrics, structured logs, systemd notifications and completions.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
 
 use crate::support::*;
-
-fn scrape(port: u16) -> Option<String> {
-    scrape_at("127.0.0.1", port)
-}
-
-fn scrape_at(host: &str, port: u16) -> Option<String> {
-    let mut s = TcpStream::connect((host, port)).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
-}
-
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 fn job(dir: &std::path::Path, who: &str) -> String {
     script(

@@ -236,9 +236,10 @@ fn the_job_starts_with_default_signals_and_an_empty_mask() {
 }
 
 /// If the watchdog itself is SIGKILLed (the OOM killer, a careless kill -9), the job's main
-/// process dies with it and lead-exec kills the rest, then campaigns again.
+/// process dies with it and lead-exec kills the rest, then campaigns again. The log names
+/// that cause, on one line even under RUST_BACKTRACE=1.
 #[test]
-fn a_killed_watchdog_takes_the_job_with_it() {
+fn a_killed_watchdog_takes_the_job_with_it_and_is_logged_as_such() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let job = script(
@@ -247,11 +248,9 @@ fn a_killed_watchdog_takes_the_job_with_it() {
          sh -c 'echo $$ > $D/grandchild; exec sleep 120' & \
          echo $$ > $D/pid; wait",
     );
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("wdkill", &etcd.endpoints(), &[], &job),
-    );
+    let ep = etcd.endpoints();
+    let args = run_args("wdkill", &ep, &[], &job);
+    let mut w = spawn_env(dir.path(), "w", &args, &[("RUST_BACKTRACE", "1")]);
     let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
     let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
     let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
@@ -262,7 +261,7 @@ fn a_killed_watchdog_takes_the_job_with_it() {
         wait_until(secs(2), || !alive(pid) && !alive(gc)),
         "job survived its watchdog"
     );
-    w.wait_log("watchdog ended unexpectedly", secs(5));
+    w.wait_log("the watchdog died", secs(5));
     assert!(
         wait_until(secs(15), || terms(dir.path()).len() >= 2),
         "{}",
@@ -272,6 +271,10 @@ fn a_killed_watchdog_takes_the_job_with_it() {
     assert!(t[1].0 > t[0].0);
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
+    let log = w.log_text();
+    assert!(!log.contains("lease deadline"), "{log}");
+    assert!(!log.contains("could not renew"), "{log}");
+    assert!(!log.to_lowercase().contains("backtrace"), "{log}");
 }
 
 /// The small `lead-exec-watchdog` binary is used when it sits beside lead-exec; a lone
@@ -332,4 +335,336 @@ fn descriptors_the_caller_passes_reach_the_job() {
         .unwrap();
     assert!(status.success(), "{status:?}");
     assert_eq!(lines(&dir.path().join("seven")), vec!["through-fd-7"]);
+}
+
+/// Starts a detached worker (own session) whose job is [`heartbeat_job`] and waits for the
+/// job: (worker, job pid, grandchild pid, watchdog pid, leader key).
+fn start_heartbeat(
+    dir: &std::path::Path,
+    etcd: &Etcd,
+    election: &str,
+    endpoints: &str,
+) -> (Worker, i32, i32, i32, String) {
+    // The comment puts "lead-exec" in the job's command line, as a path could.
+    let job = format!("{} # lead-exec", heartbeat_job(dir));
+    let w = spawn_detached(dir, "w", &run_args(election, endpoints, &[], &job), &[]);
+    let pid = wait_int(&dir.join("pid"), secs(10)) as i32;
+    let gc = wait_int(&dir.join("grandchild"), secs(10)) as i32;
+    let wd = wait_int(&dir.join("watchdog"), secs(10)) as i32;
+    let key = etcd
+        .keys(&format!("lead-exec/elections/{election}/"))
+        .remove(0);
+    (w, pid, gc, wd, key)
+}
+
+/// Neither a group signal, nor a session-wide one, nor a match on "lead-exec" by name, argv[0]
+/// or whole command line (`pkill -f`) reaches both lead-exec and its watchdog, even when the
+/// job's own command line contains "lead-exec".
+#[test]
+fn the_watchdog_shares_no_group_session_or_name_with_lead_exec() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (mut w, pid, _, wd, _) = start_heartbeat(dir.path(), &etcd, "names", &ep);
+    let lead = w.pid();
+    assert!(comm(lead).contains("lead-exec"), "{}", comm(lead));
+    let cmdline = std::fs::read(format!("/proc/{wd}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    for (what, name) in [
+        ("comm", comm(wd)),
+        ("argv[0]", argv0(wd)),
+        ("command line", cmdline),
+    ] {
+        assert!(!name.is_empty(), "no {what} for the watchdog {wd}");
+        assert!(
+            !name.contains("lead-exec"),
+            "the watchdog's {what} is {name:?}"
+        );
+    }
+    let (lead_pgid, lead_sid) = pgid_sid(lead).unwrap();
+    let (wd_pgid, wd_sid) = pgid_sid(wd).unwrap();
+    let (job_pgid, _) = pgid_sid(pid).unwrap();
+    eprintln!("lead-exec pgid {lead_pgid} sid {lead_sid}; watchdog pgid {wd_pgid} sid {wd_sid}; job pgid {job_pgid}");
+    assert_ne!(lead_pgid, wd_pgid);
+    assert_ne!(lead_sid, wd_sid);
+    assert_ne!(job_pgid, lead_pgid);
+    assert_ne!(job_pgid, wd_pgid);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+/// `kill -STOP -<pgid>` on lead-exec's process group (job control, a supervisor that signals
+/// groups) freezes lead-exec only: the watchdog still kills the job by D, before the key
+/// expires in etcd.
+#[test]
+fn a_stop_to_lead_exec_s_group_does_not_keep_the_job_past_the_deadline() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (mut w, pid, gc, _, key) = start_heartbeat(dir.path(), &etcd, "grpstop", &ep);
+    let gone = KeyGone::watch(&ep, &key);
+    let stopped = now_ns();
+    // The worker leads its own group (spawn_detached), so this reaches nothing of ours.
+    signal(-w.pid(), libc::SIGSTOP);
+    let expired = gone.wait(secs(15));
+    let last = last_heartbeat(dir.path());
+    let dead = !alive(pid) && !alive(gc);
+    signal(-w.pid(), libc::SIGCONT);
+    eprintln!(
+        "group STOP: job's last heartbeat {} ms after the STOP, {} ms before etcd deleted the key",
+        (last - stopped) / 1_000_000,
+        (expired - last) / 1_000_000
+    );
+    assert!(
+        dead,
+        "job {pid} or grandchild {gc} alive when the key expired"
+    );
+    assert!(
+        last <= expired,
+        "heartbeat {} ms after the key expired",
+        (last - expired) / 1_000_000
+    );
+    w.signal(libc::SIGTERM);
+    w.wait(secs(15));
+}
+
+/// `pkill -9 lead-exec` (here narrowed to the sessions of this test's own processes) kills
+/// lead-exec but not its watchdog, which then kills the whole job at once: the grandchild
+/// too, which PR_SET_PDEATHSIG alone would leave running.
+#[test]
+fn pkill_by_name_kills_lead_exec_only_and_the_watchdog_kills_the_job() {
+    pkill_lead_exec(&[], "pkill");
+}
+
+/// The same with `pkill -f`, while the job's own command line contains "lead-exec": it kills
+/// lead-exec and the job's main process, and the watchdog the rest.
+#[test]
+fn pkill_f_by_command_line_spares_the_watchdog() {
+    pkill_lead_exec(&["-f"], "pkillf");
+}
+
+fn pkill_lead_exec(flags: &[&str], election: &str) {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, election, &ep);
+    let (_, lead_sid) = pgid_sid(w.pid()).unwrap();
+    let (_, wd_sid) = pgid_sid(wd).unwrap();
+    let killed = now_ns();
+    let out = std::process::Command::new("pkill")
+        .arg("-9")
+        .args(flags)
+        .args(["-s", &format!("{lead_sid},{wd_sid}"), "lead-exec"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "pkill matched nothing: {out:?}");
+    w.wait(secs(5));
+    assert!(
+        wait_until(secs(3), || !alive(pid) && !alive(gc)),
+        "job {pid} or grandchild {gc} survived pkill -9 {flags:?} lead-exec"
+    );
+    let last = last_heartbeat(dir.path());
+    eprintln!(
+        "pkill -9 {flags:?}: job's last heartbeat {} ms after the kill",
+        (last - killed) / 1_000_000
+    );
+    assert!(
+        last - killed < 1_000_000_000,
+        "the job ran on {} ms",
+        (last - killed) / 1_000_000
+    );
+}
+
+/// SIGSTOP to the watchdog alone, then etcd out of reach: lead-exec enforces D by itself.
+#[test]
+fn a_frozen_watchdog_does_not_keep_the_job_past_the_deadline() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, pid, gc, wd, key) = start_heartbeat(dir.path(), &etcd, "wdstop", &proxy.endpoint());
+    let gone = KeyGone::watch(&etcd.endpoints(), &key);
+    signal(wd, libc::SIGSTOP);
+    let cut = now_ns();
+    proxy.set(Mode::Blackhole);
+    let expired = gone.wait(secs(15));
+    let last = last_heartbeat(dir.path());
+    let dead = !alive(pid) && !alive(gc);
+    signal(wd, libc::SIGCONT);
+    eprintln!(
+        "watchdog frozen, etcd cut: job's last heartbeat {} ms after the cut, {} ms before etcd deleted the key",
+        (last - cut) / 1_000_000,
+        (expired - last) / 1_000_000
+    );
+    assert!(
+        dead,
+        "job {pid} or grandchild {gc} alive when the key expired"
+    );
+    assert!(last <= expired);
+    proxy.set(Mode::Pass);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(15));
+}
+
+/// The watchdog is the subreaper of the job's orphans: one that exits is reaped at once, not
+/// left a zombie until the job's main process exits.
+#[test]
+fn orphaned_grandchildren_are_reaped_while_the_job_runs() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(
+        dir.path(),
+        "sh -c 'sh -c \"echo \\$\\$ > $D/orphan; sleep 0.3\" & exit 0'; \
+         echo $$ > $D/pid; exec sleep 120",
+    );
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("orphan", &etcd.endpoints(), &[], &job),
+    );
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let orphan = wait_int(&dir.path().join("orphan"), secs(10)) as i32;
+    assert!(
+        wait_until(secs(5), || !exists(orphan)),
+        "orphan {orphan} left unreaped while the job runs"
+    );
+    assert!(alive(pid));
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+/// The job's main process exited but a member lingers (ignoring SIGTERM) for the grace: the
+/// watchdog waits without spinning on the exited process's pidfd.
+#[test]
+fn a_lingering_group_does_not_make_the_watchdog_spin() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(
+        dir.path(),
+        "sh -c 'trap \"\" TERM; echo $$ > $D/lingering; while :; do sleep 0.1; done' & \
+         echo $PPID > $D/watchdog; echo $$ > $D/pid; sleep 0.3",
+    );
+    let ep = etcd.endpoints();
+    let args = run_args_with(&WIDE_GRACE, "linger", &ep, &[], &job);
+    let mut w = spawn(dir.path(), "w", &args);
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    let lingering = wait_int(&dir.path().join("lingering"), secs(10)) as i32;
+    assert!(
+        wait_until(secs(5), || !alive(pid)),
+        "main process did not exit"
+    );
+    let start = cpu_ticks(wd).expect("watchdog running");
+    let mut used = 0;
+    assert!(
+        wait_until(secs(10), || {
+            if let Some(t) = cpu_ticks(wd) {
+                used = t - start;
+            }
+            !alive(lingering)
+        }),
+        "the lingering member outlived the grace"
+    );
+    eprintln!(
+        "watchdog CPU while a member lingered for the 2 s grace: {} ms",
+        used * 10
+    );
+    assert!(used <= 30, "watchdog used {} ms of CPU in 2 s", used * 10);
+    assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
+}
+
+/// The watchdog checks the deadline right before it forks: handed a spent one, it starts
+/// nothing and says so.
+#[test]
+fn the_watchdog_never_starts_a_job_after_the_deadline() {
+    use std::io::BufRead;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = || {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors that we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    };
+    let (ctl_r, ctl_w) = pipe();
+    let (rep_r, rep_w) = pipe();
+    let (c, r) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
+    let ran = dir.path().join("ran");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lead-exec-watchdog"));
+    cmd.args([
+        "__watchdog",
+        &std::process::id().to_string(),
+        &c.to_string(),
+        &r.to_string(),
+    ])
+    // Grace 0.5 s; SIGTERM and SIGKILL due 1 ns and 2 ns after boot: long past.
+    .args(["500000000", "1", "2", "off"]);
+    // SAFETY: fcntl is async-signal-safe; it lets the watchdog inherit its two pipe ends.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in [c, r] {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(rep_w);
+    drop(ctl_r);
+    // The command comes over the control pipe: "A", then each argument in hex.
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let line = format!(
+        "A {} {} {}\n",
+        hex("sh"),
+        hex("-c"),
+        hex(&format!("touch {}", ran.display()))
+    );
+    std::io::Write::write_all(&mut std::fs::File::from(ctl_w), line.as_bytes()).unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(std::fs::File::from(rep_r))
+        .read_line(&mut first)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(first.trim_end(), "L", "the watchdog did not refuse");
+    assert!(!ran.exists(), "the job ran");
+}
+
+/// A job cgroup whose watchdog is gone (lead-exec and its watchdog both SIGKILLed) is killed,
+/// not just removed once empty, by the next job start on the host.
+#[test]
+fn a_stale_job_cgroup_is_killed_by_the_next_start() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "cat /proc/self/cgroup > $D/cgroup; echo $PPID > $D/watchdog; \
+         sh -c 'echo $$ > $D/grandchild; exec sleep 120' & echo $$ > $D/pid; wait",
+    );
+    let mut a = spawn(dir.path(), "a", &run_args("stale", &ep, &[], &job));
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    if !lines(&dir.path().join("cgroup"))
+        .join("")
+        .contains("lead-exec-job-")
+    {
+        eprintln!("no cgroup v2 for jobs here; nothing to check");
+        return;
+    }
+    // Two separate kills, so that nothing is left to clean up after them.
+    a.signal(libc::SIGSTOP);
+    signal(wd, libc::SIGKILL);
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    assert!(wait_until(secs(5), || !alive(pid)), "PR_SET_PDEATHSIG");
+    assert!(alive(gc), "the grandchild should have outlived both");
+    let (code, _, err) = run(&run_args("stale2", &ep, &[], "true"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        wait_until(secs(5), || !alive(gc)),
+        "grandchild {gc} survived in its stale cgroup"
+    );
 }

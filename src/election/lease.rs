@@ -6,11 +6,12 @@
 //! which the margin covers). The etcd client gives us only a stream; the timer, the retries and
 //! reopening a broken stream are ours.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, timeout, Instant};
 
@@ -36,6 +37,9 @@ const MAX_RENEWAL_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct Renewal {
     pub interval: Duration,
     pub timeout: Duration,
+    /// The granted TTL and the safety margin, which turn a renewal's send time into D.
+    pub ttl: Duration,
+    pub margin: Duration,
 }
 
 impl Renewal {
@@ -45,6 +49,8 @@ impl Renewal {
         Renewal {
             interval,
             timeout: (budget / RENEWAL_ATTEMPTS).min(MAX_RENEWAL_TIMEOUT),
+            ttl,
+            margin,
         }
     }
 
@@ -106,6 +112,39 @@ pub struct Lease {
     state: watch::Receiver<LeaseState>,
     task: JoinHandle<()>,
     client: Client,
+    /// Wakes the keepalive task for a renewal ahead of its schedule.
+    renew: Arc<Notify>,
+    /// Between keepalives.
+    interval: Duration,
+}
+
+/// Whether a job may start with deadline `d` at `now`: it must be able to run until SIGTERM
+/// is due (`d − grace`) for at least one keepalive interval, so that one renewal can land
+/// before that. Anything less, and the job would be told to stop the moment it starts.
+pub fn enough_left(now: BootInstant, d: BootInstant, grace: Duration, interval: Duration) -> bool {
+    d.saturating_since(now) >= grace + interval
+}
+
+/// The deadline a positive keepalive answer gives: `sent + ttl − margin`, if that moves D
+/// forward. A late or reordered answer never moves it back.
+pub fn renewed(
+    current: BootInstant,
+    sent: BootInstant,
+    ttl: Duration,
+    margin: Duration,
+) -> Option<BootInstant> {
+    let d = renewed_deadline(sent, ttl, margin);
+    (ttl > Duration::ZERO && d > current).then_some(d)
+}
+
+/// Whether etcd's error says the lease does not exist (any more). Opening a keepalive stream
+/// reports it in the client's own error.
+pub fn says_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
+        _ => false,
+    }
 }
 
 impl Lease {
@@ -128,14 +167,15 @@ impl Lease {
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
         let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
+        let renew = Arc::new(Notify::new());
+        let plan = Renewal::plan(granted, grace, margin);
         let task = tokio::spawn(keepalive_loop(
             client.clone(),
             resp.id(),
-            granted,
-            Renewal::plan(granted, grace, margin),
-            margin,
+            plan,
             deadline,
             tx,
+            renew.clone(),
         ));
         Ok(Lease {
             id: resp.id(),
@@ -143,7 +183,50 @@ impl Lease {
             state: rx,
             task,
             client: client.clone(),
+            renew,
+            interval: plan.interval,
         })
+    }
+
+    /// A deadline that leaves the job `grace` plus one keepalive interval, renewing the lease
+    /// first if the current one does not (a lease granted or renewed late, after an etcd
+    /// stall). `None` when no such deadline comes within `limit` or the lease is lost.
+    pub async fn deadline_for_spawn(
+        &self,
+        grace: Duration,
+        limit: Duration,
+    ) -> Option<BootInstant> {
+        let interval = self.interval;
+        let mut rx = self.subscribe();
+        let get = async {
+            loop {
+                let state = *rx.borrow_and_update();
+                match state {
+                    LeaseState::Alive { deadline }
+                        if enough_left(BootInstant::now(), deadline, grace, interval) =>
+                    {
+                        return Some(deadline);
+                    }
+                    LeaseState::Alive { .. } => {
+                        self.renew.notify_one();
+                        rx.changed().await.ok()?;
+                    }
+                    LeaseState::Lost(_) => return None,
+                }
+            }
+        };
+        timeout(limit, get).await.ok().flatten()
+    }
+
+    /// Asks etcd whether the lease still exists. `true` only on etcd's word that it is gone;
+    /// no answer within `limit` counts as not known.
+    pub async fn is_gone(&self, limit: Duration) -> bool {
+        let mut c = self.client.clone();
+        match timeout(limit, c.lease_time_to_live(self.id, None)).await {
+            Ok(Ok(r)) => r.ttl() <= 0,
+            Ok(Err(e)) => says_gone(&e),
+            Err(_) => false,
+        }
     }
 
     pub fn state(&self) -> LeaseState {
@@ -190,7 +273,7 @@ async fn try_revoke(c: &mut Client, id: i64, limit: Duration) -> bool {
             tracing::debug!(lease, "lease revoked");
             true
         }
-        Ok(Err(etcd_client::Error::GRpcStatus(s))) if s.message().contains("not found") => true,
+        Ok(Err(e)) if says_gone(&e) => true,
         Ok(Err(e)) => {
             tracing::debug!(lease, "lease not revoked yet: {e}");
             false
@@ -205,15 +288,6 @@ async fn try_revoke(c: &mut Client, id: i64, limit: Duration) -> bool {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// Whether a keepalive error means the lease no longer exists on the server.
-fn lease_gone(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
-        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
-        _ => false,
     }
 }
 
@@ -249,7 +323,7 @@ async fn attempt(
     let Some((mut keeper, mut responses)) = stream else {
         return match timeout(limit, client.lease_keep_alive(id)).await {
             Ok(Ok(ka)) => (Ok(Answer::Alive), Some(ka)),
-            Ok(Err(e)) if lease_gone(&e) => (Ok(Answer::Gone), None),
+            Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
             Ok(Err(e)) => (Err(format!("keepalive stream: {e}")), None),
             Err(_) => (Err("keepalive stream: no answer".into()), None),
         };
@@ -260,7 +334,7 @@ async fn attempt(
     match timeout(limit, responses.message()).await {
         Ok(Ok(Some(r))) if r.ttl() <= 0 => (Ok(Answer::Gone), None),
         Ok(Ok(Some(_))) => (Ok(Answer::Alive), Some((keeper, responses))),
-        Ok(Err(e)) if lease_gone(&e) => (Ok(Answer::Gone), None),
+        Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
         Ok(Err(e)) => (Err(format!("keepalive answer: {e}")), None),
         Ok(Ok(None)) => (Err("keepalive stream closed".into()), None),
         Err(_) => (Err("keepalive answer: no answer".into()), None),
@@ -273,15 +347,15 @@ const MAX_IN_FLIGHT: usize = 4;
 async fn keepalive_loop(
     client: Client,
     id: i64,
-    ttl: Duration,
     plan: Renewal,
-    margin: Duration,
     mut deadline: BootInstant,
     tx: watch::Sender<LeaseState>,
+    renew: Arc<Notify>,
 ) {
     // A failure that came back at once (a refused connection, "no leader") is retried after
     // this pause rather than in a tight loop.
     let pause = (plan.timeout / 8).clamp(Duration::from_millis(10), Duration::from_millis(50));
+    let (ttl, margin) = (plan.ttl, plan.margin);
     let lease = format!("{id:x}");
     let mut inflight: JoinSet<Attempt> = JoinSet::new();
     let mut idle: Option<KeepAlive> = None;
@@ -300,6 +374,8 @@ async fn keepalive_loop(
         }
         tokio::select! {
             _ = tokio::time::sleep(deadline.remaining()) => continue,
+            // A renewal wanted now (before a spawn): the next attempt goes out at once.
+            _ = renew.notified() => next = Instant::now(),
             _ = sleep_until(next) => {
                 if inflight.len() >= MAX_IN_FLIGHT {
                     next = Instant::now() + pause;
@@ -336,8 +412,7 @@ async fn keepalive_loop(
                     }
                     Ok(Answer::Alive) => {
                         crate::metrics::keepalive_rtt(a.sent_mono.elapsed());
-                        let d = renewed_deadline(a.sent, ttl, margin);
-                        if d > deadline {
+                        if let Some(d) = renewed(deadline, a.sent, ttl, margin) {
                             deadline = d;
                             tx.send_replace(LeaseState::Alive { deadline });
                         }
@@ -416,5 +491,35 @@ mod tests {
         let sent = BootInstant::from_nanos(5_000_000_000);
         let d = renewed_deadline(sent, ms(10_000), ms(1_000));
         assert_eq!(d, BootInstant::from_nanos(14_000_000_000));
+    }
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn deadline_only_moves_forward() {
+        let d = BootInstant::from_nanos(10_000_000_000);
+        let margin = Duration::from_millis(500);
+        // An answer to a request sent earlier than the one D came from: no change.
+        let early = BootInstant::from_nanos(6_000_000_000);
+        assert_eq!(renewed(d, early, 3 * S, margin), None);
+        let later = BootInstant::from_nanos(9_000_000_000);
+        assert_eq!(
+            renewed(d, later, 3 * S, margin),
+            Some(BootInstant::from_nanos(11_500_000_000))
+        );
+        assert_eq!(renewed(d, later, Duration::ZERO, margin), None);
+    }
+
+    #[test]
+    fn no_spawn_without_grace_and_one_renewal_left() {
+        let d = BootInstant::from_nanos(10_000_000_000);
+        let grace = Duration::from_millis(500);
+        let at = |ms: u64| BootInstant::from_nanos(ms * 1_000_000);
+        assert!(enough_left(at(8_500), d, grace, S));
+        assert!(!enough_left(at(8_501), d, grace, S));
+        // Inside the grace window, at D and after it.
+        assert!(!enough_left(at(9_600), d, grace, S));
+        assert!(!enough_left(at(10_000), d, grace, S));
+        assert!(!enough_left(at(12_000), d, grace, S));
     }
 }

@@ -159,6 +159,14 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         (P::Leading { .. }, E::JobEnded { exit, .. }) => {
             (P::Done(exit), vec![A::Resign, A::Exit(exit)])
         }
+        // etcd said the lease is gone: the next leader may already run, so no grace.
+        (P::Leading { token }, E::Lost(LossReason::Expired)) => (
+            P::Draining {
+                token,
+                why: StopWhy::Lost(LossReason::Expired),
+            },
+            vec![A::KillJob],
+        ),
         (P::Leading { token }, E::Lost(r)) => (
             P::Draining {
                 token,
@@ -309,13 +317,26 @@ mod tests {
     }
 
     #[test]
-    fn loss_drains_then_campaigns_again() {
+    fn a_lease_etcd_says_is_gone_kills_the_job_at_once() {
         let (p, a) = step(leading(), Event::Lost(LossReason::Expired), &CAMPAIGN);
         assert_eq!(
             p,
             Phase::Draining {
                 token: 42,
                 why: StopWhy::Lost(LossReason::Expired)
+            }
+        );
+        assert_eq!(a, vec![Action::KillJob]);
+    }
+
+    #[test]
+    fn loss_drains_then_campaigns_again() {
+        let (p, a) = step(leading(), Event::Lost(LossReason::Deadline), &CAMPAIGN);
+        assert_eq!(
+            p,
+            Phase::Draining {
+                token: 42,
+                why: StopWhy::Lost(LossReason::Deadline)
             }
         );
         assert_eq!(

@@ -298,9 +298,14 @@ fn classify_error(e: &BoxError) -> Attempt {
         // Only failures to establish the connection: "connection closed before message
         // completed" and the like may come after the request went out.
         let text = s.to_string();
-        if ["tcp connect error", "error trying to connect", "Connection refused", "dns error"]
-            .iter()
-            .any(|m| text.contains(m))
+        if [
+            "tcp connect error",
+            "error trying to connect",
+            "Connection refused",
+            "dns error",
+        ]
+        .iter()
+        .any(|m| text.contains(m))
         {
             return Attempt::NotConnected;
         }
@@ -436,7 +441,10 @@ mod tests {
     #[test]
     fn only_connection_failures_count_as_not_sent() {
         let e = |m: &str| -> BoxError { m.to_string().into() };
-        assert_eq!(classify_error(&e("tcp connect error")), Attempt::NotConnected);
+        assert_eq!(
+            classify_error(&e("tcp connect error")),
+            Attempt::NotConnected
+        );
         assert_eq!(
             classify_error(&e("Connection refused (os error 111)")),
             Attempt::NotConnected

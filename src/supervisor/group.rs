@@ -7,7 +7,6 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -86,9 +85,7 @@ impl Cgroup {
     }
 
     pub fn pids(&self) -> Vec<i32> {
-        fs::read_to_string(self.dir.join("cgroup.procs"))
-            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
-            .unwrap_or_default()
+        pids_in(&self.dir)
     }
 
     pub fn signal(&self, sig: Signal) {
@@ -99,31 +96,26 @@ impl Cgroup {
 
     /// Kills every member at once, setsid escapees included.
     pub fn kill(&self) {
-        let ok = fs::OpenOptions::new()
-            .write(true)
-            .open(self.dir.join("cgroup.kill"))
-            .and_then(|mut f| f.write_all(b"1"))
-            .is_ok();
-        if !ok {
-            // Kernels before 5.14 have no cgroup.kill.
-            self.signal(Signal::SIGKILL);
-        }
+        kill_dir(&self.dir);
     }
 
     pub fn remove(&self) {
         let _ = fs::remove_dir(&self.dir);
     }
 
+    /// SIGKILLs every member of the job cgroup of watchdog `watchdog`, if there is one.
+    /// Returns the cgroup's directory when there was one.
+    pub fn kill_by_watchdog(watchdog: u32) -> Option<PathBuf> {
+        let dir = Cgroup::path_for(watchdog).ok()?;
+        kill_dir(&dir).then_some(dir)
+    }
+
     /// Kills whatever is left in a dead watchdog's job cgroup, then removes it. Returns
     /// whether there was such a cgroup.
     pub fn kill_orphaned(watchdog: u32) -> bool {
-        let Ok(dir) = Cgroup::path_for(watchdog) else {
+        let Some(dir) = Cgroup::kill_by_watchdog(watchdog) else {
             return false;
         };
-        if !dir.exists() {
-            return false;
-        }
-        let _ = fs::write(dir.join("cgroup.kill"), "1");
         for _ in 0..200 {
             if fs::remove_dir(&dir).is_ok() {
                 break;
@@ -134,8 +126,30 @@ impl Cgroup {
     }
 }
 
-/// Removes the empty job cgroups of watchdogs that were SIGKILLed before they could clean up
-/// (rmdir only succeeds on a cgroup with no processes).
+/// Writes `cgroup.kill` in `dir`; false when there is no such cgroup.
+fn kill_dir(dir: &Path) -> bool {
+    match fs::write(dir.join("cgroup.kill"), "1") {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => dir.exists(),
+        // Kernels before 5.14 have no cgroup.kill.
+        Err(_) => {
+            for pid in pids_in(dir) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            true
+        }
+    }
+}
+
+fn pids_in(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Kills and removes the job cgroups of watchdogs that are gone. A watchdog SIGKILLed
+/// together with lead-exec leaves its job's main process to PR_SET_PDEATHSIG, but any other
+/// member runs on: nothing is left to stop it at the deadline, so it is killed here.
 fn sweep_stale(parent: &Path) {
     for e in fs::read_dir(parent).into_iter().flatten().flatten() {
         let name = e.file_name();
@@ -149,6 +163,14 @@ fn sweep_stale(parent: &Path) {
         let gone =
             nix::sys::signal::kill(Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH);
         if gone {
+            if !pids_in(&e.path()).is_empty() {
+                tracing::warn!(
+                    cgroup = %e.path().display(),
+                    "killing the rest of a job whose watchdog is gone"
+                );
+                kill_dir(&e.path());
+            }
+            // Succeeds once the killed members are gone; else the next sweep removes it.
             let _ = fs::remove_dir(e.path());
         }
     }

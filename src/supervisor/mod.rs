@@ -10,6 +10,12 @@
 //! `PR_SET_PDEATHSIG` fires only when lead-exec itself exits, never when a worker thread does.
 //! It is the small `lead-exec-watchdog` binary when that is installed beside lead-exec, and
 //! lead-exec itself in its hidden `__watchdog` mode otherwise.
+//!
+//! lead-exec and the watchdog are two enforcers of the deadline, and must not fail together:
+//! the watchdog gets a session (and so a process group) of its own before exec, and a name
+//! without "lead-exec" in it, so that no group signal and no `pkill`/`killall` by name reaches
+//! both; and [`Job::wait`] kills the group at D itself when the watchdog has not reported it
+//! gone.
 
 pub mod group;
 pub mod protocol;
@@ -24,11 +30,12 @@ use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 
 use crate::cli::CgroupMode;
-use crate::clock::BootInstant;
+use crate::clock::{BootInstant, BootTimer};
 use crate::exit::{fail, Exit, JobStatus};
 use protocol::{Cause, Command, Report};
 
@@ -50,23 +57,37 @@ pub struct Ended {
     pub slack_ms: i64,
 }
 
+/// How long before D the group gets SIGKILL: delivering it and the group's exit take a few
+/// hundred microseconds, more on a loaded host.
+pub const KILL_LEAD: Duration = Duration::from_millis(25);
+
 /// A running job under its watchdog.
 pub struct Job {
     pub pid: i32,
     ctl: std::fs::File,
     reports: Lines<BufReader<pipe::Receiver>>,
     watchdog: std::process::Child,
+    /// The lease deadline D last handed to the watchdog.
+    kill_at: BootInstant,
+    /// lead-exec's own timer at D: the second enforcer, for a watchdog that is frozen.
+    backstop: AsyncFd<BootTimer>,
+    backstop_fired: bool,
 }
 
 /// Variables lead-exec reads that the job must not see.
 const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
 
 impl Job {
-    /// Starts the watchdog, which starts the job; returns once the job runs. The deadline `d`
-    /// is in force before the job's first instruction.
-    pub async fn spawn(spec: &JobSpec, d: BootInstant) -> Result<Job> {
+    /// Starts the watchdog, which starts the job; returns once the job runs, or `None` when
+    /// the watchdog found the deadline spent and started nothing. The deadline `d` is in force
+    /// before the job's first instruction.
+    pub async fn spawn(spec: &JobSpec, d: BootInstant) -> Result<Option<Job>> {
         let (ctl_r, ctl_w) = pipe2()?;
         let (rep_r, rep_w) = pipe2()?;
+        let timer = BootTimer::new().context("timerfd_create")?;
+        // SAFETY: the timer owns its descriptor and moves into the AsyncFd, which keeps it
+        // open for as long as it is registered.
+        let backstop = unsafe { AsyncFd::register(timer) }.map_err(std::io::Error::from)?;
         let args = watchdog::Args {
             parent: std::process::id() as i32,
             ctl_fd: ctl_r.as_raw_fd(),
@@ -75,19 +96,23 @@ impl Job {
             term_at: d.minus(spec.grace),
             kill_at: d,
             cgroup: spec.cgroup,
-            command: spec.command.iter().map(OsString::from).collect(),
         };
         let mut cmd = std::process::Command::new(watchdog_program());
-        cmd.args(args.to_argv()).arg0("lead-exec-watchdog");
+        cmd.args(args.to_argv()).arg0(watchdog::NAME);
         for k in SECRET_ENV {
             cmd.env_remove(k);
         }
         cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
         let (cfd, rfd) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
-        // SAFETY: fcntl is async-signal-safe; it only clears close-on-exec on the two pipe ends
-        // the watchdog must inherit.
+        // SAFETY: setsid and fcntl are async-signal-safe. setsid gives the watchdog a session
+        // and process group of its own before its first instruction, so that no signal to
+        // lead-exec's group (job control, a supervisor) stops or kills both enforcers at once.
+        // fcntl clears close-on-exec on the two pipe ends the watchdog must inherit.
         unsafe {
             cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 for fd in [cfd, rfd] {
                     if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                         return Err(std::io::Error::last_os_error());
@@ -105,11 +130,38 @@ impl Job {
             ctl: std::fs::File::from(ctl_w),
             reports,
             watchdog,
+            kill_at: d,
+            backstop,
+            backstop_fired: false,
         };
-        match job.next_report().await? {
+        let argv: Vec<OsString> = spec.command.iter().map(OsString::from).collect();
+        if let Err(e) = job
+            .ctl
+            .write_all(protocol::encode_command(&argv).as_bytes())
+        {
+            // No job runs yet: the watchdog waits for this line.
+            let _ = job.watchdog.kill();
+            job.reap_watchdog();
+            return Err(e).context("sending the command to the watchdog");
+        }
+        let first = loop {
+            match job.reports.next_line().await? {
+                None => anyhow::bail!("the watchdog closed its pipe before starting the job"),
+                Some(line) => {
+                    if let Some(r) = Report::decode(&line) {
+                        break r;
+                    }
+                }
+            }
+        };
+        match first {
             Report::Spawned { pid } => {
                 job.pid = pid;
-                Ok(job)
+                Ok(Some(job))
+            }
+            Report::TooLate => {
+                job.reap_watchdog();
+                Ok(None)
             }
             Report::ExecFailed { errno } => {
                 job.reap_watchdog();
@@ -123,8 +175,12 @@ impl Job {
         }
     }
 
-    /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`.
+    /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`. D only moves forward.
     pub fn extend(&mut self, d: BootInstant, grace: Duration) {
+        if d <= self.kill_at {
+            return;
+        }
+        self.kill_at = d;
         self.send(Command::Deadline {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
@@ -156,35 +212,45 @@ impl Job {
     }
 
     /// Waits until the whole group is gone. Cancel-safe.
+    ///
+    /// Meanwhile lead-exec enforces D itself: if the group has not been reported gone when
+    /// SIGKILL is due, it kills the group and the cgroup on its own. A healthy watchdog does
+    /// the same at the same moment (a second SIGKILL is harmless); a frozen one cannot, and
+    /// then this is what stops the job.
     pub async fn wait(&mut self) -> Ended {
-        let ended = match self.next_report().await {
-            Ok(Report::Ended {
-                status,
-                cause,
-                slack_ms,
-            }) => Ended {
-                status,
-                cause,
-                slack_ms,
-            },
-            other => {
-                tracing::error!(
-                    "watchdog ended unexpectedly: {other:?}; killing what is left of the job"
-                );
-                // The job's main process dies with its parent (PR_SET_PDEATHSIG); the rest of
-                // its cgroup is ours to kill now. Without a cgroup, signal the group: nobody
-                // holds its leader unreaped any more, so this is the one place a reused pid
-                // could be hit, and only in the instant after the watchdog itself was killed.
-                if !group::Cgroup::kill_orphaned(self.watchdog.id()) {
-                    let _ = nix::sys::signal::killpg(
-                        nix::unistd::Pid::from_raw(self.pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-                Ended {
-                    status: JobStatus::Signaled(libc::SIGKILL),
-                    cause: Cause::Orphaned,
-                    slack_ms: 0,
+        let ended = loop {
+            let due = self.kill_at.minus(KILL_LEAD);
+            if let Err(e) = self
+                .backstop
+                .get_ref()
+                .arm((!self.backstop_fired).then_some(due))
+            {
+                tracing::warn!("deadline timer: {e}; the watchdog alone enforces this deadline");
+            }
+            tokio::select! {
+                line = self.reports.next_line() => match line {
+                    Ok(Some(l)) => match Report::decode(&l) {
+                        Some(Report::Ended { status, cause, slack_ms }) => {
+                            break Ended { status, cause, slack_ms };
+                        }
+                        Some(other) => {
+                            tracing::warn!("unexpected report from the watchdog: {other:?}");
+                        }
+                        None => {}
+                    },
+                    Ok(None) => break self.watchdog_lost("it closed its pipe"),
+                    Err(e) => break self.watchdog_lost(&format!("{e:#}")),
+                },
+                ready = self.backstop.readable() => {
+                    if let Ok(mut guard) = ready {
+                        self.backstop.get_ref().drain();
+                        guard.clear_ready();
+                    }
+                    if !self.backstop_fired && BootInstant::now() >= due {
+                        self.backstop_fired = true;
+                        tracing::debug!(pid = self.pid, "deadline: lead-exec kills the job's group itself");
+                        self.kill_directly();
+                    }
                 }
             }
         };
@@ -192,16 +258,38 @@ impl Job {
         ended
     }
 
-    async fn next_report(&mut self) -> Result<Report> {
-        loop {
-            let line = self
-                .reports
-                .next_line()
-                .await?
-                .context("watchdog closed its pipe")?;
-            if let Some(r) = Report::decode(&line) {
-                return Ok(r);
-            }
+    /// SIGKILL to the job's group and cgroup, without the watchdog. The watchdog holds the
+    /// group leader unreaped until the group is empty, so the pgid belongs to the job unless
+    /// the group ended in the instant before this, with its report still in the pipe.
+    fn kill_directly(&self) {
+        group::Cgroup::kill_by_watchdog(self.watchdog.id());
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+
+    fn watchdog_lost(&mut self, why: &str) -> Ended {
+        // One line, whatever the error holds: this goes to the log as is.
+        let why = why.replace('\n', " ");
+        tracing::error!(
+            pid = self.pid,
+            "the watchdog died ({why}); killing what is left of the job"
+        );
+        // The job's main process dies with its parent (PR_SET_PDEATHSIG); the rest of its
+        // cgroup is ours to kill now. Without a cgroup, signal the group: nobody holds its
+        // leader unreaped any more, so this is the one place a reused pid could be hit, and
+        // only in the instant after the watchdog itself was killed.
+        if !group::Cgroup::kill_orphaned(self.watchdog.id()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        Ended {
+            status: JobStatus::Signaled(libc::SIGKILL),
+            cause: Cause::WatchdogLost,
+            slack_ms: 0,
         }
     }
 

@@ -29,6 +29,8 @@ pub enum Cause {
     Deadline,
     /// lead-exec went away (pipe EOF or parent death).
     Orphaned,
+    /// The watchdog itself died (seen by lead-exec only, never sent).
+    WatchdogLost,
 }
 
 impl Cause {
@@ -38,6 +40,7 @@ impl Cause {
             Cause::Stop => "stop",
             Cause::Deadline => "deadline",
             Cause::Orphaned => "orphaned",
+            Cause::WatchdogLost => "watchdog-lost",
         }
     }
 
@@ -47,6 +50,7 @@ impl Cause {
             "stop" => Cause::Stop,
             "deadline" => Cause::Deadline,
             "orphaned" => Cause::Orphaned,
+            "watchdog-lost" => Cause::WatchdogLost,
             _ => return None,
         })
     }
@@ -61,6 +65,8 @@ pub enum Report {
     ExecFailed {
         errno: i32,
     },
+    /// The deadline was spent when the watchdog was about to fork: no job was started.
+    TooLate,
     /// The watchdog could not set up (e.g. `--cgroup on` without cgroup v2).
     SetupFailed {
         message: String,
@@ -71,6 +77,44 @@ pub enum Report {
         cause: Cause,
         slack_ms: i64,
     },
+}
+
+/// The job's command line as the first message to the watchdog: `A` and each argument's
+/// bytes in hex, so that any byte but NUL survives one text line.
+pub fn encode_command(argv: &[std::ffi::OsString]) -> String {
+    use std::fmt::Write;
+    let mut s = String::from("A");
+    for a in argv {
+        s.push(' ');
+        for b in a.as_encoded_bytes() {
+            let _ = write!(s, "{b:02x}");
+        }
+    }
+    s.push('\n');
+    s
+}
+
+pub fn decode_command(line: &[u8]) -> Option<Vec<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStringExt;
+    let line = std::str::from_utf8(line).ok()?;
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let mut w = line.split(' ');
+    if w.next()? != "A" {
+        return None;
+    }
+    let argv = w
+        .map(|hex| {
+            if hex.len() % 2 != 0 {
+                return None;
+            }
+            (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()
+                .map(std::ffi::OsString::from_vec)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!argv.is_empty()).then_some(argv)
 }
 
 impl Command {
@@ -104,6 +148,7 @@ impl Report {
         match self {
             Report::Spawned { pid } => format!("P {pid}\n"),
             Report::ExecFailed { errno } => format!("E {errno}\n"),
+            Report::TooLate => "L\n".to_string(),
             Report::SetupFailed { message } => format!("F {}\n", message.replace('\n', " ")),
             Report::Ended {
                 status,
@@ -130,6 +175,7 @@ impl Report {
             "E" => Report::ExecFailed {
                 errno: w.next()?.parse().ok()?,
             },
+            "L" => Report::TooLate,
             "F" => Report::SetupFailed {
                 message: rest.to_string(),
             },
@@ -173,10 +219,30 @@ mod tests {
     }
 
     #[test]
+    fn commands_lines_round_trip() {
+        use std::os::unix::ffi::OsStringExt;
+        let argv: Vec<std::ffi::OsString> = vec![
+            "sh".into(),
+            "-c".into(),
+            "echo 'a b'\n# lead-exec".into(),
+            std::ffi::OsString::from_vec(vec![0xff, 0x01]),
+            "".into(),
+        ];
+        let line = encode_command(&argv);
+        assert_eq!(line.matches('\n').count(), 1);
+        assert!(!line.contains("lead-exec"));
+        assert_eq!(decode_command(line.as_bytes()), Some(argv));
+        assert_eq!(decode_command(b"A\n"), None);
+        assert_eq!(decode_command(b"A 6\n"), None);
+        assert_eq!(decode_command(b"D 1 2\n"), None);
+    }
+
+    #[test]
     fn reports_round_trip() {
         for r in [
             Report::Spawned { pid: 42 },
             Report::ExecFailed { errno: 2 },
+            Report::TooLate,
             Report::SetupFailed {
                 message: "no cgroup v2 here".into(),
             },

@@ -32,26 +32,44 @@ struct CloneArgs {
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// The started job: its pid (= its process group id) and, when the kernel gave one, a pidfd.
+/// The started job: its pid (= its process group id), when the kernel gave one a pidfd, and
+/// whether it runs in the cgroup it was meant for.
 pub struct Spawned {
     pub pid: i32,
     pub pidfd: Option<OwnedFd>,
+    pub in_cgroup: bool,
 }
 
 /// Starts `command` in its own process group (and `cgroup`). An exec failure is returned as
 /// the exec's `io::Error`, as `std::process::Command` does.
-pub fn spawn(command: &[OsString], cgroup: Option<&Cgroup>) -> io::Result<Spawned> {
-    if let Some(cg) = cgroup {
-        match clone_into(command, cg) {
-            // No clone3 or no CLONE_INTO_CGROUP on this kernel: move the child instead.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EPERM)
-                ) => {}
-            other => return other,
+///
+/// Unless the cgroup is `required` (`--cgroup on`), any failure to start the job inside it
+/// falls back to a start without it: containment is best effort under `--cgroup auto`. An
+/// exec failure fails the same way again and is reported then.
+pub fn spawn(command: &[OsString], cgroup: Option<&Cgroup>, required: bool) -> io::Result<Spawned> {
+    let Some(cg) = cgroup else {
+        return plain(command, None);
+    };
+    let first = match clone_into(command, cg) {
+        // No clone3 or no CLONE_INTO_CGROUP on this kernel: move the child instead.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EPERM)
+            ) =>
+        {
+            plain(command, Some(cg))
         }
+        other => other,
+    };
+    match first {
+        Err(_) if !required => plain(command, None),
+        other => other,
     }
+}
+
+/// fork and exec with `std::process::Command`; with a cgroup, the child moves into it first.
+fn plain(command: &[OsString], cgroup: Option<&Cgroup>) -> io::Result<Spawned> {
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).process_group(0);
     let procs = cgroup.map(|c| c.procs_path().clone());
@@ -72,6 +90,7 @@ pub fn spawn(command: &[OsString], cgroup: Option<&Cgroup>) -> io::Result<Spawne
     Ok(Spawned {
         pid: child.id() as i32,
         pidfd: None,
+        in_cgroup: cgroup.is_some(),
     })
 }
 
@@ -133,7 +152,11 @@ fn clone_into(command: &[OsString], cg: &Cgroup) -> io::Result<Spawned> {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
         return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
     }
-    Ok(Spawned { pid, pidfd })
+    Ok(Spawned {
+        pid,
+        pidfd,
+        in_cgroup: true,
+    })
 }
 
 /// In the child: SIGKILL the job's main process if the watchdog dies (it survives exec). Then
@@ -172,5 +195,33 @@ pub fn reset_signals() {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cgroup removed after it was opened makes clone3 fail with an error outside the
+    /// "no CLONE_INTO_CGROUP here" set; `--cgroup auto` must still start the job.
+    #[test]
+    fn cgroup_auto_starts_the_job_when_the_cgroup_refuses_it() {
+        let Ok(cg) = Cgroup::create() else {
+            eprintln!("no writable cgroup v2 here; nothing to check");
+            return;
+        };
+        cg.remove();
+        // An absolute path: the child of a multi-threaded test must not search PATH.
+        let cmd: Vec<OsString> = vec!["/bin/true".into()];
+        let err = spawn(&cmd, Some(&cg), true).err();
+        eprintln!("--cgroup on, cgroup removed: {err:?}");
+        assert!(err.is_some(), "started in a removed cgroup");
+        let s = spawn(&cmd, Some(&cg), false).expect("--cgroup auto falls back");
+        assert!(!s.in_cgroup);
+        let st = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(s.pid), None).unwrap();
+        assert_eq!(
+            st,
+            nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(s.pid), 0)
+        );
     }
 }

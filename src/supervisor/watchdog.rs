@@ -2,11 +2,13 @@
 //! deadline even when lead-exec is killed, frozen or starved.
 //!
 //! It runs as the `lead-exec-watchdog` binary, or as lead-exec re-executed in a hidden mode
-//! (`lead-exec __watchdog ...`): single-threaded, no async runtime, no etcd. lead-exec sends it deadline extensions over a pipe
-//! ([`super::protocol`]). It sends SIGTERM to the group at D − grace and SIGKILL at D, measured on
-//! CLOCK_BOOTTIME with a timerfd, whatever lead-exec is doing. EOF on the pipe means lead-exec is
-//! gone: there is no leadership left to wait for, so the group is killed at once.
-//! `PR_SET_PDEATHSIG` is a second way to learn of the parent's death; the pipe is the first.
+//! (`lead-exec __watchdog ...`): single-threaded, no async runtime, no etcd. Either way it
+//! runs in a session of its own and calls itself [`NAME`]. lead-exec sends it deadline
+//! extensions over a pipe ([`super::protocol`]). It sends SIGTERM to the group at D − grace
+//! and SIGKILL just before D, measured on CLOCK_BOOTTIME with a timerfd, whatever lead-exec is
+//! doing. EOF on the pipe means lead-exec is gone: there is no leadership left to wait for, so
+//! the group is killed at once. `PR_SET_PDEATHSIG` is a second way to learn of the parent's
+//! death; the pipe is the first.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -20,21 +22,24 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::group::{Cgroup, Group};
-use super::protocol::{Cause, Command, Report};
-use crate::clock::BootInstant;
+use super::protocol::{decode_command, Cause, Command, Report};
+use super::KILL_LEAD;
+use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
 
 /// argv[1] that selects this mode.
 pub const ARG: &str = "__watchdog";
 
-/// How long before D the group gets SIGKILL: delivering it and the group's exit take a few
-/// hundred microseconds, more on a loaded host.
-const KILL_LEAD: Duration = Duration::from_millis(25);
+/// The watchdog's process name (comm) and argv[0]. It must not contain "lead-exec", so that
+/// one `pkill lead-exec` or `killall lead-exec` cannot take out both enforcers.
+pub const NAME: &str = "lexec-watchdog";
 
 /// Signal the kernel sends us when the thread that forked us dies.
 const PARENT_DEATH: i32 = libc::SIGUSR2;
 
-/// The watchdog's fixed arguments, in order, before `--` and the command.
+/// The watchdog's arguments, in order. The job's command is not among them: it comes first
+/// over the control pipe ([`super::protocol::encode_command`]), so that the watchdog's own
+/// command line never holds what the job's does (`pkill -f` matches it).
 pub struct Args {
     pub parent: i32,
     pub ctl_fd: RawFd,
@@ -43,7 +48,6 @@ pub struct Args {
     pub term_at: BootInstant,
     pub kill_at: BootInstant,
     pub cgroup: crate::cli::CgroupMode,
-    pub command: Vec<OsString>,
 }
 
 impl Args {
@@ -53,7 +57,7 @@ impl Args {
             crate::cli::CgroupMode::On => "on",
             crate::cli::CgroupMode::Off => "off",
         };
-        let mut v: Vec<OsString> = [
+        [
             ARG.to_string(),
             self.parent.to_string(),
             self.ctl_fd.to_string(),
@@ -62,13 +66,10 @@ impl Args {
             self.term_at.as_nanos().to_string(),
             self.kill_at.as_nanos().to_string(),
             mode.to_string(),
-            "--".to_string(),
         ]
         .into_iter()
         .map(OsString::from)
-        .collect();
-        v.extend(self.command.iter().cloned());
-        v
+        .collect()
     }
 
     fn parse(argv: &[OsString]) -> Result<Args> {
@@ -78,7 +79,7 @@ impl Args {
                 .with_context(|| format!("watchdog argument {i} missing"))
         };
         let n = |i: usize| -> Result<u64> { Ok(s(i)?.parse()?) };
-        if s(1)? != ARG || s(9)? != "--" || argv.len() < 11 {
+        if s(1)? != ARG || argv.len() != 9 {
             bail!("bad watchdog arguments");
         }
         Ok(Args {
@@ -93,8 +94,28 @@ impl Args {
                 "off" => crate::cli::CgroupMode::Off,
                 _ => crate::cli::CgroupMode::Auto,
             },
-            command: argv[10..].to_vec(),
         })
+    }
+}
+
+/// Reads the job's command, the first line on the control pipe (blocking: nothing else can
+/// happen before it). Returns it and whatever was read past it; `None` on EOF (lead-exec
+/// went away before sending it).
+fn read_command(ctl: &mut File) -> Result<Option<(Vec<OsString>, Vec<u8>)>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let rest = buf.split_off(i + 1);
+            let command = decode_command(&buf).context("bad command from lead-exec")?;
+            return Ok(Some((command, rest)));
+        }
+        match ctl.read(&mut chunk) {
+            Ok(0) => return Ok(None),
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("reading the command"),
+        }
     }
 }
 
@@ -109,24 +130,33 @@ pub fn main(argv: Vec<OsString>) -> std::process::ExitCode {
     }
 }
 
+/// Whether a job may still be started: not once SIGTERM is due, since it would be told to stop
+/// at once (and never at or after D).
+pub fn may_spawn(now: BootInstant, term_at: BootInstant) -> bool {
+    now < term_at
+}
+
 fn run(argv: &[OsString]) -> Result<()> {
+    // First, before anything can fail or a job exists: a name that no `pkill lead-exec`
+    // matches (otherwise the file name, or "exe" when started as /proc/self/exe).
+    let name = std::ffi::CString::new(NAME).expect("no NUL in the name");
+    prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong)?;
     let a = Args::parse(argv)?;
     set_cloexec(a.ctl_fd)?;
     set_cloexec(a.report_fd)?;
     // SAFETY: lead-exec handed us these two descriptors and nothing else owns them.
     let mut ctl = unsafe { File::from_raw_fd(a.ctl_fd) };
     let mut report = unsafe { File::from_raw_fd(a.report_fd) };
+    let Some((command, pending)) = read_command(&mut ctl)? else {
+        return Ok(());
+    };
     set_nonblocking(ctl.as_raw_fd())?;
 
-    // Otherwise ps shows "exe" (we were started as /proc/self/exe).
-    prctl(
-        libc::PR_SET_NAME,
-        c"lead-exec-wdog".as_ptr() as libc::c_ulong,
-    )?;
     // Orphaned grandchildren come to us, so that we can reap them and see the group empty.
     prctl(libc::PR_SET_CHILD_SUBREAPER, 1)?;
-    // The terminal and service managers signal whole groups; lead-exec decides what the job
-    // gets, and the watchdog itself must neither die nor stop.
+    // We run in a session of our own (lead-exec calls setsid before exec), so no group signal
+    // aimed at lead-exec reaches us; these are ignored in case one is aimed at us directly:
+    // lead-exec decides what the job gets, and the watchdog itself must neither die nor stop.
     for sig in [
         libc::SIGINT,
         libc::SIGTERM,
@@ -141,7 +171,7 @@ fn run(argv: &[OsString]) -> Result<()> {
         // SAFETY: setting a disposition to SIG_IGN has no handler to race with.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
-    let (mut wake_r, wake_w) = UnixStream::pair()?;
+    let (wake_r, wake_w) = UnixStream::pair()?;
     wake_r.set_nonblocking(true)?;
     wake_w.set_nonblocking(true)?;
     signal_hook::low_level::pipe::register(libc::SIGCHLD, wake_w.try_clone()?)?;
@@ -151,6 +181,8 @@ fn run(argv: &[OsString]) -> Result<()> {
     if nix::unistd::getppid().as_raw() != a.parent {
         return Ok(());
     }
+    // Everything that can fail is set up before the fork, so that no job runs unsupervised.
+    let timer = BootTimer::new().context("timerfd_create")?;
 
     let cgroup = match a.cgroup {
         crate::cli::CgroupMode::Off => None,
@@ -165,7 +197,17 @@ fn run(argv: &[OsString]) -> Result<()> {
         },
     };
 
-    let spawned = match super::spawn::spawn(&a.command, cgroup.as_ref()) {
+    // Right before the fork: lead-exec checked the deadline too, but it may have been frozen
+    // or starved since, and the deadline it passed may be spent by now.
+    if !may_spawn(BootInstant::now(), a.term_at) {
+        send(&mut report, &Report::TooLate);
+        if let Some(cg) = &cgroup {
+            cg.remove();
+        }
+        return Ok(());
+    }
+    let required = a.cgroup == crate::cli::CgroupMode::On;
+    let spawned = match super::spawn::spawn(&command, cgroup.as_ref(), required) {
         Ok(s) => s,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
@@ -176,57 +218,93 @@ fn run(argv: &[OsString]) -> Result<()> {
             return Ok(());
         }
     };
+    let cgroup = match cgroup {
+        Some(cg) if !spawned.in_cgroup => {
+            cg.remove();
+            None
+        }
+        other => other,
+    };
     let pid = spawned.pid;
     send(&mut report, &Report::Spawned { pid });
-    let group = Group {
-        leader: Pid::from_raw(pid),
-        cgroup,
+    let mut w = Watch {
+        group: Group {
+            leader: Pid::from_raw(pid),
+            cgroup,
+        },
+        plan: Schedule::new(a.grace, a.term_at, a.kill_at),
+        exited: None,
     };
-    let pidfd = match spawned.pidfd {
+    let io = Io {
+        parent: a.parent,
+        ctl,
+        report,
+        wake_r,
+        timer,
+    };
+    or_kill(&mut w, |w| supervise(w, io, spawned.pidfd, pending))
+}
+
+/// Runs `f`, and kills the group if it fails: a job we can no longer supervise must not run
+/// on.
+fn or_kill(w: &mut Watch, f: impl FnOnce(&mut Watch) -> Result<()>) -> Result<()> {
+    let res = f(w);
+    if res.is_err() {
+        w.group.kill();
+    }
+    res
+}
+
+/// The descriptors of the supervision loop.
+struct Io {
+    parent: i32,
+    ctl: File,
+    report: File,
+    wake_r: UnixStream,
+    timer: BootTimer,
+}
+
+/// Enforces the schedule until the group is gone. On error the caller kills the group.
+fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>, mut buf: Vec<u8>) -> Result<()> {
+    let pid = w.group.leader.as_raw();
+    let pidfd = match pidfd {
         Some(fd) => fd,
         None => pidfd_open(pid)?,
     };
-    let timer = timerfd()?;
-
-    let mut w = Watch {
-        group,
-        grace: a.grace,
-        term_at: a.term_at,
-        kill_at: a.kill_at,
-        stop_kill_at: None,
-        term_sent: false,
-        kill_sent: false,
-        cause: None,
-        exited: None,
-    };
     let mut ctl_open = true;
-    let mut buf = Vec::new();
+    w.take_commands(&mut buf, BootInstant::now());
     loop {
         let now = BootInstant::now();
         w.enforce(now);
+        // Orphans reparented to us are reaped as soon as they exit, whatever the job's main
+        // process is doing.
+        w.group.reap_orphans();
         if let Some(status) = w.exited {
-            w.group.reap_orphans();
             if !w.group.has_live_members() {
                 let end = w.finish(status);
-                send(&mut report, &end);
+                send(&mut io.report, &end);
                 return Ok(());
             }
-            if w.cause.is_none() {
+            if w.plan.cause.is_none() {
                 // The job exited but left processes in its group: they must not outlive the
                 // term. Same stop sequence as for a lost lease.
-                w.cause = Some(Cause::SelfExit);
-                w.stop(libc::SIGTERM, now);
+                let act = w.plan.stop(Cause::SelfExit, libc::SIGTERM, now);
+                w.apply(act);
             }
         }
-        arm(&timer, w.next_wake())?;
+        io.timer
+            .arm(w.plan.next_wake())
+            .context("timerfd_settime")?;
 
-        let mut fds = vec![
-            pollfd(wake_r.as_raw_fd()),
-            pollfd(timer.as_raw_fd()),
-            pollfd(pidfd.as_raw_fd()),
-        ];
+        let mut fds = vec![pollfd(io.wake_r.as_raw_fd()), pollfd(io.timer.as_raw_fd())];
+        // An exited (unreaped) leader leaves its pidfd readable for good: polling it then
+        // would return at once, every time.
+        if w.exited.is_none() {
+            fds.push(pollfd(pidfd.as_raw_fd()));
+        }
+        let ctl_slot = fds.len();
         if ctl_open {
-            fds.push(pollfd(ctl.as_raw_fd()));
+            fds.push(pollfd(io.ctl.as_raw_fd()));
         }
         // After the leader exits, other members leave no event we could wait on: look again
         // every 10 ms until they are gone.
@@ -240,16 +318,16 @@ fn run(argv: &[OsString]) -> Result<()> {
             }
             continue;
         }
-        drain(&mut wake_r);
-        drain_timer(&timer);
+        drain(&mut io.wake_r);
+        io.timer.drain();
         let now = BootInstant::now();
         if w.exited.is_none() && fds[2].revents != 0 {
             w.exited = peek_exit(pid);
         }
-        if ctl_open && fds.get(3).is_some_and(|f| f.revents != 0) {
+        if ctl_open && fds.get(ctl_slot).is_some_and(|f| f.revents != 0) {
             let mut chunk = [0u8; 512];
             loop {
-                match ctl.read(&mut chunk) {
+                match io.ctl.read(&mut chunk) {
                     Ok(0) => {
                         ctl_open = false;
                         break;
@@ -263,26 +341,31 @@ fn run(argv: &[OsString]) -> Result<()> {
                     }
                 }
             }
-            while let Some(i) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=i).collect();
-                if let Some(c) = Command::decode(&String::from_utf8_lossy(&line)) {
-                    w.command(c, now);
-                }
-            }
+            w.take_commands(&mut buf, now);
             if !ctl_open {
-                w.orphaned();
+                let act = w.plan.orphaned();
+                w.apply(act);
             }
         }
-        if nix::unistd::getppid().as_raw() != a.parent {
+        if nix::unistd::getppid().as_raw() != io.parent {
             ctl_open = false;
-            w.orphaned();
+            let act = w.plan.orphaned();
+            w.apply(act);
         }
     }
 }
 
-/// The watchdog's state for one job.
-struct Watch {
-    group: Group,
+/// What the schedule wants done to the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    Signal(i32),
+    Kill,
+}
+
+/// The deadline schedule for one job, without any I/O: given the time and lead-exec's
+/// commands, it says when the group gets which signal.
+#[derive(Debug, Clone)]
+struct Schedule {
     grace: Duration,
     /// Lease deadlines from lead-exec: SIGTERM at `term_at`, SIGKILL at `kill_at` (= D).
     term_at: BootInstant,
@@ -293,74 +376,85 @@ struct Watch {
     kill_sent: bool,
     /// Why the group is ending; `None` while the job runs normally.
     cause: Option<Cause>,
-    /// The leader's status once it exited (still unreaped).
-    exited: Option<JobStatus>,
 }
 
-impl Watch {
+impl Schedule {
+    fn new(grace: Duration, term_at: BootInstant, kill_at: BootInstant) -> Schedule {
+        Schedule {
+            grace,
+            term_at,
+            kill_at,
+            stop_kill_at: None,
+            term_sent: false,
+            kill_sent: false,
+            cause: None,
+        }
+    }
+
     /// When SIGKILL goes out: a little before D, so that the group is dead by D rather than
     /// just signalled at it.
     fn kill_by(&self) -> BootInstant {
         self.kill_at.minus(KILL_LEAD)
     }
 
-    fn enforce(&mut self, now: BootInstant) {
+    /// What is due at `now`.
+    fn enforce(&mut self, now: BootInstant) -> Option<Act> {
         if self.kill_sent {
-            return;
+            return None;
         }
         if now >= self.kill_by() {
             self.cause.get_or_insert(Cause::Deadline);
-            self.kill();
-        } else if self.stop_kill_at.is_some_and(|t| now >= t) {
-            self.kill();
-        } else if !self.term_sent && now >= self.term_at {
-            self.cause.get_or_insert(Cause::Deadline);
-            self.stop(libc::SIGTERM, now);
+            return self.kill();
         }
+        if self.stop_kill_at.is_some_and(|t| now >= t) {
+            return self.kill();
+        }
+        if !self.term_sent && now >= self.term_at {
+            return self.stop(Cause::Deadline, libc::SIGTERM, now);
+        }
+        None
     }
 
-    fn stop(&mut self, sig: i32, now: BootInstant) {
-        if let Ok(s) = Signal::try_from(sig) {
-            self.group.signal(s);
-        }
+    fn stop(&mut self, cause: Cause, sig: i32, now: BootInstant) -> Option<Act> {
+        self.cause.get_or_insert(cause);
         self.term_sent = true;
         let t = now.plus(self.grace).min(self.kill_by());
         self.stop_kill_at = Some(self.stop_kill_at.map_or(t, |old| old.min(t)));
+        Some(Act::Signal(sig))
     }
 
-    fn kill(&mut self) {
-        self.group.kill();
+    fn kill(&mut self) -> Option<Act> {
         self.kill_sent = true;
+        Some(Act::Kill)
     }
 
-    fn orphaned(&mut self) {
-        if !self.kill_sent {
-            self.cause.get_or_insert(Cause::Orphaned);
-            self.kill();
+    fn orphaned(&mut self) -> Option<Act> {
+        if self.kill_sent {
+            return None;
         }
+        self.cause.get_or_insert(Cause::Orphaned);
+        self.kill()
     }
 
-    fn command(&mut self, c: Command, now: BootInstant) {
+    fn command(&mut self, c: Command, now: BootInstant) -> Option<Act> {
         match c {
             Command::Deadline { term_at, kill_at } => {
-                // Once a stop is under way no extension revives the job.
+                // Once a stop is under way no extension revives the job; and D only moves
+                // forward, so a stale or reordered extension cannot move it back and forth.
                 if self.cause.is_none() {
-                    self.term_at = BootInstant::from_nanos(term_at);
-                    self.kill_at = BootInstant::from_nanos(kill_at);
+                    self.term_at = self.term_at.max(BootInstant::from_nanos(term_at));
+                    self.kill_at = self.kill_at.max(BootInstant::from_nanos(kill_at));
                 }
+                None
             }
-            Command::Forward(sig) => {
-                if let Ok(s) = Signal::try_from(sig) {
-                    self.group.signal(s);
-                }
-            }
-            Command::Stop(sig) => {
-                self.cause.get_or_insert(Cause::Stop);
-                self.stop(sig, now);
-            }
+            Command::Forward(sig) => Some(Act::Signal(sig)),
+            Command::Stop(sig) => self.stop(Cause::Stop, sig, now),
             Command::Kill => {
                 self.cause.get_or_insert(Cause::Stop);
-                self.kill();
+                if self.kill_sent {
+                    return None;
+                }
+                self.kill()
             }
         }
     }
@@ -377,6 +471,44 @@ impl Watch {
             t = t.min(self.term_at);
         }
         Some(t)
+    }
+}
+
+/// The watchdog's state for one job.
+struct Watch {
+    group: Group,
+    plan: Schedule,
+    /// The leader's status once it exited (still unreaped).
+    exited: Option<JobStatus>,
+}
+
+impl Watch {
+    fn enforce(&mut self, now: BootInstant) {
+        let act = self.plan.enforce(now);
+        self.apply(act);
+    }
+
+    /// Carries out the complete command lines in `buf`, leaving a partial one there.
+    fn take_commands(&mut self, buf: &mut Vec<u8>, now: BootInstant) {
+        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            if let Some(c) = Command::decode(&String::from_utf8_lossy(&line)) {
+                let act = self.plan.command(c, now);
+                self.apply(act);
+            }
+        }
+    }
+
+    fn apply(&self, act: Option<Act>) {
+        match act {
+            Some(Act::Kill) => self.group.kill(),
+            Some(Act::Signal(sig)) => {
+                if let Ok(s) = Signal::try_from(sig) {
+                    self.group.signal(s);
+                }
+            }
+            None => {}
+        }
     }
 
     /// Reaps the leader (only now: its pid could be reused afterwards), sweeps up
@@ -410,8 +542,8 @@ impl Watch {
         }
         Report::Ended {
             status,
-            cause: self.cause.unwrap_or(Cause::SelfExit),
-            slack_ms: self.kill_at.millis_after(died),
+            cause: self.plan.cause.unwrap_or(Cause::SelfExit),
+            slack_ms: self.plan.kill_at.millis_after(died),
         }
     }
 }
@@ -481,46 +613,6 @@ fn pidfd_open(pid: i32) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-fn timerfd() -> Result<OwnedFd> {
-    // SAFETY: returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK)
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("timerfd_create");
-    }
-    // SAFETY: a fresh descriptor that we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Arms the timer at an absolute CLOCK_BOOTTIME instant (or disarms it).
-fn arm(timer: &OwnedFd, at: Option<BootInstant>) -> Result<()> {
-    let ns = at.map_or(0, |t| t.as_nanos().max(1));
-    let spec = libc::itimerspec {
-        it_interval: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        },
-        it_value: libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-        },
-    };
-    // SAFETY: valid descriptor and itimerspec.
-    let rc = unsafe {
-        libc::timerfd_settime(
-            timer.as_raw_fd(),
-            libc::TFD_TIMER_ABSTIME,
-            &spec,
-            std::ptr::null_mut(),
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("timerfd_settime");
-    }
-    Ok(())
-}
-
 fn pollfd(fd: RawFd) -> libc::pollfd {
     libc::pollfd {
         fd,
@@ -534,8 +626,131 @@ fn drain(s: &mut UnixStream) {
     while matches!(s.read(&mut b), Ok(n) if n > 0) {}
 }
 
-fn drain_timer(t: &OwnedFd) {
-    let mut b = [0u8; 8];
-    // SAFETY: reading 8 bytes into our buffer from a non-blocking timerfd.
-    unsafe { libc::read(t.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> BootInstant {
+        BootInstant::from_nanos(ms * 1_000_000)
+    }
+
+    /// SIGTERM at 9.5 s, D at 10 s, grace 0.5 s.
+    fn plan() -> Schedule {
+        Schedule::new(Duration::from_millis(500), at(9_500), at(10_000))
+    }
+
+    fn deadline(term_ms: u64, kill_ms: u64) -> Command {
+        Command::Deadline {
+            term_at: at(term_ms).as_nanos(),
+            kill_at: at(kill_ms).as_nanos(),
+        }
+    }
+
+    #[test]
+    fn sigterm_at_d_minus_grace_then_sigkill_ahead_of_d() {
+        let mut p = plan();
+        assert_eq!(p.enforce(at(9_000)), None);
+        assert_eq!(p.enforce(at(9_500)), Some(Act::Signal(libc::SIGTERM)));
+        let kill = p.next_wake().unwrap();
+        assert!(
+            kill < at(10_000),
+            "SIGKILL is due at {kill:?}, not before D"
+        );
+        assert_eq!(kill, at(10_000).minus(KILL_LEAD));
+        assert_eq!(p.enforce(kill.minus(Duration::from_nanos(1))), None);
+        assert_eq!(p.enforce(kill), Some(Act::Kill));
+        assert_eq!(p.cause, Some(Cause::Deadline));
+        assert_eq!(p.next_wake(), None);
+    }
+
+    #[test]
+    fn a_stop_is_never_revived() {
+        let mut p = plan();
+        assert_eq!(
+            p.command(Command::Stop(libc::SIGTERM), at(5_000)),
+            Some(Act::Signal(libc::SIGTERM))
+        );
+        // An extension that was in flight when the stop began changes nothing.
+        assert_eq!(p.command(deadline(60_000, 61_000), at(5_001)), None);
+        assert_eq!(p.kill_at, at(10_000));
+        assert_eq!(p.next_wake(), Some(at(5_500)));
+        assert_eq!(p.enforce(at(5_500)), Some(Act::Kill));
+        assert_eq!(p.command(deadline(60_000, 61_000), at(5_600)), None);
+        assert_eq!(p.enforce(at(70_000)), None);
+        assert_eq!(p.cause, Some(Cause::Stop));
+    }
+
+    #[test]
+    fn d_only_moves_forward() {
+        let mut p = plan();
+        p.command(deadline(12_500, 13_000), at(8_000));
+        assert_eq!((p.term_at, p.kill_at), (at(12_500), at(13_000)));
+        p.command(deadline(9_500, 10_000), at(8_100));
+        assert_eq!((p.term_at, p.kill_at), (at(12_500), at(13_000)));
+        assert_eq!(p.enforce(at(12_000)), None);
+    }
+
+    #[test]
+    fn a_stop_close_to_d_still_kills_ahead_of_d() {
+        let mut p = plan();
+        p.command(Command::Stop(libc::SIGINT), at(9_900));
+        assert_eq!(p.next_wake(), Some(at(10_000).minus(KILL_LEAD)));
+    }
+
+    #[test]
+    fn losing_lead_exec_kills_at_once_and_only_once() {
+        let mut p = plan();
+        assert_eq!(p.orphaned(), Some(Act::Kill));
+        assert_eq!(p.cause, Some(Cause::Orphaned));
+        assert_eq!(p.orphaned(), None);
+        assert_eq!(p.command(Command::Kill, at(1)), None);
+    }
+
+    #[test]
+    fn no_spawn_once_sigterm_is_due() {
+        assert!(may_spawn(at(9_499), at(9_500)));
+        assert!(!may_spawn(at(9_500), at(9_500)));
+        // After D, too.
+        assert!(!may_spawn(at(10_001), at(9_500)));
+    }
+
+    #[test]
+    fn a_failed_supervision_kills_the_group() {
+        use std::os::unix::process::CommandExt;
+        let mut job = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 30 & exec sleep 30"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let leader = Pid::from_raw(job.id() as i32);
+        let mut w = Watch {
+            group: Group {
+                leader,
+                cgroup: None,
+            },
+            plan: plan(),
+            exited: None,
+        };
+        let res = or_kill(&mut w, |_| bail!("poll: broken"));
+        assert!(res.is_err());
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(job.wait().unwrap().signal(), Some(libc::SIGKILL));
+        // The group's other member got it too (once its new parent reaps it, the group is
+        // empty).
+        let until = BootInstant::now().plus(Duration::from_secs(5));
+        while nix::sys::signal::killpg(leader, None).is_ok() && !until.has_passed() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            nix::sys::signal::killpg(leader, None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+    }
+
+    #[test]
+    fn the_name_matches_no_lead_exec_pattern() {
+        assert!(!NAME.contains("lead-exec"));
+        // The kernel keeps 15 bytes of a process name.
+        assert!(NAME.len() <= 15);
+    }
 }

@@ -115,6 +115,14 @@ impl Member {
         self.spawn();
     }
 
+    /// Restarts this member on an empty data directory, as after a wipe: revisions start
+    /// again from 1.
+    pub fn wipe(&mut self) {
+        self.kill();
+        fs::remove_dir_all(self.dir.join(&self.name)).unwrap();
+        self.spawn();
+    }
+
     pub fn stop(&self) {
         signal(self.pid(), libc::SIGSTOP);
     }
@@ -291,6 +299,123 @@ pub fn signal(pid: i32, sig: i32) {
     }
 }
 
+/// Whether `pid` exists at all, zombies included (a zombie is a process nobody reaped).
+pub fn exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Fields of `/proc/PID/stat` after the command name (field 3 is index 0).
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// (process group, session) of a process.
+pub fn pgid_sid(pid: i32) -> Option<(i32, i32)> {
+    let f = stat_fields(pid)?;
+    Some((f[2].parse().ok()?, f[3].parse().ok()?))
+}
+
+/// CPU time a process has used so far, user plus system, in clock ticks (1/100 s).
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
+    let f = stat_fields(pid)?;
+    Some(f[11].parse::<u64>().ok()? + f[12].parse::<u64>().ok()?)
+}
+
+/// The kernel's name for a process (what `pkill NAME` matches).
+pub fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim_end()
+        .to_string()
+}
+
+/// argv[0] of a process, from `/proc/PID/cmdline`.
+pub fn argv0(pid: i32) -> String {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let first = raw.split(|&b| b == 0).next().unwrap_or_default();
+    String::from_utf8_lossy(first).into_owned()
+}
+
+/// Wall-clock nanoseconds, comparable with the job's `date +%s%N`.
+pub fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i128
+}
+
+/// A job that records its term, its pid, its watchdog's pid and a grandchild's pid, and
+/// writes a heartbeat (`date +%s%N`) every 50 ms from both processes into `$D/hb`.
+pub fn heartbeat_job(dir: &Path) -> String {
+    script(
+        dir,
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; echo $PPID > $D/watchdog; \
+         sh -c 'echo $$ > $D/grandchild; while :; do date +%s%N >> $D/hb; sleep 0.05; done' & \
+         echo $$ > $D/pid; while :; do date +%s%N >> $D/hb; sleep 0.05; done",
+    )
+}
+
+/// The latest heartbeat written by [`heartbeat_job`], in wall-clock ns.
+pub fn last_heartbeat(dir: &Path) -> i128 {
+    lines(&dir.join("hb"))
+        .iter()
+        .filter_map(|l| l.trim().parse().ok())
+        .max()
+        .expect("the job wrote heartbeats")
+}
+
+/// `etcdctl --endpoints=E` from where the cluster's etcd comes from, for a long-running
+/// command such as `watch`.
+pub fn etcdctl_command(endpoints: &str) -> Command {
+    let mut c = Command::new(need("etcdctl", "etcd-client"));
+    c.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"));
+    c
+}
+
+/// The moment etcd deletes `key` (its lease expired), as seen by a watch started now:
+/// call [`KeyGone::wait`] after the fault.
+pub struct KeyGone(LineReader);
+
+impl KeyGone {
+    pub fn watch(endpoints: &str, key: &str) -> KeyGone {
+        let mut cmd = etcdctl_command(endpoints);
+        cmd.args(["watch", key]);
+        KeyGone(LineReader::start(cmd))
+    }
+
+    /// Blocks until the delete arrives; its wall-clock time in ns.
+    pub fn wait(&self, limit: Duration) -> i128 {
+        self.0.expect("DELETE", limit);
+        now_ns()
+    }
+}
+
+/// GET /metrics from a `--metrics-addr` port on loopback.
+pub fn scrape(port: u16) -> Option<String> {
+    scrape_at("127.0.0.1", port)
+}
+
+/// GET /metrics from `host:port`.
+pub fn scrape_at(host: &str, port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect((host, port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// One sample's value from an exposition text.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 pub fn alive(pid: i32) -> bool {
     // A zombie still answers kill(0): look at its state too.
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -430,17 +555,46 @@ pub fn spawn_program(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Worker {
-    let log = dir.join(format!("{name}.log"));
-    let child = Command::new(program)
-        .args(args)
+    start_worker(worker_command(program, dir, name, args, env), dir, name)
+}
+
+/// Like [`spawn`], in a session (and so a process group) of its own: the test can signal
+/// that group, or match by session, without reaching the test runner or other tests.
+pub fn spawn_detached(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = worker_command(Path::new(BIN), dir, name, args, env);
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    start_worker(cmd, dir, name)
+}
+
+fn worker_command(
+    program: &Path,
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .env_remove("ETCDCTL_ENDPOINTS")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .stdout(fs::File::create(dir.join(format!("{name}.out"))).unwrap())
-        .stderr(fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+        .stdout(fs::File::create(dir.join(format!("{name}.out"))).unwrap());
+    cmd
+}
+
+fn start_worker(mut cmd: Command, dir: &Path, name: &str) -> Worker {
+    let log = dir.join(format!("{name}.log"));
+    let child = cmd.stderr(fs::File::create(&log).unwrap()).spawn().unwrap();
     Worker {
         child,
         log,
@@ -469,6 +623,10 @@ pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     )
 }
 
+/// A grace long enough to tell SIGTERM-and-wait from SIGKILL (or a spin from a wait) apart:
+/// grace 2 + margin 0.5 + interval 2 < ttl 6.
+pub const WIDE_GRACE: [&str; 6] = ["--ttl", "6s", "--grace", "2s", "--safety-margin", "500ms"];
+
 /// `run NAME --endpoints E <FAST> EXTRA... -- sh -c SCRIPT`.
 pub fn run_args<'a>(
     name: &'a str,
@@ -476,8 +634,19 @@ pub fn run_args<'a>(
     extra: &[&'a str],
     script: &'a str,
 ) -> Vec<&'a str> {
+    run_args_with(&FAST, name, endpoints, extra, script)
+}
+
+/// Like [`run_args`], with other lease settings than [`FAST`].
+pub fn run_args_with<'a>(
+    lease: &[&'a str],
+    name: &'a str,
+    endpoints: &'a str,
+    extra: &[&'a str],
+    script: &'a str,
+) -> Vec<&'a str> {
     let mut v = vec!["run", name, "--endpoints", endpoints];
-    v.extend_from_slice(&FAST);
+    v.extend_from_slice(lease);
     v.extend_from_slice(extra);
     v.extend_from_slice(&["--", "sh", "-c", script]);
     v
