@@ -59,12 +59,19 @@ pub fn need(binary: &str, package: &str) -> PathBuf {
     panic!("`{binary}` not found on PATH: install the Debian package `{package}` (apt-get install {package}); bash .ci/run does this");
 }
 
+/// A free loopback port for a server. Taken below Linux's ephemeral range (32768 and up), so
+/// that no outgoing connection of a parallel test can take it between this check and the
+/// server's bind; each call hands out a different port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = 15_000 + (std::process::id() % 1_000) * 17;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = (base + n * 7919 % 17_000) % 17_000 + 15_000;
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
