@@ -12,7 +12,6 @@ use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Metrics {
     registry: Registry,
@@ -176,7 +175,16 @@ pub fn render() -> String {
     String::from_utf8(buf).expect("exposition is UTF-8")
 }
 
-/// Binds now (so a bad address fails at start-up) and serves in the background.
+/// Connections served at once; more wait in the kernel's accept queue.
+const MAX_CONNECTIONS: usize = 32;
+/// A client that has not sent its request headers by then is dropped.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds now (so a bad address fails at start-up) and serves in the background, with hyper.
+///
+/// Each connection is a task of its own, so a slow or abusive client holds only that task,
+/// never the run loop; headers must arrive within [`HEADER_TIMEOUT`], and at most
+/// [`MAX_CONNECTIONS`] are served at once.
 pub async fn serve(addr: SocketAddr) -> Result<()> {
     // A taken port or a foreign address is a setting to fix, not an internal error.
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -185,23 +193,62 @@ pub async fn serve(addr: SocketAddr) -> Result<()> {
             format!("--metrics-addr {addr}: cannot listen: {e}"),
         )
     })?;
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let Ok((sock, _)) = listener.accept().await else {
                 continue;
             };
             tokio::spawn(async move {
-                let mut req = [0u8; 1024];
-                let _ = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut req)).await;
-                let body = render();
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = sock.write_all(head.as_bytes()).await;
-                let _ = sock.write_all(body.as_bytes()).await;
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(sock),
+                        hyper::service::service_fn(answer),
+                    );
+                let _ = conn.await;
+                drop(permit);
             });
         }
     });
     Ok(())
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+/// `GET` or `HEAD /metrics`; 404 elsewhere, 405 for other methods.
+async fn answer(
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<Body>, std::convert::Infallible> {
+    use hyper::{Method, StatusCode};
+    let reply = |status: StatusCode, body: String| {
+        let mut r = hyper::Response::new(Body::new(body.into()));
+        *r.status_mut() = status;
+        r
+    };
+    let mut resp = match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/metrics") => {
+            let mut r = reply(StatusCode::OK, render());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        (_, "/metrics") => reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into()),
+        _ => reply(StatusCode::NOT_FOUND, "not found: try /metrics\n".into()),
+    };
+    if req.method() == Method::HEAD {
+        // hyper sends no body for HEAD; keep the length a GET would have.
+        let len = hyper::body::Body::size_hint(resp.body())
+            .exact()
+            .unwrap_or(0);
+        resp.headers_mut()
+            .insert(hyper::header::CONTENT_LENGTH, len.into());
+    }
+    Ok(resp)
 }

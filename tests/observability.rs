@@ -251,3 +251,79 @@ fn fatal_errors_are_json_under_log_format_json() {
         );
     }
 }
+
+/// Sends one request on `s` and reads its whole response (headers, then Content-Length bytes).
+fn exchange(s: &mut std::net::TcpStream, req: &str) -> String {
+    use std::io::{Read, Write};
+    s.write_all(req.as_bytes()).unwrap();
+    s.set_read_timeout(Some(secs(5))).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    // One response: headers, then Content-Length bytes of body.
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "connection closed early: {}",
+            String::from_utf8_lossy(&out)
+        );
+        out.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&out).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_string)
+                })
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            let body_len = if req.starts_with("HEAD") { 0 } else { len };
+            if out.len() >= end + 4 + body_len {
+                return text;
+            }
+        }
+    }
+}
+
+#[test]
+fn metrics_endpoint_answers_head_404_keep_alive_and_outlasts_a_slow_client() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args(
+            "http",
+            &etcd.endpoints(),
+            &["--metrics-addr", &addr],
+            &job(dir.path(), "w"),
+        ),
+    );
+    wait_int(&dir.path().join("w.token"), secs(10));
+    // A client that connects and never sends a request must not hold up anyone else.
+    let _slow = std::net::TcpStream::connect(&addr).unwrap();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let head = exchange(&mut s, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !head.contains("lead_exec_is_leader"),
+        "HEAD sent a body: {head}"
+    );
+    // Same connection (keep-alive): the full body this time.
+    let get = exchange(&mut s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(get.starts_with("HTTP/1.1 200"), "{get}");
+    assert_eq!(metric(&get, "lead_exec_is_leader"), Some(1.0), "{get}");
+    let other = exchange(&mut s, "GET /other HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    let post = exchange(
+        &mut s,
+        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
