@@ -1,7 +1,7 @@
 //! Benchmarks lead-exec against `etcdctl lock` on one throwaway etcd.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--quick] [--keep-logs] [--scenario NAME[,NAME...]]
+//! cargo run --release --example bench -- [--quick] [--keep-logs] [--candidates N] [--scenario NAME[,NAME...]]
 //! ```
 //!
 //! `--keep-logs` keeps the temporary directory with every wrapper's stderr and etcd's log.
@@ -14,8 +14,12 @@
 //! - `failclosed`: etcd becomes unreachable (a blackholing proxy) → how long the job lives on,
 //!   compared with the earliest moment the server can expire the lease.
 //! - `memory`: peak RSS of the wrapper processes.
-//! - `scale`: 100 candidates on one election: failover time, and etcd requests per second
-//!   while they wait.
+//! - `scale`: 100 candidates (`--candidates N`) on one election: failover time, etcd requests
+//!   per second while they wait, and the candidates' total RSS.
+//! - `wholerun`: a whole cron-style run, `run X -- true` against `etcdctl lock X -- true`, from
+//!   process start to exit, with lead-exec's time split into phases from its own log.
+//! - `floor`: the physical limit of an acquire on this etcd: a bare client's lease grant and
+//!   creating transaction (two raft commits) plus a fork+exec, against lead-exec's acquire.
 //!
 //! Every job writes to a FIFO that the harness polls, so "job running" is the moment the job's
 //! first write arrives and "job dead" is the EOF seen once the last process of the job has
@@ -57,25 +61,36 @@ const FAST: [&str; 6] = [
 ];
 /// `scale` uses lead-exec's default TTL, so that the idle keepalive rate is the production one.
 const SCALE_TTL_S: u64 = 10;
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 8] = [
     "acquire",
     "handover",
     "crash",
     "failclosed",
     "memory",
     "scale",
+    "wholerun",
+    "floor",
 ];
+/// lead-exec's default grace and safety margin: with `SCALE_TTL_S` they give the default
+/// keepalive interval, (TTL − grace − margin)/3.
+const DEFAULT_GRACE_S: u64 = 3;
+const DEFAULT_MARGIN_S: u64 = 1;
 
 fn main() -> ExitCode {
     reap::install();
     let mut quick = false;
     let mut keep_logs = false;
     let mut only: Option<Vec<String>> = None;
+    let mut candidates = 100usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => quick = true,
             "--keep-logs" => keep_logs = true,
+            "--candidates" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) if n >= 4 => candidates = n,
+                _ => return usage(),
+            },
             "--scenario" => match args.next() {
                 Some(s) => only = Some(s.split(',').map(str::to_string).collect()),
                 None => return usage(),
@@ -88,7 +103,7 @@ fn main() -> ExitCode {
             return usage();
         }
     }
-    let result = run(quick, keep_logs, only);
+    let result = run(quick, keep_logs, candidates, only);
     reap::kill_all();
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -101,13 +116,13 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo run --release --example bench -- [--quick] [--keep-logs] [--scenario {}]",
+        "usage: cargo run --release --example bench -- [--quick] [--keep-logs] [--candidates N] [--scenario {}]",
         SCENARIOS.join("|")
     );
     ExitCode::from(2)
 }
 
-fn run(quick: bool, keep_logs: bool, only: Option<Vec<String>>) -> Result<()> {
+fn run(quick: bool, keep_logs: bool, candidates: usize, only: Option<Vec<String>>) -> Result<()> {
     let bin = lead_exec_binary()?;
     let mut dir = tempfile::Builder::new()
         .prefix("lead-exec-bench-")
@@ -124,19 +139,22 @@ fn run(quick: bool, keep_logs: bool, only: Option<Vec<String>>) -> Result<()> {
         etcd,
         dir: dir.path().to_path_buf(),
         quick,
+        candidates,
         seq: AtomicU32::new(0),
     };
     let started = Instant::now();
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     type Scenario = fn(&Cx) -> Result<Report>;
-    let all: [(&str, Scenario); 6] = [
+    let all: [(&str, Scenario); 8] = [
         ("acquire", acquire),
         ("handover", handover),
         ("crash", crash),
         ("failclosed", failclosed),
         ("memory", memory),
         ("scale", scale),
+        ("wholerun", wholerun),
+        ("floor", floor),
     ];
     for (name, f) in all {
         if only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
@@ -190,6 +208,8 @@ struct Cx {
     etcd: Etcd,
     dir: PathBuf,
     quick: bool,
+    /// Candidates in the `scale` scenario.
+    candidates: usize,
     seq: AtomicU32,
 }
 
@@ -891,26 +911,31 @@ fn memory(cx: &Cx) -> Result<Report> {
 /// 100 candidates on one election: failover after SIGTERM to the leader, compared with 3; and
 /// what etcd serves per second while they all wait.
 fn scale(cx: &Cx) -> Result<Report> {
-    let big = 100;
+    let big = cx.candidates;
     let runs = cx.n(5, 2);
-    // A whole number of keepalive intervals (TTL/3 for both tools), so that the count does
-    // not depend on where the window falls in the cycle.
-    let window = Duration::from_secs(SCALE_TTL_S);
-    let (f100, idle_le) = crowd_failover(cx, big, runs, Some(window))?;
-    let (f3, _) = crowd_failover(cx, 3, runs, None)?;
+    // A whole number of keepalive intervals, so that the count does not depend on where the
+    // window falls in the cycle: lead-exec renews every (TTL − grace − margin)/3 = 2 s at the
+    // defaults, etcdctl every TTL/3.
+    let window = Duration::from_secs(SCALE_TTL_S * 3);
+    let (fbig, idle_le, rss) = crowd_failover(cx, big, runs, Some(window))?;
+    let (f3, _, _) = crowd_failover(cx, 3, runs, None)?;
     let idle_ctl = etcdctl_idle(cx, big, window)?;
-    let expect = big as f64 * 3.0 / SCALE_TTL_S as f64;
+    let interval_s = (SCALE_TTL_S - DEFAULT_GRACE_S - DEFAULT_MARGIN_S) as f64 / 3.0;
+    let expect = big as f64 / interval_s;
     let idle = idle_le.expect("measured");
+    let rss = rss.expect("measured");
     let rate_cell = |r: &Rates| format!("{:.1} keepalive/s + {:.1} other/s", r.keepalive, r.other);
-    let similar = median(&f100) <= 1.5 * median(&f3) + 5.0;
+    let within = median(&fbig) <= 2.0 * median(&f3);
     let rows = vec![
         Row::new(
             "scale",
-            &format!("SIGTERM to leader → next job running, 100 vs 3 candidates, median, n={runs}"),
-            format!("{} ms vs {} ms", fmt_ms(median(&f100)), fmt_ms(median(&f3))),
+            &format!(
+                "SIGTERM to leader → next job running, {big} vs 3 candidates, median, n={runs}"
+            ),
+            format!("{} ms vs {} ms", fmt_ms(median(&fbig)), fmt_ms(median(&f3))),
             "–".into(),
-            "100 ≈ 3 (≤ 1.5× + 5 ms)",
-            yes_no(similar),
+            &format!("{big} ≤ 2× 3"),
+            yes_no(within),
         ),
         Row::new(
             "scale",
@@ -920,8 +945,20 @@ fn scale(cx: &Cx) -> Result<Report> {
             ),
             rate_cell(&idle),
             rate_cell(&idle_ctl),
-            &format!("≈ {expect:.0} keepalives/s, no polling"),
+            &format!("≈ {expect:.0} keepalives/s, nothing else"),
             yes_no((idle.keepalive - expect).abs() <= 0.2 * expect && idle.other < 0.5),
+        ),
+        Row::new(
+            "scale",
+            &format!("total RSS of the {big} waiting lead-exec processes"),
+            format!(
+                "{:.0} MiB ({:.1} MiB each)",
+                rss as f64 / 1024.0,
+                rss as f64 / 1024.0 / big as f64
+            ),
+            "–".into(),
+            "",
+            "",
         ),
     ];
     let notes = vec![
@@ -941,6 +978,190 @@ fn scale(cx: &Cx) -> Result<Report> {
     Ok(Report { rows, notes })
 }
 
+/// A whole cron-style run: process start → exit, `-- true` as the job.
+fn wholerun(cx: &Cx) -> Result<Report> {
+    let n = cx.n(25, 5);
+    for t in TOOLS {
+        wholerun_once(cx, t)?;
+    }
+    let mut total: [Vec<f64>; 2] = [vec![], vec![]];
+    let mut phases: Vec<[f64; 5]> = Vec::new();
+    for _ in 0..n {
+        for t in TOOLS {
+            let (ms_total, p) = wholerun_once(cx, t)?;
+            total[t.idx()].push(ms_total);
+            if let Some(p) = p {
+                phases.push(p);
+            }
+        }
+    }
+    let (le, ctl) = (&total[0], &total[1]);
+    let ratio = median(le) / median(ctl);
+    let phase = |k: usize| median(&phases.iter().map(|p| p[k]).collect::<Vec<_>>());
+    let rows = vec![
+        Row::new(
+            "whole run",
+            &format!("`run X -- true`: process start → exit, median (min–max), n={n}"),
+            summary_ms(le),
+            summary_ms(ctl),
+            "≤ ½ etcdctl",
+            &format!("{} ({ratio:.2}×)", yes_no(ratio <= 0.5)),
+        ),
+        Row::new(
+            "whole run",
+            "lead-exec by phase, medians: start → elected / → job started / job / → recorded / → exit",
+            format!(
+                "{} / {} / {} / {} / {} ms",
+                fmt_ms(phase(0)),
+                fmt_ms(phase(1)),
+                fmt_ms(phase(2)),
+                fmt_ms(phase(3)),
+                fmt_ms(phase(4))
+            ),
+            "–".into(),
+            "",
+            "",
+        ),
+    ];
+    let notes = vec![
+        "whole run: both tools run `sh -c true`; clock from just before spawn() to the wrapper's \
+         exit. Phases come from lead-exec's own log timestamps (wall clock, the harness's too): \
+         process start → \"leading\" (connect, lease grant, creating transaction), → \"job \
+         started\" (run-key check, watchdog, fork+exec), the job until \"job ended\" (as the \
+         watchdog reports it), → the \"done\" transition (history end record), → exit (lease \
+         revoke, teardown)."
+            .to_string(),
+    ];
+    Ok(Report { rows, notes })
+}
+
+/// One whole run: total ms, and for lead-exec the phase split from its log.
+fn wholerun_once(cx: &Cx, tool: Tool) -> Result<(f64, Option<[f64; 5]>)> {
+    let election = cx.unique("whole");
+    let spec = WorkerSpec::fast(tool, &election, &cx.etcd.endpoint, "w", "true");
+    let wall0 = std::time::SystemTime::now();
+    let t0 = Instant::now();
+    let mut w = cx.spawn(spec)?;
+    w.wait_exit(Duration::from_secs(10));
+    let total = ms(t0.elapsed());
+    let wall1 = wall0 + t0.elapsed();
+    if tool != Tool::LeadExec {
+        return Ok((total, None));
+    }
+    let log = fs::read_to_string(&w.log)?;
+    let at = |needle: &str| -> Option<std::time::SystemTime> {
+        let line = log.lines().find(|l| l.contains(needle))?;
+        humantime::parse_rfc3339(line.split_whitespace().next()?).ok()
+    };
+    let since = |a: std::time::SystemTime, b: std::time::SystemTime| {
+        b.duration_since(a).map(ms).unwrap_or(0.0)
+    };
+    let (Some(e), Some(s), Some(x), Some(d)) = (
+        at("leading on Elected"),
+        at("job started"),
+        at("job ended"),
+        at("-> done"),
+    ) else {
+        return Ok((total, None));
+    };
+    Ok((
+        total,
+        Some([
+            since(wall0, e),
+            since(e, s),
+            since(s, x),
+            since(x, d),
+            since(d, wall1),
+        ]),
+    ))
+}
+
+/// The physical limit of an acquire: two raft commits (lease grant, creating transaction)
+/// from a client already connected, plus one fork+exec.
+fn floor(cx: &Cx) -> Result<Report> {
+    let n = cx.n(50, 10);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let commits: Vec<f64> = rt.block_on(async {
+        let mut c = etcd_client::Client::connect([cx.etcd.endpoint.as_str()], None).await?;
+        let mut out = Vec::new();
+        for i in 0..n + 1 {
+            let t0 = Instant::now();
+            let lease = c.lease_grant(TTL.as_secs() as i64, None).await?;
+            let key = format!("floor/{i}");
+            let txn = etcd_client::Txn::new()
+                .when([etcd_client::Compare::create_revision(
+                    key.clone(),
+                    etcd_client::CompareOp::Equal,
+                    0,
+                )])
+                .and_then([etcd_client::TxnOp::put(
+                    key,
+                    "x",
+                    Some(etcd_client::PutOptions::new().with_lease(lease.id())),
+                )]);
+            c.txn(txn).await?;
+            if i > 0 {
+                out.push(ms(t0.elapsed()));
+            }
+            c.lease_revoke(lease.id()).await?;
+        }
+        Ok::<_, anyhow::Error>(out)
+    })?;
+    let mut forks = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        Command::new("true").status()?;
+        forks.push(ms(t0.elapsed()));
+    }
+    let mut acq = Vec::new();
+    acquire_once(cx, Tool::LeadExec, &[])?;
+    for _ in 0..n {
+        acq.push(acquire_once(cx, Tool::LeadExec, &[])?);
+    }
+    let fl = median(&commits) + median(&forks);
+    let ratio = median(&acq) / fl;
+    let rows = vec![
+        Row::new(
+            "floor",
+            &format!("bare client: lease grant + creating txn, median (min–max), n={n}"),
+            summary_ms(&commits),
+            "–".into(),
+            "",
+            "",
+        ),
+        Row::new(
+            "floor",
+            &format!("fork+exec of `true`, median (min–max), n={n}"),
+            summary_ms(&forks),
+            "–".into(),
+            "",
+            "",
+        ),
+        Row::new(
+            "floor",
+            "lead-exec acquire (as in `acquire`) against the floor (sum of the two medians)",
+            format!(
+                "{} ms vs {} ms = {ratio:.2}× the floor",
+                fmt_ms(median(&acq)),
+                fmt_ms(fl)
+            ),
+            "–".into(),
+            "≤ 1.5× the floor",
+            yes_no(ratio <= 1.5),
+        ),
+    ];
+    let notes = vec![
+        "floor: the bare client is etcd-client in the bench process, connected once; each sample \
+         is a lease grant then a transaction creating a key on it, the two raft commits every \
+         acquire needs. lead-exec's acquire also starts a process, connects, reads once to \
+         check the cluster, starts its watchdog and the job."
+            .to_string(),
+    ];
+    Ok(Report { rows, notes })
+}
+
 struct Rates {
     keepalive: f64,
     other: f64,
@@ -953,7 +1174,7 @@ fn crowd_failover(
     n: usize,
     runs: usize,
     idle: Option<Duration>,
-) -> Result<(Vec<f64>, Option<Rates>)> {
+) -> Result<(Vec<f64>, Option<Rates>, Option<u64>)> {
     let election = cx.unique("scale");
     let ep = cx.etcd.endpoint.clone();
     let mut f = cx.fifo(true)?; // every candidate's job writes "IDX PID" here
@@ -989,11 +1210,21 @@ fn crowd_failover(
             Ok((i, at))
         };
     let (mut leader, _) = read_leader(&mut f, &mut workers)?;
-    cx.wait_keys(&prefix, n as u64, Duration::from_secs(60))?;
+    cx.wait_keys(&prefix, n as u64, Duration::from_secs(60 + n as u64 / 10))?;
     let rates = match idle {
         Some(window) => Some(idle_rates(cx, window)?),
         None => None,
     };
+    // The waiting candidates' resident memory (the leader's watchdog and job excluded).
+    let rss = idle.map(|_| {
+        workers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != leader)
+            .filter_map(|(_, w)| w.as_ref())
+            .filter_map(|w| status_kib(w.child.id() as i32, "VmRSS").ok())
+            .sum::<u64>()
+    });
     let mut samples = Vec::new();
     for _ in 0..runs {
         let t0 = Instant::now();
@@ -1010,7 +1241,7 @@ fn crowd_failover(
         workers.push(Some(spawn(workers.len())?));
         cx.wait_keys(&prefix, n as u64, Duration::from_secs(30))?;
     }
-    Ok((samples, rates))
+    Ok((samples, rates, rss))
 }
 
 /// `n` etcdctl lock waiters on one lock: the idle request rate only.
@@ -1034,7 +1265,7 @@ fn etcdctl_idle(cx: &Cx, n: usize, window: Duration) -> Result<Rates> {
     cx.wait_keys(
         &Tool::Etcdctl.prefix(&election),
         n as u64,
-        Duration::from_secs(60),
+        Duration::from_secs(60 + n as u64 / 10),
     )?;
     let r = idle_rates(cx, window);
     drop(workers);
@@ -1044,7 +1275,7 @@ fn etcdctl_idle(cx: &Cx, n: usize, window: Duration) -> Result<Rates> {
 fn idle_rates(cx: &Cx, window: Duration) -> Result<Rates> {
     // Let the joiners' startup traffic and first keepalive round pass; nothing of ours talks
     // to etcd meanwhile.
-    thread::sleep(Duration::from_secs(SCALE_TTL_S) / 3 + Duration::from_secs(1));
+    thread::sleep(Duration::from_secs(SCALE_TTL_S) / 3 + Duration::from_secs(2));
     let (m0, t0) = (cx.etcd.msgs_received()?, Instant::now());
     thread::sleep(window);
     let (m1, t1) = (cx.etcd.msgs_received()?, Instant::now());
@@ -1412,7 +1643,24 @@ impl Etcd {
         let (port, peer) = (free_port()?, free_port()?);
         let url = |p: u16| format!("http://127.0.0.1:{p}");
         let log = File::create(dir.join("etcd.log"))?;
-        let child = Command::new(etcd_bin("etcd"))
+        let mut cmd = Command::new(etcd_bin("etcd"));
+        // A connection per candidate: `--candidates 1000` needs more descriptors than the usual
+        // soft limit of 1024.
+        // SAFETY: getrlimit/setrlimit are async-signal-safe and touch only our own limits.
+        unsafe {
+            cmd.pre_exec(|| {
+                let mut r = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+                    r.rlim_cur = r.rlim_max;
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
             .args(["--name", "b", "--data-dir"])
             .arg(dir.join("etcd"))
             .args(["--listen-client-urls", &url(port)])
