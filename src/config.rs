@@ -328,6 +328,11 @@ fn metrics_addr(s: &str) -> Result<std::net::SocketAddr> {
     if !s.contains(':') {
         return Err(bad("no port".into()));
     }
+    // localhost is loopback (RFC 6761) even where /etc/hosts does not say so (minimal roots).
+    if let Some(port) = s.strip_prefix("localhost:") {
+        let port: u16 = port.parse().map_err(|_| bad("bad port".into()))?;
+        return Ok((std::net::Ipv4Addr::LOCALHOST, port).into());
+    }
     s.to_socket_addrs()
         .map_err(|e| bad(e.to_string()))?
         .next()

@@ -184,7 +184,7 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
     wait_int(&dir.path().join("a.token"), secs(10));
     let mut text = None;
     assert!(wait_until(secs(5), || {
-        text = scrape_at("localhost", port);
+        text = scrape(port);
         text.is_some()
     }));
     assert!(text.unwrap().contains("lead_exec_is_leader 1"));

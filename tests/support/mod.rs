@@ -402,13 +402,8 @@ impl KeyGone {
 
 /// GET /metrics from a `--metrics-addr` port on loopback.
 pub fn scrape(port: u16) -> Option<String> {
-    scrape_at("127.0.0.1", port)
-}
-
-/// GET /metrics from `host:port`.
-pub fn scrape_at(host: &str, port: u16) -> Option<String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect((host, port)).ok()?;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
