@@ -18,6 +18,9 @@
 //!   per second while they wait, and the candidates' total RSS.
 //! - `wholerun`: a whole cron-style run, `run X -- true` against `etcdctl lock X -- true`, from
 //!   process start to exit, with lead-exec's time split into phases from its own log.
+//! - `capacity`: what waiting candidates cost etcd (requests/s, watches, server memory per
+//!   candidate, from etcd's own `/metrics`), etcd's write capacity here, and how many candidates
+//!   one etcd serves before keepalives take a tenth of it.
 //! - `floor`: the physical limit of an acquire on this etcd: a bare client's lease grant and
 //!   creating transaction (two raft commits) plus a fork+exec, against lead-exec's acquire.
 //!
@@ -61,7 +64,7 @@ const FAST: [&str; 6] = [
 ];
 /// `scale` uses lead-exec's default TTL, so that the idle keepalive rate is the production one.
 const SCALE_TTL_S: u64 = 10;
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "acquire",
     "handover",
     "crash",
@@ -70,6 +73,7 @@ const SCENARIOS: [&str; 8] = [
     "scale",
     "wholerun",
     "floor",
+    "capacity",
 ];
 /// lead-exec's default grace and safety margin: with `SCALE_TTL_S` they give the default
 /// keepalive interval, (TTL − grace − margin)/3.
@@ -146,7 +150,7 @@ fn run(quick: bool, keep_logs: bool, candidates: usize, only: Option<Vec<String>
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     type Scenario = fn(&Cx) -> Result<Report>;
-    let all: [(&str, Scenario); 8] = [
+    let all: [(&str, Scenario); 9] = [
         ("acquire", acquire),
         ("handover", handover),
         ("crash", crash),
@@ -155,6 +159,7 @@ fn run(quick: bool, keep_logs: bool, candidates: usize, only: Option<Vec<String>
         ("scale", scale),
         ("wholerun", wholerun),
         ("floor", floor),
+        ("capacity", capacity),
     ];
     for (name, f) in all {
         if only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
@@ -1162,6 +1167,117 @@ fn floor(cx: &Cx) -> Result<Report> {
     Ok(Report { rows, notes })
 }
 
+/// The share of etcd's write capacity that keepalives may take in the sizing rule.
+const KEEPALIVE_SHARE: f64 = 0.10;
+
+/// What waiting candidates cost etcd, and how many one etcd can serve.
+fn capacity(cx: &Cx) -> Result<Report> {
+    let n = cx.n(200, 50);
+    let window = Duration::from_secs(SCALE_TTL_S * 3);
+    let before = cx.etcd.gauges()?;
+    let election = cx.unique("cap");
+    let ep = cx.etcd.endpoint.clone();
+    let ttl = format!("{SCALE_TTL_S}s");
+    let args = ["--ttl", ttl.as_str()];
+    let mut workers = Vec::new();
+    for i in 0..n {
+        let id = format!("c{i}");
+        let script = "trap 'exit 0' TERM; while :; do sleep 1000 & wait; done";
+        workers.push(cx.spawn(WorkerSpec {
+            lead_exec_args: &args,
+            ttl_s: SCALE_TTL_S,
+            ..WorkerSpec::fast(Tool::LeadExec, &election, &ep, &id, script)
+        })?);
+    }
+    cx.wait_keys(
+        &Tool::LeadExec.prefix(&election),
+        n as u64,
+        Duration::from_secs(60 + n as u64 / 10),
+    )?;
+    let rates = idle_rates(cx, window)?;
+    let after = cx.etcd.gauges()?;
+    drop(workers);
+    let per = |k: &str| (after.get(k).unwrap_or(&0.0) - before.get(k).unwrap_or(&0.0)) / n as f64;
+    let mem_kib = per("process_resident_memory_bytes") / 1024.0;
+    let watches = per("etcd_debugging_mvcc_watcher_total");
+    let streams = per("etcd_debugging_mvcc_watch_stream_total");
+    let req_per = (rates.keepalive + rates.other) / n as f64;
+    let writes = write_capacity(cx)?;
+    let max_candidates = KEEPALIVE_SHARE * writes / req_per;
+    let rows = vec![
+        Row::new(
+            "capacity",
+            &format!("per waiting candidate, {n} candidates (TTL {SCALE_TTL_S} s): requests/s, watchers, etcd RSS"),
+            format!(
+                "{req_per:.3} req/s, {watches:.2} watchers ({streams:.2} streams), {mem_kib:.0} KiB"
+            ),
+            "–".into(),
+            "",
+            "",
+        ),
+        Row::new(
+            "capacity",
+            "etcd writes/s here (32 clients putting 64-byte values for 5 s)",
+            format!("{writes:.0}/s"),
+            "–".into(),
+            "",
+            "",
+        ),
+        Row::new(
+            "capacity",
+            &format!(
+                "candidates one etcd serves with keepalives at {:.0}% of that",
+                KEEPALIVE_SHARE * 100.0
+            ),
+            format!("{max_candidates:.0}"),
+            "–".into(),
+            "",
+            "",
+        ),
+    ];
+    let notes = vec![format!(
+        "capacity: etcd's own /metrics before the candidates joined and after they had waited \
+         {} s: process_resident_memory_bytes, etcd_debugging_mvcc_watcher_total and \
+         _watch_stream_total, grpc_server_msg_received_total; divided by {n}. A keepalive is \
+         not a raft write (the leader renews in memory), so counting it against the write \
+         capacity overstates its cost: the rule is conservative. Elections do not add up: a \
+         candidate costs the same whichever election it is in. Write capacity measured on \
+         this one loopback member; a three-member cluster commits through its leader and \
+         replicates, so measure yours the same way.",
+        window.as_secs()
+    )];
+    Ok(Report { rows, notes })
+}
+
+/// Puts per second that etcd sustains: 32 concurrent clients for 5 s.
+fn write_capacity(cx: &Cx) -> Result<f64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = etcd_client::Client::connect([cx.etcd.endpoint.as_str()], None).await?;
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in 0..32 {
+            let mut c = client.clone();
+            tasks.spawn(async move {
+                let mut n = 0u64;
+                while tokio::time::Instant::now() < until {
+                    c.put(format!("cap/{t}/{}", n % 100), vec![b'x'; 64], None)
+                        .await?;
+                    n += 1;
+                }
+                Ok::<_, etcd_client::Error>(n)
+            });
+        }
+        let mut total = 0u64;
+        while let Some(r) = tasks.join_next().await {
+            total += r??;
+        }
+        Ok::<_, anyhow::Error>(total as f64 / 5.0)
+    })
+}
+
 struct Rates {
     keepalive: f64,
     other: f64,
@@ -1749,6 +1865,19 @@ impl Etcd {
             *m.entry(method.to_string()).or_insert(0.0) += value.trim().parse::<f64>()?;
         }
         Ok(m)
+    }
+
+    /// Unlabelled samples of etcd's `/metrics` (gauges and counters), by name.
+    fn gauges(&self) -> Result<BTreeMap<String, f64>> {
+        let text = self.http("GET", "/metrics", "")?;
+        Ok(text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.contains('{'))
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_string(), v.trim().parse().ok()?))
+            })
+            .collect())
     }
 
     /// Streams the times at which keys under `prefix` are deleted, once the watch is in place.
