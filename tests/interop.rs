@@ -5,7 +5,7 @@ use std::process::Command;
 use crate::support::*;
 
 fn etcdctl_cmd(ep: &str) -> Command {
-    let mut c = Command::new("etcdctl");
+    let mut c = Command::new(need("etcdctl", "etcd-client"));
     c.env("ETCDCTL_API", "3").arg(format!("--endpoints={ep}"));
     c
 }
