@@ -1338,7 +1338,7 @@ fn crowd_failover(
             .enumerate()
             .filter(|(i, _)| *i != leader)
             .filter_map(|(_, w)| w.as_ref())
-            .filter_map(|w| status_kib(w.child.id() as i32, "VmRSS").ok())
+            .filter_map(|w| status_kib(w.child.id() as i32, "VmRSS:").ok())
             .sum::<u64>()
     });
     let mut samples = Vec::new();
