@@ -1199,6 +1199,7 @@ fn capacity(cx: &Cx) -> Result<Report> {
     drop(workers);
     let per = |k: &str| (after.get(k).unwrap_or(&0.0) - before.get(k).unwrap_or(&0.0)) / n as f64;
     let mem_kib = per("process_resident_memory_bytes") / 1024.0;
+    let heap_kib = per("go_memstats_heap_inuse_bytes") / 1024.0;
     let watches = per("etcd_debugging_mvcc_watcher_total");
     let streams = per("etcd_debugging_mvcc_watch_stream_total");
     let req_per = (rates.keepalive + rates.other) / n as f64;
@@ -1207,9 +1208,9 @@ fn capacity(cx: &Cx) -> Result<Report> {
     let rows = vec![
         Row::new(
             "capacity",
-            &format!("per waiting candidate, {n} candidates (TTL {SCALE_TTL_S} s): requests/s, watchers, etcd RSS"),
+            &format!("per waiting candidate, {n} candidates (TTL {SCALE_TTL_S} s): requests/s, watchers, etcd memory"),
             format!(
-                "{req_per:.3} req/s, {watches:.2} watchers ({streams:.2} streams), {mem_kib:.0} KiB"
+                "{req_per:.3} req/s, {watches:.2} watchers ({streams:.2} streams), {mem_kib:.0} KiB RSS ({heap_kib:.0} KiB Go heap)"
             ),
             "–".into(),
             "",
@@ -1237,13 +1238,15 @@ fn capacity(cx: &Cx) -> Result<Report> {
     ];
     let notes = vec![format!(
         "capacity: etcd's own /metrics before the candidates joined and after they had waited \
-         {} s: process_resident_memory_bytes, etcd_debugging_mvcc_watcher_total and \
+         {} s: process_resident_memory_bytes, go_memstats_heap_inuse_bytes, \
+         etcd_debugging_mvcc_watcher_total and \
          _watch_stream_total, grpc_server_msg_received_total; divided by {n}. A keepalive is \
          not a raft write (the leader renews in memory), so counting it against the write \
          capacity overstates its cost: the rule is conservative. Elections do not add up: a \
          candidate costs the same whichever election it is in. Write capacity measured on \
          this one loopback member; a three-member cluster commits through its leader and \
-         replicates, so measure yours the same way.",
+         replicates, so measure yours the same way. Run it on a fresh etcd (alone, or \
+         first): memory a larger crowd left behind makes the difference meaningless.",
         window.as_secs()
     )];
     Ok(Report { rows, notes })
