@@ -167,7 +167,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
                 "lead-exec",
                 &mut std::io::stdout(),
             );
-            Ok(Exit::Job(0))
+            Ok(Exit::Ok)
         }
     }
 }

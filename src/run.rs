@@ -39,7 +39,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
             run_key = done,
             "run key already done; not running the job"
         );
-        return Ok(Exit::Job(0));
+        return Ok(Exit::Ok);
     }
     let give_up_at = match cfg.wait {
         Wait::For(d) => Some(Instant::now() + d),
@@ -185,7 +185,7 @@ impl Driver {
                 value,
                 wait: self.cfg.wait,
                 give_up_at: self.give_up_at,
-                limit: self.cfg.conn.command_timeout,
+                timeout: self.cfg.conn.command_timeout,
             };
             let mut last_wait = None;
             let run = camp.run(|w| {
@@ -422,9 +422,9 @@ impl Driver {
                         LeaderEvent::KeyDeleted => {
                             // A revoked or expired lease deletes the key too, and then the next
                             // leader may already run: ask, so the job gets SIGKILL at once.
-                            let limit = cfg.conn.command_timeout.min(Duration::from_secs(1));
+                            let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
                             let gone = match lease.as_ref() {
-                                Some(l) => l.is_gone(limit).await,
+                                Some(l) => l.is_gone(timeout).await,
                                 None => false,
                             };
                             let r = if gone { LossReason::Expired } else { LossReason::KeyDeleted };

@@ -46,7 +46,7 @@ pub struct Campaign<'a> {
     pub wait: Wait,
     /// When `--wait` gives up, if it does.
     pub give_up_at: Option<Instant>,
-    pub limit: Duration,
+    pub timeout: Duration,
 }
 
 /// Why we are still waiting, for logs and `sd_notify` status.
@@ -82,7 +82,7 @@ impl Campaign<'_> {
                 ),
             ])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = bounded(self.limit, "etcd", client.txn(create)).await?;
+        let resp = bounded(self.timeout, "etcd", client.txn(create)).await?;
         let ops = resp.op_responses();
         let my_rev = if resp.succeeded() {
             resp.header().map(|h| h.revision()).unwrap_or(0)
@@ -109,7 +109,7 @@ impl Campaign<'_> {
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(1);
             let resp = bounded(
-                self.limit,
+                self.timeout,
                 "etcd",
                 client.get(self.election.candidates(), Some(opts)),
             )
@@ -141,7 +141,7 @@ impl Campaign<'_> {
                     TxnOp::get(key.clone(), None),
                     TxnOp::get(self.election.paused_key(), None),
                 ]);
-            let resp = bounded(self.limit, "etcd", client.txn(confirm)).await?;
+            let resp = bounded(self.timeout, "etcd", client.txn(confirm)).await?;
             if resp.succeeded() {
                 return Ok(Outcome::Elected { token: my_rev, key });
             }
@@ -180,12 +180,12 @@ impl Campaign<'_> {
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
-        let mut stream = match tokio::time::timeout(self.limit, client.watch(key, Some(opts))).await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(classify(e)),
-            Err(_) => return Ok(None),
-        };
+        let mut stream =
+            match tokio::time::timeout(self.timeout, client.watch(key, Some(opts))).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(classify(e)),
+                Err(_) => return Ok(None),
+            };
         let give_up = async {
             match self.give_up_at {
                 Some(t) => tokio::time::sleep_until(t).await,

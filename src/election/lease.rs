@@ -13,7 +13,7 @@ use anyhow::Result;
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, Instant};
 
 use crate::clock::BootInstant;
 use crate::etcd::{bounded, failover};
@@ -107,8 +107,6 @@ pub enum LeaseState {
 /// expires on its own); [`Lease::revoke`] ends it at once.
 pub struct Lease {
     pub id: i64,
-    /// The TTL the server granted, which may exceed the one requested.
-    pub ttl: Duration,
     state: watch::Receiver<LeaseState>,
     task: JoinHandle<()>,
     client: Client,
@@ -154,12 +152,12 @@ impl Lease {
         ttl: Duration,
         grace: Duration,
         margin: Duration,
-        limit: Duration,
+        timeout: Duration,
     ) -> Result<Lease> {
         let mut c = client.clone();
         let sent = BootInstant::now();
         let resp = bounded(
-            limit,
+            timeout,
             "etcd",
             c.lease_grant(ttl.as_secs().max(1) as i64, None),
         )
@@ -179,7 +177,6 @@ impl Lease {
         ));
         Ok(Lease {
             id: resp.id(),
-            ttl: granted,
             state: rx,
             task,
             client: client.clone(),
@@ -190,11 +187,11 @@ impl Lease {
 
     /// A deadline that leaves the job `grace` plus one keepalive interval, renewing the lease
     /// first if the current one does not (a lease granted or renewed late, after an etcd
-    /// stall). `None` when no such deadline comes within `limit` or the lease is lost.
+    /// stall). `None` when no such deadline comes within `timeout` or the lease is lost.
     pub async fn deadline_for_spawn(
         &self,
         grace: Duration,
-        limit: Duration,
+        timeout: Duration,
     ) -> Option<BootInstant> {
         let interval = self.interval;
         let mut rx = self.subscribe();
@@ -215,14 +212,14 @@ impl Lease {
                 }
             }
         };
-        timeout(limit, get).await.ok().flatten()
+        tokio::time::timeout(timeout, get).await.ok().flatten()
     }
 
     /// Asks etcd whether the lease still exists. `true` only on etcd's word that it is gone;
-    /// no answer within `limit` counts as not known.
-    pub async fn is_gone(&self, limit: Duration) -> bool {
+    /// no answer within `timeout` counts as not known.
+    pub async fn is_gone(&self, timeout: Duration) -> bool {
         let mut c = self.client.clone();
-        match timeout(limit, c.lease_time_to_live(self.id, None)).await {
+        match tokio::time::timeout(timeout, c.lease_time_to_live(self.id, None)).await {
             Ok(Ok(r)) => r.ttl() <= 0,
             Ok(Err(e)) => says_gone(&e),
             Err(_) => false,
@@ -240,21 +237,21 @@ impl Lease {
     /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next
     /// candidate takes over at once.
     ///
-    /// If etcd does not answer within `limit` (no quorum, say), the revoke is retried in the
+    /// If etcd does not answer within `timeout` (no quorum, say), the revoke is retried in the
     /// background: etcd extends every lease by its full TTL when it elects a new leader, so a
     /// lease we merely abandon would hold up the next term for a TTL after the quorum returns.
-    pub async fn revoke(self, limit: Duration) {
+    pub async fn revoke(self, timeout: Duration) {
         self.task.abort();
         let id = self.id;
         let mut c = self.client.clone();
-        if try_revoke(&mut c, id, limit).await {
+        if try_revoke(&mut c, id, timeout).await {
             return;
         }
         let give_up = Instant::now() + REVOKE_RETRY_FOR;
         tokio::spawn(async move {
             while Instant::now() < give_up {
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                if try_revoke(&mut c, id, limit).await {
+                if try_revoke(&mut c, id, timeout).await {
                     return;
                 }
             }
@@ -266,9 +263,9 @@ impl Lease {
 const REVOKE_RETRY_FOR: Duration = Duration::from_secs(300);
 
 /// Revokes a lease; true when it is gone (revoked now, or already expired).
-async fn try_revoke(c: &mut Client, id: i64, limit: Duration) -> bool {
+async fn try_revoke(c: &mut Client, id: i64, timeout: Duration) -> bool {
     let lease = format!("{id:x}");
-    match tokio::time::timeout(limit, c.lease_revoke(id)).await {
+    match tokio::time::timeout(timeout, c.lease_revoke(id)).await {
         Ok(Ok(_)) => {
             tracing::debug!(lease, "lease revoked");
             true
@@ -318,10 +315,10 @@ async fn attempt(
     mut client: Client,
     id: i64,
     stream: Option<KeepAlive>,
-    limit: Duration,
+    timeout: Duration,
 ) -> (Result<Answer, String>, Option<KeepAlive>) {
     let Some((mut keeper, mut responses)) = stream else {
-        return match timeout(limit, client.lease_keep_alive(id)).await {
+        return match tokio::time::timeout(timeout, client.lease_keep_alive(id)).await {
             Ok(Ok(ka)) => (Ok(Answer::Alive), Some(ka)),
             Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
             Ok(Err(e)) => (Err(format!("keepalive stream: {e}")), None),
@@ -331,7 +328,7 @@ async fn attempt(
     if let Err(e) = keeper.keep_alive().await {
         return (Err(format!("keepalive send: {e}")), None);
     }
-    match timeout(limit, responses.message()).await {
+    match tokio::time::timeout(timeout, responses.message()).await {
         Ok(Ok(Some(r))) if r.ttl() <= 0 => (Ok(Answer::Gone), None),
         Ok(Ok(Some(_))) => (Ok(Answer::Alive), Some((keeper, responses))),
         Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
@@ -391,11 +388,11 @@ async fn keepalive_loop(
                 awaiting = Some(endpoint);
                 let (c, stream) = (client.clone(), idle.take());
                 // Even a successful answer is worthless after D: bound the attempt by the TTL.
-                let limit = plan.timeout.max(ttl);
+                let timeout = plan.timeout.max(ttl);
                 let sent = BootInstant::now();
                 let sent_mono = Instant::now();
                 inflight.spawn(async move {
-                    let (result, stream) = attempt(c, id, stream, limit).await;
+                    let (result, stream) = attempt(c, id, stream, timeout).await;
                     Attempt { sent, sent_mono, endpoint, result, stream }
                 });
                 // Unless it answers in time, the next attempt goes out then, on the next

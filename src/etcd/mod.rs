@@ -118,18 +118,18 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
     }
 }
 
-/// Runs one etcd request, bounded by `limit`, and classifies its failure.
+/// Runs one etcd request, bounded by `timeout`, and classifies its failure.
 pub async fn bounded<T>(
-    limit: Duration,
+    timeout: Duration,
     what: &str,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T> {
-    match tokio::time::timeout(limit, fut).await {
+    match tokio::time::timeout(timeout, fut).await {
         Err(_) => Err(fail(
             Exit::Unavailable,
             format!(
                 "{what} unavailable: no answer within {}",
-                humantime::format_duration(limit)
+                humantime::format_duration(timeout)
             ),
         )),
         Ok(Err(e)) => {

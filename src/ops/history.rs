@@ -145,11 +145,11 @@ pub async fn finish(
     token: i64,
     reason: EndReason,
     guard: Compare,
-    limit: std::time::Duration,
+    timeout: std::time::Duration,
 ) -> Result<bool> {
     let mut c = client.clone();
     let hk = e.history_key(token);
-    let resp = bounded(limit, "etcd", c.get(hk.clone(), None)).await?;
+    let resp = bounded(timeout, "etcd", c.get(hk.clone(), None)).await?;
     let Some(kv) = resp.kvs().first() else {
         return Ok(false);
     };
@@ -162,7 +162,7 @@ pub async fn finish(
             Compare::mod_revision(hk.clone(), CompareOp::Equal, kv.mod_revision()),
         ])
         .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
-    Ok(bounded(limit, "etcd", c.txn(txn)).await?.succeeded())
+    Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
 }
 
 /// The last `n` records, oldest first, with open ends of superseded terms filled in.
@@ -170,11 +170,11 @@ pub async fn read(
     client: &Client,
     e: &Election,
     n: usize,
-    limit: std::time::Duration,
+    timeout: std::time::Duration,
 ) -> Result<Vec<Record>> {
     let mut c = client.clone();
     let resp = bounded(
-        limit,
+        timeout,
         "etcd",
         c.get(
             e.history_prefix(),

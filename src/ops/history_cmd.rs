@@ -8,7 +8,7 @@ use crate::exit::Exit;
 
 pub async fn run(a: HistoryArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
-    let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.limit).await?;
+    let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.timeout).await?;
     match a.output {
         // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
         Output::Json => println!("{}", serde_json::to_string(&recs)?),
@@ -31,5 +31,5 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
             }
         }
     }
-    Ok(Exit::Job(0))
+    Ok(Exit::Ok)
 }

@@ -27,7 +27,7 @@ use crate::etcd::bounded;
 pub struct Ctx {
     pub client: Client,
     pub election: Election,
-    pub limit: Duration,
+    pub timeout: Duration,
 }
 
 impl Ctx {
@@ -42,7 +42,7 @@ impl Ctx {
         Ok(Ctx {
             client,
             election,
-            limit: conn.command_timeout,
+            timeout: conn.command_timeout,
         })
     }
 
@@ -50,7 +50,7 @@ impl Ctx {
     pub async fn candidates(&self) -> Result<(Vec<Entry>, i64)> {
         let mut c = self.client.clone();
         let resp = bounded(
-            self.limit,
+            self.timeout,
             "etcd",
             c.get(
                 self.election.candidates(),
@@ -79,7 +79,12 @@ impl Ctx {
     /// The pause switch, if on.
     pub async fn paused(&self) -> Result<Option<Pause>> {
         let mut c = self.client.clone();
-        let resp = bounded(self.limit, "etcd", c.get(self.election.paused_key(), None)).await?;
+        let resp = bounded(
+            self.timeout,
+            "etcd",
+            c.get(self.election.paused_key(), None),
+        )
+        .await?;
         Ok(resp.kvs().first().map(|kv| {
             serde_json::from_slice(kv.value()).unwrap_or(Pause {
                 reason: String::from_utf8_lossy(kv.value()).into_owned(),

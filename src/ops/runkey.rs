@@ -36,9 +36,9 @@ pub async fn mark_done(client: &Client, cfg: &RunConfig, key: &str, token: i64) 
         return Ok(false);
     };
     let mut c = client.clone();
-    let limit = cfg.conn.command_timeout;
+    let timeout = cfg.conn.command_timeout;
     let ttl = cfg.run_key_ttl.as_secs().max(1) as i64;
-    let lease = bounded(limit, "etcd", c.lease_grant(ttl, None)).await?;
+    let lease = bounded(timeout, "etcd", c.lease_grant(ttl, None)).await?;
     let value = serde_json::json!({ "token": token, "id": cfg.id, "done_ms": unix_ms() });
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, token)])
@@ -47,9 +47,9 @@ pub async fn mark_done(client: &Client, cfg: &RunConfig, key: &str, token: i64) 
             value.to_string(),
             Some(PutOptions::new().with_lease(lease.id())),
         )]);
-    let ok = bounded(limit, "etcd", c.txn(txn)).await?.succeeded();
+    let ok = bounded(timeout, "etcd", c.txn(txn)).await?.succeeded();
     if !ok {
-        let _ = bounded(limit, "etcd", c.lease_revoke(lease.id())).await;
+        let _ = bounded(timeout, "etcd", c.lease_revoke(lease.id())).await;
         tracing::warn!(run_key = k, "run key not recorded: our leader key is gone");
     }
     Ok(ok)

@@ -41,12 +41,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let (entries, _) = ctx.candidates().await?;
     let paused = ctx.paused().await?;
-    let recent = history::read(&ctx.client, &ctx.election, 5, ctx.limit).await?;
+    let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
     let leader = super::leader(&entries, paused.as_ref());
     let ttl_left = match leader {
         Some(l) if l.lease != 0 => {
             let mut c = ctx.client.clone();
-            crate::etcd::bounded(ctx.limit, "etcd", c.lease_time_to_live(l.lease, None))
+            crate::etcd::bounded(ctx.timeout, "etcd", c.lease_time_to_live(l.lease, None))
                 .await
                 .ok()
                 .map(|r| r.ttl())
@@ -127,9 +127,5 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             }
         }
     }
-    Ok(if leading {
-        Exit::Job(0)
-    } else {
-        Exit::NoLeader
-    })
+    Ok(if leading { Exit::Ok } else { Exit::NoLeader })
 }
