@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::cli::{CgroupMode, ConnArgs, OnLoss, RunArgs};
+use crate::cli::{self, ConnArgs, RunArgs};
+use crate::election::campaign::Wait;
 use crate::election::lease::{Renewal, MIN_RENEWAL_TIMEOUT, RENEWAL_ATTEMPTS};
-use crate::election::Election;
+use crate::election::{hostname, Election};
+use crate::etcd::{Conn, Secret, Tls};
 use crate::exit::{fail, Exit};
+use crate::supervisor::CgroupMode;
 
 /// The lowest TTL etcd grants with default election timeouts.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
@@ -27,40 +30,6 @@ pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A `--wait` this short cannot outlast the first attempt, so it means `--no-wait`.
 pub const NO_WAIT_BELOW: Duration = Duration::from_millis(10);
-
-/// How to reach etcd.
-#[derive(Debug, Clone)]
-pub struct Conn {
-    pub endpoints: Vec<String>,
-    pub dial_timeout: Duration,
-    pub command_timeout: Duration,
-    pub tls: Option<Tls>,
-    /// User name and password. The password is never logged (see the `Debug` impl of [`Secret`]).
-    pub auth: Option<(String, Secret)>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Tls {
-    pub cacert: Option<PathBuf>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-}
-
-/// A password: printable only on purpose.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
 
 impl Conn {
     pub fn from_args(a: &ConnArgs) -> Result<Conn> {
@@ -152,15 +121,24 @@ fn read_password(a: &ConnArgs) -> Result<Secret> {
                 ),
             ));
         }
-        return Ok(Secret(line));
+        return Ok(Secret::new(line));
     }
     match std::env::var("LEAD_EXEC_PASSWORD") {
-        Ok(p) => Ok(Secret(p)),
+        Ok(p) => Ok(Secret::new(p)),
         Err(_) => Err(fail(
             Exit::Usage,
             "--user needs a password in LEAD_EXEC_PASSWORD or --password-file",
         )),
     }
+}
+
+/// What a lost term leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLoss {
+    /// Campaign again on a fresh lease.
+    Campaign,
+    /// Exit with [`Exit::LeadershipLost`].
+    Exit,
 }
 
 /// Everything `lead-exec run` needs, checked.
@@ -182,14 +160,6 @@ pub struct RunConfig {
     pub cgroup: CgroupMode,
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub command: Vec<String>,
-}
-
-/// How long a candidate waits in line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    Forever,
-    No,
-    For(Duration),
 }
 
 /// Refuses lease settings under which the job could outlive the lease, or could not survive
@@ -269,13 +239,20 @@ impl RunConfig {
             grace: a.grace,
             safety_margin: a.safety_margin,
             id,
-            on_loss: a.on_loss,
+            on_loss: match a.on_loss {
+                cli::OnLoss::Campaign => OnLoss::Campaign,
+                cli::OnLoss::Exit => OnLoss::Exit,
+            },
             wait,
             conflict_exit_code: a.conflict_exit_code,
             history_keep: a.history_keep.max(1),
             run_key: a.run_key.clone(),
             run_key_ttl,
-            cgroup: a.cgroup,
+            cgroup: match a.cgroup {
+                cli::CgroupMode::Auto => CgroupMode::Auto,
+                cli::CgroupMode::On => CgroupMode::On,
+                cli::CgroupMode::Off => CgroupMode::Off,
+            },
             metrics_addr,
             command: a.command.clone(),
         })
@@ -367,14 +344,6 @@ pub fn check_exec_size(
         ));
     }
     Ok(())
-}
-
-/// This machine's host name, for candidate identities.
-pub fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".to_string())
 }
 
 #[cfg(test)]
@@ -493,7 +462,7 @@ mod tests {
 
     #[test]
     fn password_is_not_debug_printed() {
-        let p = Secret("hunter2".into());
+        let p = Secret::new("hunter2".into());
         assert!(!format!("{p:?}").contains("hunter2"));
     }
 }

@@ -22,7 +22,6 @@ use tokio::time::Instant;
 
 use super::lease::{Lease, LeaseState, LossReason};
 use super::Election;
-use crate::config::Wait;
 use crate::etcd::{bounded, classify};
 
 /// How a campaign ended.
@@ -34,6 +33,14 @@ pub enum Outcome {
     NotAcquired,
     /// Our lease or key went away while we waited.
     Lost(LossReason),
+}
+
+/// How long a candidate waits in line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    Forever,
+    No,
+    For(Duration),
 }
 
 /// What we need to campaign.

@@ -19,7 +19,6 @@
 
 pub mod campaign;
 pub mod lease;
-pub mod state;
 pub mod watch;
 
 use anyhow::Result;
@@ -135,7 +134,7 @@ impl Candidate {
     pub fn this_process(id: &str) -> Candidate {
         Candidate {
             id: id.to_string(),
-            host: crate::config::hostname(),
+            host: hostname(),
             pid: std::process::id(),
             started_ms: unix_ms(),
         }
@@ -163,6 +162,14 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// This machine's host name, for candidate identities.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 #[cfg(test)]

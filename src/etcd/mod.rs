@@ -5,6 +5,7 @@
 //! [`bounded`], instead.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -12,7 +13,6 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 pub mod failover;
 
-use crate::config::Conn;
 use crate::exit::{fail, Exit};
 
 /// The least one request attempt gets before it may go to the next endpoint.
@@ -20,6 +20,44 @@ const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 
 /// Above etcd's default `--grpc-keepalive-min-time` of 5 s.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How to reach etcd.
+#[derive(Debug, Clone)]
+pub struct Conn {
+    pub endpoints: Vec<String>,
+    pub dial_timeout: Duration,
+    pub command_timeout: Duration,
+    pub tls: Option<Tls>,
+    /// User name and password. The password is never logged (see the `Debug` impl of [`Secret`]).
+    pub auth: Option<(String, Secret)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub cacert: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// A password: printable only on purpose.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(password: String) -> Secret {
+        Secret(password)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
 
 /// Connects and proves the cluster answers, within the dial timeout.
 pub async fn connect(conn: &Conn) -> Result<Client> {

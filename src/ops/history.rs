@@ -57,7 +57,7 @@ pub async fn record_start(client: &Client, cfg: &RunConfig, token: i64, key: &st
     let rec = Record {
         token,
         id: cfg.id.clone(),
-        host: crate::config::hostname(),
+        host: crate::election::hostname(),
         pid: std::process::id(),
         started_ms: unix_ms(),
         ended_ms: None,

@@ -19,9 +19,9 @@ use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::ElectionArgs;
-use crate::config::Conn;
 use crate::election::{Candidate, Election};
 use crate::etcd::bounded;
+use crate::etcd::Conn;
 
 /// What every operator command starts from.
 pub struct Ctx {

@@ -24,7 +24,7 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
     let p = Pause {
         reason: a.reason.clone(),
         since_ms: unix_ms(),
-        by: format!("{user}@{}", crate::config::hostname()),
+        by: format!("{user}@{}", crate::election::hostname()),
     };
     let key = ctx.election.paused_key();
     let txn = Txn::new()

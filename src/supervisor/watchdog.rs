@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 
 use super::group::{Cgroup, Group};
 use super::protocol::{decode_command, Cause, Command, Report};
-use super::KILL_LEAD;
+use super::{CgroupMode, KILL_LEAD};
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
 
@@ -47,16 +47,11 @@ pub struct Args {
     pub grace: Duration,
     pub term_at: BootInstant,
     pub kill_at: BootInstant,
-    pub cgroup: crate::cli::CgroupMode,
+    pub cgroup: CgroupMode,
 }
 
 impl Args {
     pub fn to_argv(&self) -> Vec<OsString> {
-        let mode = match self.cgroup {
-            crate::cli::CgroupMode::Auto => "auto",
-            crate::cli::CgroupMode::On => "on",
-            crate::cli::CgroupMode::Off => "off",
-        };
         [
             ARG.to_string(),
             self.parent.to_string(),
@@ -65,7 +60,7 @@ impl Args {
             self.grace.as_nanos().to_string(),
             self.term_at.as_nanos().to_string(),
             self.kill_at.as_nanos().to_string(),
-            mode.to_string(),
+            self.cgroup.as_str().to_string(),
         ]
         .into_iter()
         .map(OsString::from)
@@ -89,11 +84,9 @@ impl Args {
             grace: Duration::from_nanos(n(5)?),
             term_at: BootInstant::from_nanos(n(6)?),
             kill_at: BootInstant::from_nanos(n(7)?),
-            cgroup: match s(8)? {
-                "on" => crate::cli::CgroupMode::On,
-                "off" => crate::cli::CgroupMode::Off,
-                _ => crate::cli::CgroupMode::Auto,
-            },
+            // An unknown word is a version mismatch, not a wish for the default.
+            cgroup: CgroupMode::parse(s(8)?)
+                .with_context(|| format!("unknown cgroup mode '{}'", s(8).unwrap_or("")))?,
         })
     }
 }
@@ -185,9 +178,9 @@ fn run(argv: &[OsString]) -> Result<()> {
     let timer = BootTimer::new().context("timerfd_create")?;
 
     let cgroup = match a.cgroup {
-        crate::cli::CgroupMode::Off => None,
-        crate::cli::CgroupMode::Auto => Cgroup::create().ok(),
-        crate::cli::CgroupMode::On => match Cgroup::create() {
+        CgroupMode::Off => None,
+        CgroupMode::Auto => Cgroup::create().ok(),
+        CgroupMode::On => match Cgroup::create() {
             Ok(c) => Some(c),
             Err(e) => {
                 let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
@@ -206,7 +199,7 @@ fn run(argv: &[OsString]) -> Result<()> {
         }
         return Ok(());
     }
-    let required = a.cgroup == crate::cli::CgroupMode::On;
+    let required = a.cgroup == CgroupMode::On;
     let spawned = match super::spawn::spawn(&command, cgroup.as_ref(), required) {
         Ok(s) => s,
         Err(e) => {
@@ -745,6 +738,19 @@ mod tests {
             nix::sys::signal::killpg(leader, None),
             Err(nix::errno::Errno::ESRCH)
         );
+    }
+
+    #[test]
+    fn an_unknown_cgroup_mode_is_refused_not_taken_for_auto() {
+        let args = |mode: &str| -> Vec<OsString> {
+            [ARG, ARG, "1", "3", "4", "5", "6", "7", mode]
+                .iter()
+                .map(OsString::from)
+                .collect()
+        };
+        assert_eq!(Args::parse(&args("off")).unwrap().cgroup, CgroupMode::Off);
+        let e = Args::parse(&args("bogus")).err().expect("refused");
+        assert!(e.to_string().contains("bogus"), "{e}");
     }
 
     #[test]

@@ -15,8 +15,8 @@
 
 use std::time::Duration;
 
-use super::lease::LossReason;
-use crate::cli::OnLoss;
+use crate::config::OnLoss;
+use crate::election::lease::LossReason;
 use crate::exit::Exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,11 @@
-//! `lead-exec run`: the driver that performs the actions of [`crate::election::state`].
+//! `lead-exec run`: the driver that performs the actions of [`lifecycle`].
 //!
 //! All I/O of a run lives here: granting leases, campaigning, spawning the job under its
 //! watchdog, forwarding deadlines and signals, resigning. The decisions are
 //! [`step`]'s.
+
+pub mod lifecycle;
+pub mod signals;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -13,17 +16,17 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::clock::BootInstant;
-use crate::config::{RunConfig, Wait};
-use crate::election::campaign::{Campaign, Outcome, Waiting};
+use crate::config::RunConfig;
+use crate::election::campaign::{Campaign, Outcome, Wait, Waiting};
 use crate::election::lease::{Lease, LeaseState, LossReason};
-use crate::election::state::{step, Action, Event, Phase, Policy, StopWhy};
 use crate::election::watch::{LeaderEvent, LeaderWatch};
 use crate::election::Candidate;
 use crate::exit::Exit;
 use crate::ops::history::{self, EndReason};
 use crate::supervisor::protocol::Cause;
-use crate::supervisor::{signals, Job, JobSpec};
+use crate::supervisor::{Job, JobSpec};
 use crate::{etcd, fencing, metrics, notify};
+use lifecycle::{step, Action, Event, Phase, Policy, StopWhy};
 
 /// Runs until the job is done (or leadership is given up) and returns the exit code.
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
