@@ -17,6 +17,7 @@
 //! both; and [`Job::wait`] kills the group at D itself when the watchdog has not reported it
 //! gone.
 
+pub mod enforcer;
 pub mod group;
 pub mod protocol;
 pub mod spawn;
