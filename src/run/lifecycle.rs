@@ -1,30 +1,45 @@
 //! The lifecycle of one `lead-exec run`, as a pure state machine.
 //!
 //! ```text
-//!             Elected                 Lost / Paused / Interrupted
-//! Campaigning ───────▶ Leading ─────────────────────────────▶ Draining
-//!   ▲   │                 │ JobEnded (on its own)               │ JobEnded
-//!   │   │ CampaignFailed  ▼                                     ▼
-//!   │   └──────────▶ BackingOff        Done(exit)  ◀── (interrupted, or --on-loss exit)
-//!   └─────────────────────┘ BackoffDone        ▲
-//!                          └── campaign again ─┘ (lost or paused, --on-loss campaign)
+//!             Elected           Spawned            Lost / Paused / Interrupted
+//! Campaigning ───────▶ Elected ────────▶ Leading ───────────────────────────▶ Draining
+//!   ▲   │                 │ NotStarted     │ JobEnded (on its own)              │ JobEnded
+//!   │   │ CampaignFailed  │ AlreadyDone    ▼                                    ▼
+//!   │   └──────────▶ BackingOff    └──▶ Done(exit)  ◀── (interrupted, or --on-loss exit)
+//!   └─────────────────────┘ BackoffDone      ▲
+//!                          └── campaign again ┘ (lost or paused, --on-loss campaign)
 //! ```
 //!
-//! [`step`] maps (phase, event) to the next phase and the actions the driver performs. No I/O
-//! happens here, so every transition is unit-tested below.
+//! [`step`] maps (phase, event) to the next phase and the actions the driver performs, for
+//! every pair: no catch-all, so a new event or phase does not compile until each transition
+//! is decided. No I/O happens here, so every transition is unit-tested below.
 
 use std::time::Duration;
 
 use crate::config::OnLoss;
 use crate::election::lease::LossReason;
 use crate::exit::Exit;
+use crate::ops::history::EndReason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    Campaigning { attempt: u32 },
-    Leading { token: i64 },
-    Draining { token: i64, why: StopWhy },
-    BackingOff { attempt: u32 },
+    Campaigning {
+        attempt: u32,
+    },
+    /// The campaign won and was confirmed; the job is not running yet.
+    Elected {
+        token: i64,
+    },
+    Leading {
+        token: i64,
+    },
+    Draining {
+        token: i64,
+        why: StopWhy,
+    },
+    BackingOff {
+        attempt: u32,
+    },
     Done(Exit),
 }
 
@@ -32,11 +47,27 @@ impl Phase {
     pub fn name(&self) -> &'static str {
         match self {
             Phase::Campaigning { .. } => "campaigning",
+            Phase::Elected { .. } => "elected",
             Phase::Leading { .. } => "leading",
             Phase::Draining { .. } => "draining",
             Phase::BackingOff { .. } => "backing-off",
             Phase::Done(_) => "done",
         }
+    }
+
+    /// The fencing token of the term this phase belongs to.
+    pub fn token(&self) -> Option<i64> {
+        match *self {
+            Phase::Elected { token } | Phase::Leading { token } | Phase::Draining { token, .. } => {
+                Some(token)
+            }
+            Phase::Campaigning { .. } | Phase::BackingOff { .. } | Phase::Done(_) => None,
+        }
+    }
+
+    /// Whether a job may be running in this phase.
+    pub fn has_job(&self) -> bool {
+        matches!(self, Phase::Leading { .. } | Phase::Draining { .. })
     }
 }
 
@@ -59,18 +90,30 @@ pub enum Event {
     },
     /// Someone else leads and the wait policy gave up.
     NotAcquired,
-    /// The campaign failed: etcd error, or our lease or key went away while queued.
-    CampaignFailed,
+    /// The campaign failed: our lease or key went away while queued, or etcd failed.
+    CampaignFailed {
+        /// etcd failed (rather than our candidacy): `--no-wait` reports that instead of
+        /// retrying.
+        etcd: bool,
+    },
     /// A stopping signal reached lead-exec.
     Interrupted {
         signal: i32,
     },
     /// Leadership ended while leading.
     Lost(LossReason),
+    /// The keepalive task is gone without a word: nothing renews the lease any more.
+    LeaseTaskEnded,
     /// The election was paused while leading.
     Paused,
     /// An operator asked this leader to step down.
     ResignRequested,
+    /// The job started.
+    Spawned,
+    /// The job was not started: the term's lease was lost, or left it too little time.
+    NotStarted,
+    /// The job was not started: another worker already finished this run key.
+    AlreadyDone,
     /// The job's process group is gone. `exit` is what lead-exec would exit with for it;
     /// `by_watchdog` is set when the watchdog killed it on its own (deadline, or lost parent).
     JobEnded {
@@ -94,11 +137,16 @@ pub enum Action {
     },
     /// SIGKILL the job's group now.
     KillJob,
+    /// Write how the term ended (and, on a success, the run key), while our key still guards
+    /// the write.
+    RecordEnd(EndReason),
     /// Revoke our lease (deletes our key: the next candidate takes over at once).
     Resign,
     /// Wait before campaigning again.
     Backoff(Duration),
     Exit(Exit),
+    /// End with the etcd error just met.
+    Fail,
 }
 
 /// The choices that shape transitions.
@@ -106,6 +154,8 @@ pub enum Action {
 pub struct Policy {
     pub on_loss: OnLoss,
     pub conflict_exit_code: u8,
+    /// `--no-wait`: report an etcd outage instead of retrying (it is for cron).
+    pub no_wait: bool,
 }
 
 /// Exponential backoff between failed campaigns: 250 ms doubling to at most 2 s, short
@@ -121,80 +171,113 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
     use Action as A;
     use Event as E;
     use Phase as P;
-    let after_loss = |p: &Policy| match p.on_loss {
-        OnLoss::Exit => (
-            P::Done(Exit::LeadershipLost),
-            vec![A::Resign, A::Exit(Exit::LeadershipLost)],
-        ),
-        OnLoss::Campaign => (P::Campaigning { attempt: 0 }, vec![A::Resign, A::Campaign]),
+    let done = |exit: Exit| (P::Done(exit), vec![A::Resign, A::Exit(exit)]);
+    let after_loss = |p: &Policy, record: Option<EndReason>| {
+        let mut actions: Vec<Action> = record.map(A::RecordEnd).into_iter().collect();
+        let next = match p.on_loss {
+            OnLoss::Exit => {
+                actions.extend([A::Resign, A::Exit(Exit::LeadershipLost)]);
+                P::Done(Exit::LeadershipLost)
+            }
+            OnLoss::Campaign => {
+                actions.extend([A::Resign, A::Campaign]);
+                P::Campaigning { attempt: 0 }
+            }
+        };
+        (next, actions)
     };
+    let drain = |token: i64, why: StopWhy, first: Action| (P::Draining { token, why }, vec![first]);
+    let stop = A::StopJob { signal: SIGTERM };
     match (phase, event) {
         (P::Campaigning { .. }, E::Elected { token }) => {
-            (P::Leading { token }, vec![A::Spawn { token }])
+            (P::Elected { token }, vec![A::Spawn { token }])
         }
-        (P::Campaigning { .. }, E::NotAcquired) => {
-            let exit = Exit::NotAcquired(p.conflict_exit_code);
-            (P::Done(exit), vec![A::Resign, A::Exit(exit)])
+        (P::Campaigning { .. }, E::NotAcquired) => done(Exit::NotAcquired(p.conflict_exit_code)),
+        (P::Campaigning { .. }, E::CampaignFailed { etcd: true }) if p.no_wait => {
+            (phase, vec![A::Resign, A::Fail])
         }
-        (P::Campaigning { attempt }, E::CampaignFailed) => (
+        (P::Campaigning { attempt }, E::CampaignFailed { .. }) => (
             P::BackingOff {
                 attempt: attempt + 1,
             },
             vec![A::Resign, A::Backoff(backoff(attempt))],
         ),
         (P::Campaigning { .. } | P::BackingOff { .. }, E::Interrupted { signal }) => {
-            let exit = Exit::Signal(signal);
-            (P::Done(exit), vec![A::Resign, A::Exit(exit)])
+            done(Exit::Signal(signal))
         }
         (P::BackingOff { attempt }, E::BackoffDone) => {
             (P::Campaigning { attempt }, vec![A::Campaign])
         }
+        // Only a term has these; a campaign or a backoff cannot be told them.
+        (
+            P::Campaigning { .. } | P::BackingOff { .. },
+            E::Lost(_)
+            | E::LeaseTaskEnded
+            | E::Paused
+            | E::ResignRequested
+            | E::Spawned
+            | E::NotStarted
+            | E::AlreadyDone
+            | E::JobEnded { .. },
+        ) => (phase, vec![]),
+        (P::Campaigning { .. }, E::BackoffDone) => (phase, vec![]),
+        (P::BackingOff { .. }, E::Elected { .. } | E::NotAcquired | E::CampaignFailed { .. }) => {
+            (phase, vec![])
+        }
+
+        (P::Elected { token }, E::Spawned) => (P::Leading { token }, vec![]),
+        // Lost between the confirmation and the start: never run on an unconfirmed term.
+        (P::Elected { .. }, E::NotStarted) => after_loss(p, Some(EndReason::LeaseLost)),
+        (P::Elected { .. }, E::AlreadyDone) => done(Exit::Ok),
+        (P::Elected { .. }, E::Interrupted { signal }) => done(Exit::Signal(signal)),
+        // The start itself checks the lease once more; a loss is seen there, as NotStarted.
+        (P::Elected { .. }, E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested) => {
+            (phase, vec![])
+        }
+        (
+            P::Elected { .. },
+            E::Elected { .. }
+            | E::NotAcquired
+            | E::CampaignFailed { .. }
+            | E::JobEnded { .. }
+            | E::BackoffDone,
+        ) => (phase, vec![]),
 
         (
             P::Leading { .. },
             E::JobEnded {
                 by_watchdog: true, ..
             },
-        ) => after_loss(p),
+        ) => after_loss(p, Some(EndReason::LeaseLost)),
         (P::Leading { .. }, E::JobEnded { exit, .. }) => {
-            (P::Done(exit), vec![A::Resign, A::Exit(exit)])
+            let (next, mut actions) = done(exit);
+            actions.insert(0, A::RecordEnd(EndReason::Exited(exit.code())));
+            (next, actions)
         }
         // etcd said the lease is gone: the next leader may already run, so no grace.
-        (P::Leading { token }, E::Lost(LossReason::Expired)) => (
-            P::Draining {
-                token,
-                why: StopWhy::Lost(LossReason::Expired),
-            },
-            vec![A::KillJob],
-        ),
-        (P::Leading { token }, E::Lost(r)) => (
-            P::Draining {
-                token,
-                why: StopWhy::Lost(r),
-            },
-            vec![A::StopJob { signal: SIGTERM }],
-        ),
-        (P::Leading { token }, E::Paused) => (
-            P::Draining {
-                token,
-                why: StopWhy::Paused,
-            },
-            vec![A::StopJob { signal: SIGTERM }],
-        ),
-        (P::Leading { token }, E::ResignRequested) => (
-            P::Draining {
-                token,
-                why: StopWhy::Resigned,
-            },
-            vec![A::StopJob { signal: SIGTERM }],
-        ),
-        (P::Leading { token }, E::Interrupted { signal }) => (
-            P::Draining {
-                token,
-                why: StopWhy::Interrupted(signal),
-            },
-            vec![A::StopJob { signal }],
-        ),
+        (P::Leading { token }, E::Lost(LossReason::Expired)) => {
+            drain(token, StopWhy::Lost(LossReason::Expired), A::KillJob)
+        }
+        (P::Leading { token }, E::Lost(r)) => drain(token, StopWhy::Lost(r), stop),
+        // Without its renewals the lease runs out at D: as good as lost now.
+        (P::Leading { token }, E::LeaseTaskEnded) => {
+            drain(token, StopWhy::Lost(LossReason::Deadline), stop)
+        }
+        (P::Leading { token }, E::Paused) => drain(token, StopWhy::Paused, stop),
+        (P::Leading { token }, E::ResignRequested) => drain(token, StopWhy::Resigned, stop),
+        (P::Leading { token }, E::Interrupted { signal }) => {
+            drain(token, StopWhy::Interrupted(signal), A::StopJob { signal })
+        }
+        (
+            P::Leading { .. },
+            E::Elected { .. }
+            | E::NotAcquired
+            | E::CampaignFailed { .. }
+            | E::Spawned
+            | E::NotStarted
+            | E::AlreadyDone
+            | E::BackoffDone,
+        ) => (phase, vec![]),
 
         (
             P::Draining {
@@ -202,49 +285,93 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
                 ..
             },
             E::JobEnded { .. },
-        ) => after_loss(p),
+        ) => after_loss(p, Some(EndReason::LeaseLost)),
         (
             P::Draining {
-                why: StopWhy::Paused | StopWhy::Resigned,
+                why: why @ (StopWhy::Paused | StopWhy::Resigned),
                 ..
             },
-            E::JobEnded { .. },
-        ) => (P::Campaigning { attempt: 0 }, vec![A::Resign, A::Campaign]),
+            E::JobEnded { by_watchdog, .. },
+        ) => {
+            let reason = match why {
+                _ if by_watchdog => EndReason::LeaseLost,
+                StopWhy::Paused => EndReason::Paused,
+                _ => EndReason::Resigned,
+            };
+            (
+                P::Campaigning { attempt: 0 },
+                vec![A::RecordEnd(reason), A::Resign, A::Campaign],
+            )
+        }
         (
             P::Draining {
-                why: StopWhy::Interrupted(_),
+                why: StopWhy::Interrupted(s),
                 ..
             },
-            E::JobEnded { exit, .. },
-        ) => (P::Done(exit), vec![A::Resign, A::Exit(exit)]),
+            E::JobEnded { exit, by_watchdog },
+        ) => {
+            let reason = if by_watchdog {
+                EndReason::LeaseLost
+            } else {
+                EndReason::Signal(s)
+            };
+            let (next, mut actions) = done(exit);
+            actions.insert(0, A::RecordEnd(reason));
+            (next, actions)
+        }
         // A second stopping signal while draining: stop waiting out the grace.
-        (P::Draining { token, .. }, E::Interrupted { signal }) => (
-            P::Draining {
-                token,
-                why: StopWhy::Interrupted(signal),
-            },
-            vec![A::KillJob],
-        ),
+        (P::Draining { token, .. }, E::Interrupted { signal }) => {
+            drain(token, StopWhy::Interrupted(signal), A::KillJob)
+        }
         // A loss while already stopping for another reason: the stop is under way, and the
         // watchdog's deadline still holds.
-        (phase @ P::Draining { .. }, E::Lost(_) | E::Paused | E::ResignRequested) => {
+        (P::Draining { .. }, E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested) => {
             (phase, vec![])
         }
-        (phase, _) => (phase, vec![]),
+        (
+            P::Draining { .. },
+            E::Elected { .. }
+            | E::NotAcquired
+            | E::CampaignFailed { .. }
+            | E::Spawned
+            | E::NotStarted
+            | E::AlreadyDone
+            | E::BackoffDone,
+        ) => (phase, vec![]),
+
+        (
+            P::Done(_),
+            E::Elected { .. }
+            | E::NotAcquired
+            | E::CampaignFailed { .. }
+            | E::Interrupted { .. }
+            | E::Lost(_)
+            | E::LeaseTaskEnded
+            | E::Paused
+            | E::ResignRequested
+            | E::Spawned
+            | E::NotStarted
+            | E::AlreadyDone
+            | E::JobEnded { .. }
+            | E::BackoffDone,
+        ) => (phase, vec![]),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const CAMPAIGN: Policy = Policy {
         on_loss: OnLoss::Campaign,
         conflict_exit_code: 75,
+        no_wait: false,
     };
     const EXIT: Policy = Policy {
         on_loss: OnLoss::Exit,
         conflict_exit_code: 75,
+        no_wait: false,
     };
 
     fn leading() -> Phase {
@@ -258,8 +385,101 @@ mod tests {
             Event::Elected { token: 42 },
             &CAMPAIGN,
         );
-        assert_eq!(p, leading());
+        assert_eq!(p, Phase::Elected { token: 42 });
         assert_eq!(a, vec![Action::Spawn { token: 42 }]);
+        assert_eq!(step(p, Event::Spawned, &CAMPAIGN), (leading(), vec![]));
+    }
+
+    #[test]
+    fn a_term_lost_before_the_start_runs_nothing_and_counts_as_lost() {
+        let elected = Phase::Elected { token: 42 };
+        let (p, a) = step(elected, Event::NotStarted, &CAMPAIGN);
+        assert_eq!(p, Phase::Campaigning { attempt: 0 });
+        assert_eq!(
+            a,
+            vec![
+                Action::RecordEnd(EndReason::LeaseLost),
+                Action::Resign,
+                Action::Campaign
+            ]
+        );
+        let (p, a) = step(elected, Event::NotStarted, &EXIT);
+        assert_eq!(p, Phase::Done(Exit::LeadershipLost));
+        assert_eq!(a.last(), Some(&Action::Exit(Exit::LeadershipLost)));
+    }
+
+    #[test]
+    fn a_run_key_done_elsewhere_ends_with_success_and_no_record() {
+        let (p, a) = step(Phase::Elected { token: 42 }, Event::AlreadyDone, &CAMPAIGN);
+        assert_eq!(p, Phase::Done(Exit::Ok));
+        assert_eq!(a, vec![Action::Resign, Action::Exit(Exit::Ok)]);
+    }
+
+    #[test]
+    fn no_wait_ends_on_an_etcd_failure_but_retries_a_lost_candidacy() {
+        let p = Policy {
+            no_wait: true,
+            ..CAMPAIGN
+        };
+        let c = Phase::Campaigning { attempt: 0 };
+        assert_eq!(
+            step(c, Event::CampaignFailed { etcd: true }, &p),
+            (c, vec![Action::Resign, Action::Fail])
+        );
+        let (next, _) = step(c, Event::CampaignFailed { etcd: false }, &p);
+        assert_eq!(next, Phase::BackingOff { attempt: 1 });
+    }
+
+    #[test]
+    fn a_silent_lease_task_counts_as_a_deadline_loss() {
+        let (p, a) = step(leading(), Event::LeaseTaskEnded, &CAMPAIGN);
+        assert_eq!(
+            p,
+            Phase::Draining {
+                token: 42,
+                why: StopWhy::Lost(LossReason::Deadline)
+            }
+        );
+        assert_eq!(a, vec![Action::StopJob { signal: SIGTERM }]);
+    }
+
+    #[test]
+    fn each_end_is_recorded_with_its_reason() {
+        let ended = |by_watchdog| Event::JobEnded {
+            exit: Exit::Signal(15),
+            by_watchdog,
+        };
+        let draining = |why| Phase::Draining { token: 42, why };
+        let cases = [
+            (leading(), ended(false), EndReason::Exited(143)),
+            (leading(), ended(true), EndReason::LeaseLost),
+            (
+                draining(StopWhy::Lost(LossReason::KeyDeleted)),
+                ended(false),
+                EndReason::LeaseLost,
+            ),
+            (draining(StopWhy::Paused), ended(false), EndReason::Paused),
+            (draining(StopWhy::Paused), ended(true), EndReason::LeaseLost),
+            (
+                draining(StopWhy::Resigned),
+                ended(false),
+                EndReason::Resigned,
+            ),
+            (
+                draining(StopWhy::Interrupted(2)),
+                ended(false),
+                EndReason::Signal(2),
+            ),
+            (
+                draining(StopWhy::Interrupted(2)),
+                ended(true),
+                EndReason::LeaseLost,
+            ),
+        ];
+        for (phase, ev, reason) in cases {
+            let (_, a) = step(phase, ev, &CAMPAIGN);
+            assert_eq!(a.first(), Some(&Action::RecordEnd(reason)), "{phase:?}");
+        }
     }
 
     #[test]
@@ -277,7 +497,7 @@ mod tests {
     fn failed_campaign_backs_off_then_campaigns() {
         let (p, a) = step(
             Phase::Campaigning { attempt: 2 },
-            Event::CampaignFailed,
+            Event::CampaignFailed { etcd: true },
             &CAMPAIGN,
         );
         assert_eq!(p, Phase::BackingOff { attempt: 3 });
@@ -313,7 +533,14 @@ mod tests {
         };
         let (p, a) = step(leading(), ev, &CAMPAIGN);
         assert_eq!(p, Phase::Done(Exit::Job(7)));
-        assert_eq!(a, vec![Action::Resign, Action::Exit(Exit::Job(7))]);
+        assert_eq!(
+            a,
+            vec![
+                Action::RecordEnd(EndReason::Exited(7)),
+                Action::Resign,
+                Action::Exit(Exit::Job(7))
+            ]
+        );
     }
 
     #[test]
@@ -351,7 +578,7 @@ mod tests {
         };
         let (p, a) = step(p, ev, &CAMPAIGN);
         assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a, vec![Action::Resign, Action::Campaign]);
+        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
     }
 
     #[test]
@@ -374,7 +601,7 @@ mod tests {
         };
         let (p, a) = step(leading(), ev, &CAMPAIGN);
         assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a, vec![Action::Resign, Action::Campaign]);
+        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
     }
 
     #[test]
@@ -389,7 +616,14 @@ mod tests {
         };
         let (p3, a) = step(p2, ev, &CAMPAIGN);
         assert_eq!(p3, Phase::Done(Exit::Job(0)));
-        assert_eq!(a, vec![Action::Resign, Action::Exit(Exit::Job(0))]);
+        assert_eq!(
+            a,
+            vec![
+                Action::RecordEnd(EndReason::Signal(15)),
+                Action::Resign,
+                Action::Exit(Exit::Job(0))
+            ]
+        );
     }
 
     #[test]
@@ -407,7 +641,7 @@ mod tests {
         };
         let (p, a) = step(p, ev, &EXIT);
         assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a, vec![Action::Resign, Action::Campaign]);
+        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
     }
 
     #[test]
@@ -432,7 +666,7 @@ mod tests {
         };
         let (p, a) = step(p, ev, &EXIT);
         assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a, vec![Action::Resign, Action::Campaign]);
+        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
     }
 
     #[test]
@@ -445,5 +679,208 @@ mod tests {
             step(d, Event::Lost(LossReason::Deadline), &CAMPAIGN),
             (d, vec![])
         );
+    }
+
+    const SIGNAL: i32 = libc::SIGINT;
+
+    /// One of each event (and each payload that steers a transition).
+    fn all_events() -> Vec<Event> {
+        let mut v = vec![
+            Event::Elected { token: 43 },
+            Event::NotAcquired,
+            Event::CampaignFailed { etcd: true },
+            Event::CampaignFailed { etcd: false },
+            Event::Interrupted { signal: SIGNAL },
+            Event::LeaseTaskEnded,
+            Event::Paused,
+            Event::ResignRequested,
+            Event::Spawned,
+            Event::NotStarted,
+            Event::AlreadyDone,
+            Event::BackoffDone,
+        ];
+        v.extend(
+            [
+                LossReason::Expired,
+                LossReason::Deadline,
+                LossReason::KeyDeleted,
+            ]
+            .map(Event::Lost),
+        );
+        for by_watchdog in [false, true] {
+            for exit in [Exit::Job(0), Exit::Job(3), Exit::Signal(9)] {
+                v.push(Event::JobEnded { exit, by_watchdog });
+            }
+        }
+        v
+    }
+
+    /// One of each phase (and each reason to drain).
+    fn all_phases() -> Vec<Phase> {
+        let mut v = vec![
+            Phase::Campaigning { attempt: 1 },
+            Phase::Elected { token: 42 },
+            leading(),
+            Phase::BackingOff { attempt: 1 },
+            Phase::Done(Exit::Job(0)),
+        ];
+        v.extend(
+            [
+                StopWhy::Lost(LossReason::Expired),
+                StopWhy::Lost(LossReason::Deadline),
+                StopWhy::Paused,
+                StopWhy::Resigned,
+                StopWhy::Interrupted(libc::SIGTERM),
+            ]
+            .map(|why| Phase::Draining { token: 42, why }),
+        );
+        v
+    }
+
+    fn all_policies() -> Vec<Policy> {
+        let no_wait = |p: Policy| Policy { no_wait: true, ..p };
+        vec![CAMPAIGN, EXIT, no_wait(CAMPAIGN), no_wait(EXIT)]
+    }
+
+    /// What must hold for any one transition.
+    fn check_transition(
+        phase: Phase,
+        ev: Event,
+        next: Phase,
+        actions: &[Action],
+    ) -> Result<(), String> {
+        let t = format!("{phase:?} --{ev:?}--> {next:?} {actions:?}");
+        let fail = |what: &str| Err(format!("{what}: {t}"));
+        // Done is final.
+        if let Phase::Done(_) = phase {
+            if next != phase || !actions.is_empty() {
+                return fail("left Done");
+            }
+        }
+        // A job is started only by a won campaign, and only once per election.
+        let spawns = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Spawn { .. }))
+            .count();
+        if spawns > 0
+            && !(spawns == 1
+                && matches!(phase, Phase::Campaigning { .. })
+                && matches!(next, Phase::Elected { .. }))
+        {
+            return fail("spawn outside an election");
+        }
+        // A job is running only after it started.
+        if matches!(next, Phase::Leading { .. })
+            && !matches!(phase, Phase::Leading { .. })
+            && !(matches!(phase, Phase::Elected { .. }) && ev == Event::Spawned)
+        {
+            return fail("leading without a start");
+        }
+        // A stop is never revived: a draining term ends only with its job.
+        if matches!(phase, Phase::Draining { .. }) && matches!(next, Phase::Leading { .. }) {
+            return fail("a stop was revived");
+        }
+        // A term whose job may run is left only once the job is gone.
+        if phase.has_job() && !next.has_job() && !matches!(ev, Event::JobEnded { .. }) {
+            return fail("a term left while its job may run");
+        }
+        // An exit is the last action, and exactly the phase's.
+        let exits: Vec<_> = actions
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a, Action::Exit(_) | Action::Fail))
+            .collect();
+        match (next, exits.as_slice()) {
+            (Phase::Done(_), _) if phase == next => {}
+            (Phase::Done(e), [(i, Action::Exit(x))]) if *x == e && i + 1 == actions.len() => {}
+            (Phase::Done(_), _) => return fail("Done without its exit last"),
+            (_, []) => {}
+            (_, [(i, Action::Fail)]) if i + 1 == actions.len() => {}
+            _ => return fail("an exit that does not end the run"),
+        }
+        // Leaving a term (or a campaign) for good, or for another campaign, gives up the lease
+        // first, so that the next candidate takes over at once.
+        let ends = actions
+            .iter()
+            .position(|a| matches!(a, Action::Exit(_) | Action::Fail | Action::Campaign));
+        if let Some(i) = ends {
+            let from_backoff =
+                matches!(phase, Phase::BackingOff { .. }) && ev == Event::BackoffDone;
+            if !from_backoff && !actions[..i].contains(&Action::Resign) {
+                return fail("no resign before ending or campaigning again");
+            }
+        }
+        // An end record only when a term ends, and first, while our key still guards it.
+        if let Some(i) = actions
+            .iter()
+            .position(|a| matches!(a, Action::RecordEnd(_)))
+        {
+            if i != 0 || phase.token().is_none() || next.token().is_some() {
+                return fail("an end record outside a term's end");
+            }
+        }
+        // A job's tokens come from its own election.
+        if let (Some(a), Some(b)) = (phase.token(), next.token()) {
+            if a != b {
+                return fail("the token changed within a term");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_phase_and_event_keeps_the_invariants() {
+        let mut pairs = 0;
+        for p in all_policies() {
+            for phase in all_phases() {
+                for ev in all_events() {
+                    let (next, actions) = step(phase, ev, &p);
+                    if let Err(e) = check_transition(phase, ev, next, &actions) {
+                        panic!("{e} (policy {p:?})");
+                    }
+                    pairs += 1;
+                }
+            }
+        }
+        assert!(pairs >= 4 * 10 * 20);
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        proptest::sample::select(all_events())
+    }
+
+    proptest! {
+        // A failure prints its minimal input; no regressions file is written into the tree.
+        #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Any sequence of events from the start of a run: each transition keeps the
+        /// invariants, a job runs at most once per won election, and a run that ended stays
+        /// ended.
+        #[test]
+        fn any_event_sequence_keeps_the_invariants(
+            events in proptest::collection::vec(event(), 0..80),
+            on_exit in any::<bool>(),
+            no_wait in any::<bool>(),
+        ) {
+            let p = Policy {
+                on_loss: if on_exit { OnLoss::Exit } else { OnLoss::Campaign },
+                conflict_exit_code: 75,
+                no_wait,
+            };
+            let mut phase = Phase::Campaigning { attempt: 0 };
+            let mut failed = false;
+            for ev in events {
+                let (next, actions) = step(phase, ev, &p);
+                prop_assert!(check_transition(phase, ev, next, &actions).is_ok(),
+                    "{}", check_transition(phase, ev, next, &actions).unwrap_err());
+                // After Fail the driver is gone: nothing may follow it.
+                prop_assert!(!failed);
+                failed = actions.contains(&Action::Fail);
+                if failed {
+                    break;
+                }
+                phase = next;
+            }
+        }
     }
 }

@@ -60,6 +60,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         term: None,
         watch: None,
         last_token: None,
+        failure: None,
     };
     notify::ready();
     d.drive().await
@@ -87,6 +88,9 @@ struct Driver {
     watch: Option<LeaderWatch>,
     /// The token of this process's previous term.
     last_token: Option<i64>,
+    /// The etcd error behind the last failed campaign: retried after a backoff, or (under
+    /// `--no-wait`) what the run ends with.
+    failure: Option<(&'static str, anyhow::Error)>,
 }
 
 /// Whether a new term's token is not above the previous one's: etcd's revisions went back
@@ -101,6 +105,7 @@ impl Driver {
         let policy = Policy {
             on_loss: self.cfg.on_loss,
             conflict_exit_code: self.cfg.conflict_exit_code,
+            no_wait: self.cfg.wait == Wait::No,
         };
         let mut phase = Phase::Campaigning { attempt: 0 };
         let mut pending: VecDeque<Action> = VecDeque::from([Action::Campaign]);
@@ -109,7 +114,7 @@ impl Driver {
             while let Some(action) = pending.pop_front() {
                 match action {
                     Action::Campaign => event = Some(self.campaign().await?),
-                    Action::Spawn { token } => event = self.spawn(token).await?,
+                    Action::Spawn { token } => event = Some(self.spawn(token).await?),
                     Action::StopJob { signal } => {
                         if let Some(j) = self.job.as_mut() {
                             j.stop(signal);
@@ -120,9 +125,19 @@ impl Driver {
                             j.kill();
                         }
                     }
+                    Action::RecordEnd(reason) => self.record_end(reason).await,
                     Action::Resign => self.resign().await,
-                    Action::Backoff(d) => event = Some(self.backoff(d).await),
+                    Action::Backoff(d) => {
+                        if let Some((what, e)) = self.failure.take() {
+                            tracing::warn!(election = self.cfg.election.name(), "{what}: {e:#}");
+                        }
+                        event = Some(self.backoff(d).await)
+                    }
                     Action::Exit(e) => return Ok(e),
+                    Action::Fail => {
+                        let (_, e) = self.failure.take().expect("a failure to end with");
+                        return Err(e);
+                    }
                 }
             }
             let ev = match event {
@@ -130,13 +145,20 @@ impl Driver {
                 None => self.wait_leading(phase).await,
             };
             let (next, actions) = step(phase, ev, &policy);
-            if let Event::JobEnded { exit, by_watchdog } = ev {
-                self.record_end(phase, exit, by_watchdog).await;
+            if let (
+                Phase::Leading { .. },
+                Phase::Draining {
+                    why: StopWhy::Lost(r),
+                    ..
+                },
+            ) = (phase, next)
+            {
+                metrics::lost(r.as_str());
             }
             tracing::info!(
                 election = self.cfg.election.name(),
                 id = self.cfg.id,
-                token = token_of(next).or(token_of(phase)),
+                token = next.token().or(phase.token()),
                 "{} -> {} on {ev:?}",
                 phase.name(),
                 next.name()
@@ -168,14 +190,9 @@ impl Driver {
         .await
         {
             Ok(l) => l,
-            // `--no-wait` is for cron: report the outage instead of retrying.
-            Err(e) if self.cfg.wait == Wait::No => return Err(e),
             Err(e) => {
-                tracing::warn!(
-                    election = self.cfg.election.name(),
-                    "cannot grant a lease: {e:#}"
-                );
-                return Ok(Event::CampaignFailed);
+                self.failure = Some(("cannot grant a lease", e));
+                return Ok(Event::CampaignFailed { etcd: true });
             }
         };
         let value = Candidate::this_process(&self.cfg.id).encode();
@@ -255,32 +272,20 @@ impl Driver {
                     "candidacy lost while queued: {}",
                     r.as_str()
                 );
-                Event::CampaignFailed
-            }
-            Err(e) if self.cfg.wait == Wait::No => {
-                self.lease = Some(lease);
-                self.resign().await;
-                return Err(e);
+                Event::CampaignFailed { etcd: false }
             }
             Err(e) => {
-                tracing::warn!(
-                    election = self.cfg.election.name(),
-                    "campaign failed: {e:#}"
-                );
-                Event::CampaignFailed
+                self.failure = Some(("campaign failed", e));
+                Event::CampaignFailed { etcd: true }
             }
         };
         self.lease = Some(lease);
         Ok(ev)
     }
 
-    /// Starts the job for a confirmed term. `Some(event)` when it could not start.
-    async fn spawn(&mut self, token: i64) -> Result<Option<Event>> {
-        // Lost between the confirmation and now: never spawn on an unconfirmed term.
-        let lost = Some(Event::JobEnded {
-            exit: Exit::LeadershipLost,
-            by_watchdog: true,
-        });
+    /// Starts the job for a confirmed term.
+    async fn spawn(&mut self, token: i64) -> Result<Event> {
+        let lost = Event::NotStarted;
         let lease = self.lease.as_ref().expect("a term has a lease");
         if !matches!(lease.state(), LeaseState::Alive { deadline } if !deadline.has_passed()) {
             return Ok(lost);
@@ -293,10 +298,7 @@ impl Driver {
                 "run key already done; not running the job"
             );
             self.term = None;
-            return Ok(Some(Event::JobEnded {
-                exit: Exit::Job(0),
-                by_watchdog: false,
-            }));
+            return Ok(Event::AlreadyDone);
         }
         // Read only now: the checks above can take up to --command-timeout, and a lease
         // granted or renewed late (etcd stalled) may leave too little time. Renew first.
@@ -341,7 +343,7 @@ impl Driver {
                         tracing::warn!("history: {e:#}");
                     }
                 }));
-                Ok(None)
+                Ok(Event::Spawned)
             }
             Ok(None) => {
                 tracing::warn!(
@@ -404,20 +406,16 @@ impl Driver {
                     return Event::JobEnded { exit, by_watchdog };
                 }
                 changed = async { lease_rx.as_mut().expect("lease").changed().await }, if !draining && lease_rx.is_some() => {
-                    let state = if changed.is_ok() {
-                        *lease_rx.as_ref().expect("lease").borrow()
-                    } else {
-                        LeaseState::Lost(LossReason::Deadline)
-                    };
+                    if changed.is_err() {
+                        return Event::LeaseTaskEnded;
+                    }
+                    let state = *lease_rx.as_ref().expect("lease").borrow();
                     match state {
                         LeaseState::Alive { deadline } => {
                             job_ref.extend(deadline, cfg.grace);
                             metrics::ttl_remaining(deadline.remaining());
                         }
-                        LeaseState::Lost(r) => {
-                            metrics::lost(r.as_str());
-                            return Event::Lost(r);
-                        }
+                        LeaseState::Lost(r) => return Event::Lost(r),
                     }
                 }
                 ev = async { watch.as_mut().expect("watch").next().await }, if !draining && watch.is_some() => {
@@ -430,9 +428,7 @@ impl Driver {
                                 Some(l) => l.is_gone(timeout).await,
                                 None => false,
                             };
-                            let r = if gone { LossReason::Expired } else { LossReason::KeyDeleted };
-                            metrics::lost(r.as_str());
-                            Event::Lost(r)
+                            Event::Lost(if gone { LossReason::Expired } else { LossReason::KeyDeleted })
                         }
                         LeaderEvent::Paused => Event::Paused,
                         LeaderEvent::ResignRequested => Event::ResignRequested,
@@ -481,33 +477,13 @@ impl Driver {
     }
 
     /// Writes how the term ended, while our key still guards the write; also the run key.
-    async fn record_end(&mut self, phase: Phase, exit: Exit, by_watchdog: bool) {
+    async fn record_end(&mut self, reason: EndReason) {
         // The end record goes after the start record.
         if let Some(start) = self.history_start.take() {
             let _ = start.await;
         }
         let Some(term) = self.term.as_ref() else {
             return;
-        };
-        let reason = match phase {
-            _ if by_watchdog => EndReason::LeaseLost,
-            Phase::Draining {
-                why: StopWhy::Lost(_),
-                ..
-            } => EndReason::LeaseLost,
-            Phase::Draining {
-                why: StopWhy::Paused,
-                ..
-            } => EndReason::Paused,
-            Phase::Draining {
-                why: StopWhy::Resigned,
-                ..
-            } => EndReason::Resigned,
-            Phase::Draining {
-                why: StopWhy::Interrupted(s),
-                ..
-            } => EndReason::Signal(s),
-            _ => EndReason::Exited(exit.code()),
         };
         if let Err(e) =
             history::record_end(&self.client, &self.cfg, term.token, &term.key, reason).await
@@ -521,12 +497,5 @@ impl Driver {
                 tracing::warn!("run key: {e:#}");
             }
         }
-    }
-}
-
-fn token_of(p: Phase) -> Option<i64> {
-    match p {
-        Phase::Leading { token } | Phase::Draining { token, .. } => Some(token),
-        _ => None,
     }
 }
