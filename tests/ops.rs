@@ -237,11 +237,11 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
             .unwrap();
         let election = lead_exec::election::Election::new("hist").unwrap();
         let stale_key = election.candidate_key(0x1234);
-        lead_exec::ops::history::finish(
+        lead_exec::records::history::finish(
             &client,
             &election,
             token,
-            lead_exec::ops::history::EndReason::Exited(9),
+            lead_exec::records::history::EndReason::Exited(9),
             etcd_client::Compare::create_revision(stale_key, etcd_client::CompareOp::Equal, token),
             Duration::from_secs(5),
         )
@@ -353,24 +353,8 @@ fn run_key_dedupes_and_its_record_is_fenced() {
     );
 
     // The record is written only under a live leader key.
-    let cfg_args = [
-        "lead-exec",
-        "run",
-        "cron",
-        "--endpoints",
-        ep.as_str(),
-        "--run-key",
-        "k4",
-        "--",
-        "true",
-    ];
-    let cli = lead_exec::parse(cfg_args.iter().map(std::ffi::OsString::from))
-        .ok()
-        .unwrap();
-    let lead_exec::cli::Command::Run(args) = cli.command else {
-        unreachable!()
-    };
-    let cfg = lead_exec::config::RunConfig::from_args(&args).unwrap();
+    let election = lead_exec::election::Election::new("cron").unwrap();
+    let ttl = Duration::from_secs(60);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -379,8 +363,14 @@ fn run_key_dedupes_and_its_record_is_fenced() {
         let client = etcd_client::Client::connect([ep.as_str()], None)
             .await
             .unwrap();
-        let stale = cfg.election.candidate_key(0x4242);
-        lead_exec::ops::runkey::mark_done(&client, &cfg, &stale, 7)
+        let stale = election.candidate_key(0x4242);
+        let term = lead_exec::records::Term {
+            token: 7,
+            key: &stale,
+            id: "w",
+        };
+        let timeout = Duration::from_secs(5);
+        lead_exec::records::runkey::mark_done(&client, &election, timeout, term, "k4", ttl)
             .await
             .unwrap()
     });

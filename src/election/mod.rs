@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::exit::{fail, Exit};
 
-/// Top of every key this program writes.
-pub const ROOT: &str = "lead-exec";
+/// Top of every key this program writes (the connection probe reads it too).
+pub use crate::etcd::ROOT;
 
 /// A validated election name and the keys that belong to it.
 #[derive(Debug, Clone, PartialEq, Eq)]

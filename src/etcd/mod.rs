@@ -15,6 +15,9 @@ pub mod failover;
 
 use crate::exit::{fail, Exit};
 
+/// Top of every key this program writes.
+pub const ROOT: &str = "lead-exec";
+
 /// The least one request attempt gets before it may go to the next endpoint.
 const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 
@@ -129,7 +132,7 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
             conn.dial_timeout,
             &what,
             client.get(
-                format!("{}/", crate::election::ROOT),
+                format!("{ROOT}/"),
                 Some(etcd_client::GetOptions::new().with_count_only()),
             ),
         )

@@ -1,14 +1,12 @@
-//! Operator commands: status, watch, resign, pause/resume, history, check; and the records
-//! `run` keeps for them (history of terms, completed run keys).
+//! Operator commands: status, watch, resign, pause/resume, history, check. They read the
+//! records `run` keeps ([`crate::records`]).
 //!
 //! Every write here is a transaction guarded by a comparison, never a blind put or delete.
 
 pub mod check;
 pub mod history;
-pub mod history_cmd;
 pub mod pause;
 pub mod resign;
-pub mod runkey;
 pub mod status;
 pub mod watch;
 

@@ -6,10 +6,11 @@
 use anyhow::Result;
 use serde_json::json;
 
-use super::{fmt_ms, history, Ctx};
+use super::{fmt_ms, Ctx};
 use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
+use crate::records::history;
 
 /// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`). A warning,
 /// so that `-q` keeps it: a cron mail should say who ran instead.

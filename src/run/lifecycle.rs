@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::config::OnLoss;
 use crate::election::lease::LossReason;
 use crate::exit::Exit;
-use crate::ops::history::EndReason;
+use crate::records::history::EndReason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {

@@ -22,7 +22,8 @@ use crate::election::lease::{Lease, LeaseState, LossReason};
 use crate::election::watch::{LeaderEvent, LeaderWatch};
 use crate::election::Candidate;
 use crate::exit::Exit;
-use crate::ops::history::{self, EndReason};
+use crate::records::history::{self, EndReason};
+use crate::records::{self, runkey};
 use crate::supervisor::protocol::Cause;
 use crate::supervisor::{Job, JobSpec};
 use crate::{etcd, fencing, metrics, notify};
@@ -36,7 +37,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     }
     let signals = signals::listen()?;
     let client = etcd::connect(&cfg.conn).await?;
-    if let Some(done) = crate::ops::runkey::already_done(&client, &cfg).await? {
+    if let Some(done) = already_done(&client, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
             run_key = done,
@@ -291,7 +292,7 @@ impl Driver {
             return Ok(lost);
         }
         // Another worker may have finished this run key while we queued.
-        if let Some(k) = crate::ops::runkey::already_done(&self.client, &self.cfg).await? {
+        if let Some(k) = already_done(&self.client, &self.cfg).await? {
             tracing::info!(
                 election = self.cfg.election.name(),
                 run_key = k,
@@ -339,7 +340,16 @@ impl Driver {
                 let (client, cfg) = (self.client.clone(), self.cfg.clone());
                 let key = term.key.clone();
                 self.history_start = Some(tokio::spawn(async move {
-                    if let Err(e) = history::record_start(&client, &cfg, token, &key).await {
+                    let term = records::Term {
+                        token,
+                        key: &key,
+                        id: &cfg.id,
+                    };
+                    let timeout = cfg.conn.command_timeout;
+                    let keep = cfg.history_keep;
+                    if let Err(e) =
+                        history::record_start(&client, &cfg.election, timeout, term, keep).await
+                    {
                         tracing::warn!("history: {e:#}");
                     }
                 }));
@@ -485,17 +495,29 @@ impl Driver {
         let Some(term) = self.term.as_ref() else {
             return;
         };
-        if let Err(e) =
-            history::record_end(&self.client, &self.cfg, term.token, &term.key, reason).await
-        {
+        let (cfg, client) = (&self.cfg, &self.client);
+        let (e, timeout) = (&cfg.election, cfg.conn.command_timeout);
+        let term = records::Term {
+            token: term.token,
+            key: &term.key,
+            id: &cfg.id,
+        };
+        if let Err(e) = history::record_end(client, e, timeout, term, reason).await {
             tracing::warn!("history: {e:#}");
         }
-        if reason == EndReason::Exited(0) {
-            if let Err(e) =
-                crate::ops::runkey::mark_done(&self.client, &self.cfg, &term.key, term.token).await
-            {
+        if let (EndReason::Exited(0), Some(k)) = (reason, &cfg.run_key) {
+            if let Err(e) = runkey::mark_done(client, e, timeout, term, k, cfg.run_key_ttl).await {
                 tracing::warn!("run key: {e:#}");
             }
         }
     }
+}
+
+/// `Some(key)` if `--run-key` was given and is already recorded as done.
+async fn already_done(client: &Client, cfg: &RunConfig) -> Result<Option<String>> {
+    let Some(k) = &cfg.run_key else {
+        return Ok(None);
+    };
+    let done = runkey::already_done(client, &cfg.election, cfg.conn.command_timeout, k).await?;
+    Ok(done.then(|| k.clone()))
 }

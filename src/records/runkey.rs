@@ -5,52 +5,60 @@
 //! job, a success after the term was lost, and a record that could not be written all leave
 //! KEY open: running twice is the failure mode chosen over never running.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-use crate::config::RunConfig;
-use crate::election::unix_ms;
+use super::Term;
+use crate::election::{unix_ms, Election};
 use crate::etcd::bounded;
 
-/// `Some(key)` if `--run-key` was given and is already recorded as done.
-pub async fn already_done(client: &Client, cfg: &RunConfig) -> Result<Option<String>> {
-    let Some(k) = &cfg.run_key else {
-        return Ok(None);
-    };
+/// Whether `run_key` is already recorded as done.
+pub async fn already_done(
+    client: &Client,
+    e: &Election,
+    timeout: Duration,
+    run_key: &str,
+) -> Result<bool> {
     let mut c = client.clone();
     let resp = bounded(
-        cfg.conn.command_timeout,
+        timeout,
         "etcd",
         c.get(
-            cfg.election.run_key(k),
+            e.run_key(run_key),
             Some(GetOptions::new().with_count_only()),
         ),
     )
     .await?;
-    Ok((resp.count() > 0).then(|| k.clone()))
+    Ok(resp.count() > 0)
 }
 
-/// Records `--run-key` as done, guarded by our leader key (create revision = token).
-pub async fn mark_done(client: &Client, cfg: &RunConfig, key: &str, token: i64) -> Result<bool> {
-    let Some(k) = &cfg.run_key else {
-        return Ok(false);
-    };
+/// Records `run_key` as done for `ttl`, guarded by the term's leader key.
+pub async fn mark_done(
+    client: &Client,
+    e: &Election,
+    timeout: Duration,
+    term: Term<'_>,
+    run_key: &str,
+    ttl: Duration,
+) -> Result<bool> {
     let mut c = client.clone();
-    let timeout = cfg.conn.command_timeout;
-    let ttl = cfg.run_key_ttl.as_secs().max(1) as i64;
+    let Term { token, key, id } = term;
+    let ttl = ttl.as_secs().max(1) as i64;
     let lease = bounded(timeout, "etcd", c.lease_grant(ttl, None)).await?;
-    let value = serde_json::json!({ "token": token, "id": cfg.id, "done_ms": unix_ms() });
+    let value = serde_json::json!({ "token": token, "id": id, "done_ms": unix_ms() });
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, token)])
         .and_then([TxnOp::put(
-            cfg.election.run_key(k),
+            e.run_key(run_key),
             value.to_string(),
             Some(PutOptions::new().with_lease(lease.id())),
         )]);
     let ok = bounded(timeout, "etcd", c.txn(txn)).await?.succeeded();
     if !ok {
         let _ = bounded(timeout, "etcd", c.lease_revoke(lease.id())).await;
-        tracing::warn!(run_key = k, "run key not recorded: our leader key is gone");
+        tracing::warn!(run_key, "run key not recorded: our leader key is gone");
     }
     Ok(ok)
 }
