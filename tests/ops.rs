@@ -3,8 +3,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::proxy::{Mode, Proxy};
-use crate::support::*;
+use harness::proxy::{Mode, Proxy};
+use harness::*;
 
 /// A job that records "start T" / "end T" (on TERM) and runs until stopped.
 fn long_job(dir: &std::path::Path, who: &str) -> String {
@@ -95,7 +95,7 @@ fn watch_prints_changes_with_tokens_and_survives_reconnects() {
     let proxy = Proxy::start(etcd.endpoints());
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(["watch", "wt", "--endpoints", &proxy.endpoint()]);
     let watch = LineReader::start(cmd);
     watch.expect("no leader", secs(10));
@@ -269,9 +269,10 @@ fn check_inside_the_job_passes_for_the_leader_and_fails_for_an_old_token() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
+    let bin = bin();
     let job = script(
         dir.path(),
-        &format!("'{BIN}' check > $D/check.out 2>&1; echo $? > $D/check.code; echo $FENCING_TOKEN > $D/token"),
+        &format!("'{bin}' check > $D/check.out 2>&1; echo $? > $D/check.code; echo $FENCING_TOKEN > $D/token"),
     );
     let (code, _, err) = run(&run_args("chk", &ep, &[], &job));
     assert_eq!(code, 0, "{err}");
@@ -561,7 +562,7 @@ fn a_pause_reads_the_same_in_status_and_watch() {
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
     let watch = |format: &str| {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.args(["watch", "pt", "--endpoints", &ep, "-o", format]);
         LineReader::start(cmd)
     };

@@ -1,7 +1,7 @@
-//! Test harness: real etcd processes on free loopback ports, the built binary, and helpers
-//! that wait for events (a file line, a key, an exit) instead of sleeping.
-
-#![allow(dead_code)]
+//! The harness that lead-exec's integration tests and examples share: real etcd processes on
+//! free loopback ports, a fault proxy ([`proxy`]), the built binary, helpers that wait for
+//! events (a file line, a key, an exit) instead of sleeping, and the Jepsen-style history
+//! checker ([`chaos`]).
 
 pub mod chaos;
 pub mod proxy;
@@ -16,12 +16,19 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-/// The binary under test. Outside `cargo test` (the chaos soak example), `lead-exec` is found
-/// on PATH, which that example points at its own target directory.
-pub const BIN: &str = match option_env!("CARGO_BIN_EXE_lead-exec") {
-    Some(p) => p,
-    None => "lead-exec",
-};
+/// The binary under test: `lead-exec` in the target directory of the test or example that
+/// runs (they live one level below it, in `deps/` or `examples/`), else from PATH.
+pub fn bin() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.parent()?.join("lead-exec")))
+            .filter(|p| p.is_file())
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "lead-exec".into())
+    })
+}
 
 /// Lease settings that keep tests fast and still pass the safety check:
 /// grace 0.5 + margin 0.5 + interval 1 < ttl 3.
@@ -551,7 +558,7 @@ pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Worker {
 }
 
 pub fn spawn_env(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
-    spawn_program(Path::new(BIN), dir, name, args, env)
+    spawn_program(Path::new(bin()), dir, name, args, env)
 }
 
 /// Like [`spawn_env`], with another copy of the binary.
@@ -569,7 +576,7 @@ pub fn spawn_program(
 /// that group, or match by session, without reaching the test runner or other tests.
 pub fn spawn_detached(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
     use std::os::unix::process::CommandExt;
-    let mut cmd = worker_command(Path::new(BIN), dir, name, args, env);
+    let mut cmd = worker_command(Path::new(bin()), dir, name, args, env);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
@@ -615,7 +622,7 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
 }
 
 pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(args)
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .env_remove("ETCDCTL_ENDPOINTS")
