@@ -43,7 +43,7 @@
 //!   [`config::RunConfig`] of the crate's own types.
 //! - [`election`]: key layout, [`election::lease`] (keepalive timer and the deadline D),
 //!   [`election::campaign`] (etcd's election protocol plus confirmation),
-//!   [`election::watch`] (what a leader watches: [`election::watch::LeaderWatch`]).
+//!   [`election::leader`] (what a leader watches for: [`election::leader::LeaderWatch`]).
 //! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
 //! - [`supervisor`]: the job under its watchdog. [`supervisor::enforcer`] decides, without
 //!   I/O, what the group gets and when; [`supervisor::watchdog`] is the process that carries it

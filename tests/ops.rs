@@ -241,7 +241,7 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
             &client,
             &election,
             token,
-            lead_exec::records::history::EndReason::Exited(9),
+            lead_exec::records::history::TermEnd::Exited(9),
             etcd_client::Compare::create_revision(stale_key, etcd_client::CompareOp::Equal, token),
             Duration::from_secs(5),
         )

@@ -20,7 +20,7 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::lease::{Lease, LeaseState, LossReason};
+use super::lease::{Lease, LeaseState, Loss};
 use super::Election;
 use crate::etcd::{bounded, classify};
 
@@ -32,7 +32,7 @@ pub enum Outcome {
     /// Someone else leads and the wait policy gave up.
     NotAcquired,
     /// Our lease or key went away while we waited.
-    Lost(LossReason),
+    Lost(Loss),
 }
 
 /// How long a candidate waits in line.
@@ -154,7 +154,7 @@ impl Campaign<'_> {
             }
             let ops = resp.op_responses();
             if existing_create_revision(&ops[..1]) != Some(my_rev) {
-                return Ok(Outcome::Lost(LossReason::KeyDeleted));
+                return Ok(Outcome::Lost(Loss::KeyDeleted));
             }
             if self.wait == Wait::No {
                 return Ok(Outcome::NotAcquired);
@@ -222,7 +222,7 @@ impl Campaign<'_> {
                 },
                 changed = lease_rx.changed() => {
                     if changed.is_err() {
-                        return Ok(Some(Outcome::Lost(LossReason::Deadline)));
+                        return Ok(Some(Outcome::Lost(Loss::Deadline)));
                     }
                     if let LeaseState::Lost(r) = *lease_rx.borrow() {
                         return Ok(Some(Outcome::Lost(r)));

@@ -72,9 +72,9 @@ pub fn renewed_deadline(sent: BootInstant, ttl: Duration, margin: Duration) -> B
     sent.plus(ttl).minus(margin)
 }
 
-/// Why leadership (or candidacy) ended without us asking for it.
+/// How leadership (or candidacy) was lost, without us asking for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LossReason {
+pub enum Loss {
     /// etcd answered a keepalive with TTL 0: the lease is gone (expired or revoked).
     Expired,
     /// No keepalive succeeded in time; the local deadline D passed.
@@ -83,12 +83,12 @@ pub enum LossReason {
     KeyDeleted,
 }
 
-impl LossReason {
+impl Loss {
     pub fn as_str(self) -> &'static str {
         match self {
-            LossReason::Expired => "lease expired",
-            LossReason::Deadline => "renewal deadline passed",
-            LossReason::KeyDeleted => "leader key deleted",
+            Loss::Expired => "lease expired",
+            Loss::Deadline => "renewal deadline passed",
+            Loss::KeyDeleted => "leader key deleted",
         }
     }
 }
@@ -100,7 +100,7 @@ pub enum LeaseState {
     Alive {
         deadline: BootInstant,
     },
-    Lost(LossReason),
+    Lost(Loss),
 }
 
 /// A granted lease with its keepalive task. Dropping it stops the keepalives (the lease then
@@ -366,7 +366,7 @@ async fn keepalive_loop(
         // the watchdog has already killed. Declare the loss instead.
         if deadline.has_passed() {
             tracing::warn!(lease, "no keepalive succeeded before the deadline");
-            tx.send_replace(LeaseState::Lost(LossReason::Deadline));
+            tx.send_replace(LeaseState::Lost(Loss::Deadline));
             return;
         }
         tokio::select! {
@@ -404,7 +404,7 @@ async fn keepalive_loop(
                 match a.result {
                     Ok(Answer::Gone) => {
                         tracing::warn!(lease, "etcd says the lease is gone");
-                        tx.send_replace(LeaseState::Lost(LossReason::Expired));
+                        tx.send_replace(LeaseState::Lost(Loss::Expired));
                         return;
                     }
                     Ok(Answer::Alive) => {

@@ -18,8 +18,8 @@
 //! another's.
 
 pub mod campaign;
+pub mod leader;
 pub mod lease;
-pub mod watch;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};

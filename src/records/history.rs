@@ -16,9 +16,9 @@ use super::Term;
 use crate::election::{unix_ms, Election};
 use crate::etcd::bounded;
 
-/// Why a term ended.
+/// How a term ended, as its history record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndReason {
+pub enum TermEnd {
     Exited(u8),
     LeaseLost,
     Resigned,
@@ -26,14 +26,14 @@ pub enum EndReason {
     Signal(i32),
 }
 
-impl std::fmt::Display for EndReason {
+impl std::fmt::Display for TermEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            EndReason::Exited(c) => write!(f, "exit {c}"),
-            EndReason::LeaseLost => f.write_str("lease lost"),
-            EndReason::Resigned => f.write_str("resigned"),
-            EndReason::Paused => f.write_str("paused"),
-            EndReason::Signal(s) => write!(f, "signal {s} to lead-exec"),
+            TermEnd::Exited(c) => write!(f, "exit {c}"),
+            TermEnd::LeaseLost => f.write_str("lease lost"),
+            TermEnd::Resigned => f.write_str("resigned"),
+            TermEnd::Paused => f.write_str("paused"),
+            TermEnd::Signal(s) => write!(f, "signal {s} to lead-exec"),
         }
     }
 }
@@ -127,7 +127,7 @@ pub async fn record_end(
     e: &Election,
     timeout: Duration,
     term: Term<'_>,
-    reason: EndReason,
+    reason: TermEnd,
 ) -> Result<()> {
     let token = term.token;
     let guard = Compare::create_revision(term.key, CompareOp::Equal, token);
@@ -144,7 +144,7 @@ pub async fn finish(
     client: &Client,
     e: &Election,
     token: i64,
-    reason: EndReason,
+    reason: TermEnd,
     guard: Compare,
     timeout: std::time::Duration,
 ) -> Result<bool> {
@@ -204,7 +204,7 @@ pub fn infer_lost(recs: &mut [Record]) {
     for i in 0..recs.len().saturating_sub(1) {
         if recs[i].end.is_none() {
             let next_start = recs[i + 1].started_ms;
-            recs[i].end = Some(EndReason::LeaseLost.to_string());
+            recs[i].end = Some(TermEnd::LeaseLost.to_string());
             recs[i].ended_ms = Some(next_start);
         }
     }
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn reasons_read_well() {
-        assert_eq!(EndReason::Exited(3).to_string(), "exit 3");
-        assert_eq!(EndReason::Signal(15).to_string(), "signal 15 to lead-exec");
+        assert_eq!(TermEnd::Exited(3).to_string(), "exit 3");
+        assert_eq!(TermEnd::Signal(15).to_string(), "signal 15 to lead-exec");
     }
 }

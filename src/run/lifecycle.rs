@@ -17,9 +17,9 @@
 use std::time::Duration;
 
 use crate::config::OnLoss;
-use crate::election::lease::LossReason;
+use crate::election::lease::Loss;
 use crate::exit::Exit;
-use crate::records::history::EndReason;
+use crate::records::history::TermEnd;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -35,7 +35,7 @@ pub enum Phase {
     },
     Draining {
         token: i64,
-        why: StopWhy,
+        why: StopReason,
     },
     BackingOff {
         attempt: u32,
@@ -71,10 +71,10 @@ impl Phase {
     }
 }
 
-/// Why a running job is being stopped.
+/// Why lead-exec is stopping a running job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopWhy {
-    Lost(LossReason),
+pub enum StopReason {
+    Lost(Loss),
     Paused,
     /// An operator's `lead-exec resign`.
     Resigned,
@@ -101,7 +101,7 @@ pub enum Event {
         signal: i32,
     },
     /// Leadership ended while leading.
-    Lost(LossReason),
+    Lost(Loss),
     /// The keepalive task is gone without a word: nothing renews the lease any more.
     LeaseTaskEnded,
     /// The election was paused while leading.
@@ -139,7 +139,7 @@ pub enum Action {
     KillJob,
     /// Write how the term ended (and, on a success, the run key), while our key still guards
     /// the write.
-    RecordEnd(EndReason),
+    RecordEnd(TermEnd),
     /// Revoke our lease (deletes our key: the next candidate takes over at once).
     Resign,
     /// Wait before campaigning again.
@@ -172,7 +172,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
     use Event as E;
     use Phase as P;
     let done = |exit: Exit| (P::Done(exit), vec![A::Resign, A::Exit(exit)]);
-    let after_loss = |p: &Policy, record: Option<EndReason>| {
+    let after_loss = |p: &Policy, record: Option<TermEnd>| {
         let mut actions: Vec<Action> = record.map(A::RecordEnd).into_iter().collect();
         let next = match p.on_loss {
             OnLoss::Exit => {
@@ -186,7 +186,8 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         };
         (next, actions)
     };
-    let drain = |token: i64, why: StopWhy, first: Action| (P::Draining { token, why }, vec![first]);
+    let drain =
+        |token: i64, why: StopReason, first: Action| (P::Draining { token, why }, vec![first]);
     let stop = A::StopJob { signal: SIGTERM };
     match (phase, event) {
         (P::Campaigning { .. }, E::Elected { token }) => {
@@ -227,7 +228,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
 
         (P::Elected { token }, E::Spawned) => (P::Leading { token }, vec![]),
         // Lost between the confirmation and the start: never run on an unconfirmed term.
-        (P::Elected { .. }, E::NotStarted) => after_loss(p, Some(EndReason::LeaseLost)),
+        (P::Elected { .. }, E::NotStarted) => after_loss(p, Some(TermEnd::LeaseLost)),
         (P::Elected { .. }, E::AlreadyDone) => done(Exit::Ok),
         (P::Elected { .. }, E::Interrupted { signal }) => done(Exit::Signal(signal)),
         // The start itself checks the lease once more; a loss is seen there, as NotStarted.
@@ -248,26 +249,28 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             E::JobEnded {
                 by_watchdog: true, ..
             },
-        ) => after_loss(p, Some(EndReason::LeaseLost)),
+        ) => after_loss(p, Some(TermEnd::LeaseLost)),
         (P::Leading { .. }, E::JobEnded { exit, .. }) => {
             let (next, mut actions) = done(exit);
-            actions.insert(0, A::RecordEnd(EndReason::Exited(exit.code())));
+            actions.insert(0, A::RecordEnd(TermEnd::Exited(exit.code())));
             (next, actions)
         }
         // etcd said the lease is gone: the next leader may already run, so no grace.
-        (P::Leading { token }, E::Lost(LossReason::Expired)) => {
-            drain(token, StopWhy::Lost(LossReason::Expired), A::KillJob)
+        (P::Leading { token }, E::Lost(Loss::Expired)) => {
+            drain(token, StopReason::Lost(Loss::Expired), A::KillJob)
         }
-        (P::Leading { token }, E::Lost(r)) => drain(token, StopWhy::Lost(r), stop),
+        (P::Leading { token }, E::Lost(r)) => drain(token, StopReason::Lost(r), stop),
         // Without its renewals the lease runs out at D: as good as lost now.
         (P::Leading { token }, E::LeaseTaskEnded) => {
-            drain(token, StopWhy::Lost(LossReason::Deadline), stop)
+            drain(token, StopReason::Lost(Loss::Deadline), stop)
         }
-        (P::Leading { token }, E::Paused) => drain(token, StopWhy::Paused, stop),
-        (P::Leading { token }, E::ResignRequested) => drain(token, StopWhy::Resigned, stop),
-        (P::Leading { token }, E::Interrupted { signal }) => {
-            drain(token, StopWhy::Interrupted(signal), A::StopJob { signal })
-        }
+        (P::Leading { token }, E::Paused) => drain(token, StopReason::Paused, stop),
+        (P::Leading { token }, E::ResignRequested) => drain(token, StopReason::Resigned, stop),
+        (P::Leading { token }, E::Interrupted { signal }) => drain(
+            token,
+            StopReason::Interrupted(signal),
+            A::StopJob { signal },
+        ),
         (
             P::Leading { .. },
             E::Elected { .. }
@@ -281,22 +284,22 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
 
         (
             P::Draining {
-                why: StopWhy::Lost(_),
+                why: StopReason::Lost(_),
                 ..
             },
             E::JobEnded { .. },
-        ) => after_loss(p, Some(EndReason::LeaseLost)),
+        ) => after_loss(p, Some(TermEnd::LeaseLost)),
         (
             P::Draining {
-                why: why @ (StopWhy::Paused | StopWhy::Resigned),
+                why: why @ (StopReason::Paused | StopReason::Resigned),
                 ..
             },
             E::JobEnded { by_watchdog, .. },
         ) => {
             let reason = match why {
-                _ if by_watchdog => EndReason::LeaseLost,
-                StopWhy::Paused => EndReason::Paused,
-                _ => EndReason::Resigned,
+                _ if by_watchdog => TermEnd::LeaseLost,
+                StopReason::Paused => TermEnd::Paused,
+                _ => TermEnd::Resigned,
             };
             (
                 P::Campaigning { attempt: 0 },
@@ -305,15 +308,15 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         }
         (
             P::Draining {
-                why: StopWhy::Interrupted(s),
+                why: StopReason::Interrupted(s),
                 ..
             },
             E::JobEnded { exit, by_watchdog },
         ) => {
             let reason = if by_watchdog {
-                EndReason::LeaseLost
+                TermEnd::LeaseLost
             } else {
-                EndReason::Signal(s)
+                TermEnd::Signal(s)
             };
             let (next, mut actions) = done(exit);
             actions.insert(0, A::RecordEnd(reason));
@@ -321,7 +324,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         }
         // A second stopping signal while draining: stop waiting out the grace.
         (P::Draining { token, .. }, E::Interrupted { signal }) => {
-            drain(token, StopWhy::Interrupted(signal), A::KillJob)
+            drain(token, StopReason::Interrupted(signal), A::KillJob)
         }
         // A loss while already stopping for another reason: the stop is under way, and the
         // watchdog's deadline still holds.
@@ -398,7 +401,7 @@ mod tests {
         assert_eq!(
             a,
             vec![
-                Action::RecordEnd(EndReason::LeaseLost),
+                Action::RecordEnd(TermEnd::LeaseLost),
                 Action::Resign,
                 Action::Campaign
             ]
@@ -437,7 +440,7 @@ mod tests {
             p,
             Phase::Draining {
                 token: 42,
-                why: StopWhy::Lost(LossReason::Deadline)
+                why: StopReason::Lost(Loss::Deadline)
             }
         );
         assert_eq!(a, vec![Action::StopJob { signal: SIGTERM }]);
@@ -451,29 +454,33 @@ mod tests {
         };
         let draining = |why| Phase::Draining { token: 42, why };
         let cases = [
-            (leading(), ended(false), EndReason::Exited(143)),
-            (leading(), ended(true), EndReason::LeaseLost),
+            (leading(), ended(false), TermEnd::Exited(143)),
+            (leading(), ended(true), TermEnd::LeaseLost),
             (
-                draining(StopWhy::Lost(LossReason::KeyDeleted)),
+                draining(StopReason::Lost(Loss::KeyDeleted)),
                 ended(false),
-                EndReason::LeaseLost,
+                TermEnd::LeaseLost,
             ),
-            (draining(StopWhy::Paused), ended(false), EndReason::Paused),
-            (draining(StopWhy::Paused), ended(true), EndReason::LeaseLost),
+            (draining(StopReason::Paused), ended(false), TermEnd::Paused),
             (
-                draining(StopWhy::Resigned),
-                ended(false),
-                EndReason::Resigned,
-            ),
-            (
-                draining(StopWhy::Interrupted(2)),
-                ended(false),
-                EndReason::Signal(2),
-            ),
-            (
-                draining(StopWhy::Interrupted(2)),
+                draining(StopReason::Paused),
                 ended(true),
-                EndReason::LeaseLost,
+                TermEnd::LeaseLost,
+            ),
+            (
+                draining(StopReason::Resigned),
+                ended(false),
+                TermEnd::Resigned,
+            ),
+            (
+                draining(StopReason::Interrupted(2)),
+                ended(false),
+                TermEnd::Signal(2),
+            ),
+            (
+                draining(StopReason::Interrupted(2)),
+                ended(true),
+                TermEnd::LeaseLost,
             ),
         ];
         for (phase, ev, reason) in cases {
@@ -536,7 +543,7 @@ mod tests {
         assert_eq!(
             a,
             vec![
-                Action::RecordEnd(EndReason::Exited(7)),
+                Action::RecordEnd(TermEnd::Exited(7)),
                 Action::Resign,
                 Action::Exit(Exit::Job(7))
             ]
@@ -545,12 +552,12 @@ mod tests {
 
     #[test]
     fn a_lease_etcd_says_is_gone_kills_the_job_at_once() {
-        let (p, a) = step(leading(), Event::Lost(LossReason::Expired), &CAMPAIGN);
+        let (p, a) = step(leading(), Event::Lost(Loss::Expired), &CAMPAIGN);
         assert_eq!(
             p,
             Phase::Draining {
                 token: 42,
-                why: StopWhy::Lost(LossReason::Expired)
+                why: StopReason::Lost(Loss::Expired)
             }
         );
         assert_eq!(a, vec![Action::KillJob]);
@@ -558,12 +565,12 @@ mod tests {
 
     #[test]
     fn loss_drains_then_campaigns_again() {
-        let (p, a) = step(leading(), Event::Lost(LossReason::Deadline), &CAMPAIGN);
+        let (p, a) = step(leading(), Event::Lost(Loss::Deadline), &CAMPAIGN);
         assert_eq!(
             p,
             Phase::Draining {
                 token: 42,
-                why: StopWhy::Lost(LossReason::Deadline)
+                why: StopReason::Lost(Loss::Deadline)
             }
         );
         assert_eq!(
@@ -583,7 +590,7 @@ mod tests {
 
     #[test]
     fn loss_with_on_loss_exit_exits_76() {
-        let (p, _) = step(leading(), Event::Lost(LossReason::KeyDeleted), &EXIT);
+        let (p, _) = step(leading(), Event::Lost(Loss::KeyDeleted), &EXIT);
         let ev = Event::JobEnded {
             exit: Exit::Signal(15),
             by_watchdog: false,
@@ -619,7 +626,7 @@ mod tests {
         assert_eq!(
             a,
             vec![
-                Action::RecordEnd(EndReason::Signal(15)),
+                Action::RecordEnd(TermEnd::Signal(15)),
                 Action::Resign,
                 Action::Exit(Exit::Job(0))
             ]
@@ -651,7 +658,7 @@ mod tests {
             p,
             Phase::Draining {
                 token: 42,
-                why: StopWhy::Resigned
+                why: StopReason::Resigned
             }
         );
         assert_eq!(
@@ -673,12 +680,9 @@ mod tests {
     fn loss_while_draining_changes_nothing() {
         let d = Phase::Draining {
             token: 1,
-            why: StopWhy::Interrupted(15),
+            why: StopReason::Interrupted(15),
         };
-        assert_eq!(
-            step(d, Event::Lost(LossReason::Deadline), &CAMPAIGN),
-            (d, vec![])
-        );
+        assert_eq!(step(d, Event::Lost(Loss::Deadline), &CAMPAIGN), (d, vec![]));
     }
 
     const SIGNAL: i32 = libc::SIGINT;
@@ -699,14 +703,7 @@ mod tests {
             Event::AlreadyDone,
             Event::BackoffDone,
         ];
-        v.extend(
-            [
-                LossReason::Expired,
-                LossReason::Deadline,
-                LossReason::KeyDeleted,
-            ]
-            .map(Event::Lost),
-        );
+        v.extend([Loss::Expired, Loss::Deadline, Loss::KeyDeleted].map(Event::Lost));
         for by_watchdog in [false, true] {
             for exit in [Exit::Job(0), Exit::Job(3), Exit::Signal(9)] {
                 v.push(Event::JobEnded { exit, by_watchdog });
@@ -726,11 +723,11 @@ mod tests {
         ];
         v.extend(
             [
-                StopWhy::Lost(LossReason::Expired),
-                StopWhy::Lost(LossReason::Deadline),
-                StopWhy::Paused,
-                StopWhy::Resigned,
-                StopWhy::Interrupted(libc::SIGTERM),
+                StopReason::Lost(Loss::Expired),
+                StopReason::Lost(Loss::Deadline),
+                StopReason::Paused,
+                StopReason::Resigned,
+                StopReason::Interrupted(libc::SIGTERM),
             ]
             .map(|why| Phase::Draining { token: 42, why }),
         );

@@ -18,16 +18,16 @@ use tokio::time::Instant;
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
 use crate::election::campaign::{Campaign, Outcome, Wait, Waiting};
-use crate::election::lease::{Lease, LeaseState, LossReason};
-use crate::election::watch::{LeaderEvent, LeaderWatch};
+use crate::election::leader::{LeaderEvent, LeaderWatch};
+use crate::election::lease::{Lease, LeaseState, Loss};
 use crate::election::Candidate;
 use crate::exit::Exit;
-use crate::records::history::{self, EndReason};
+use crate::records::history::{self, TermEnd};
 use crate::records::{self, runkey};
-use crate::supervisor::protocol::Cause;
+use crate::supervisor::protocol::GroupEnd;
 use crate::supervisor::{Job, JobSpec};
 use crate::{etcd, fencing, metrics, notify};
-use lifecycle::{step, Action, Event, Phase, Policy, StopWhy};
+use lifecycle::{step, Action, Event, Phase, Policy, StopReason};
 
 /// Runs until the job is done (or leadership is given up) and returns the exit code.
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
@@ -59,7 +59,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         lease: None,
         job: None,
         term: None,
-        watch: None,
+        leader_watch: None,
         last_token: None,
         failure: None,
     };
@@ -86,7 +86,7 @@ struct Driver {
     lease: Option<Lease>,
     job: Option<Job>,
     term: Option<Term>,
-    watch: Option<LeaderWatch>,
+    leader_watch: Option<LeaderWatch>,
     /// The token of this process's previous term.
     last_token: Option<i64>,
     /// The etcd error behind the last failed campaign: retried after a backoff, or (under
@@ -149,7 +149,7 @@ impl Driver {
             if let (
                 Phase::Leading { .. },
                 Phase::Draining {
-                    why: StopWhy::Lost(r),
+                    why: StopReason::Lost(r),
                     ..
                 },
             ) = (phase, next)
@@ -257,7 +257,7 @@ impl Driver {
                 }
                 self.last_token = Some(token);
                 metrics::elected(token, started.elapsed());
-                self.watch = Some(LeaderWatch::new(
+                self.leader_watch = Some(LeaderWatch::new(
                     &self.client,
                     &self.cfg.election,
                     &key,
@@ -376,7 +376,7 @@ impl Driver {
         let Driver {
             job,
             lease,
-            watch,
+            leader_watch,
             signals,
             cfg,
             ..
@@ -397,21 +397,21 @@ impl Driver {
                     let exit = Exit::from_job(ended.status);
                     metrics::leading(false);
                     metrics::job_exited(exit.code(), ended.slack_ms);
-                    let by_watchdog = matches!(ended.cause, Cause::Deadline | Cause::Orphaned | Cause::WatchdogLost);
+                    let by_watchdog = matches!(ended.cause, GroupEnd::Deadline | GroupEnd::Orphaned | GroupEnd::WatchdogLost);
                     match ended.cause {
-                        Cause::Deadline => tracing::error!(
+                        GroupEnd::Deadline => tracing::error!(
                             election = cfg.election.name(),
                             id = cfg.id,
                             slack_ms = ended.slack_ms,
                             "the watchdog stopped the job at the lease deadline ({}): lead-exec could not renew in time",
                             ended.status
                         ),
-                        Cause::WatchdogLost | Cause::Orphaned => tracing::error!(
+                        GroupEnd::WatchdogLost | GroupEnd::Orphaned => tracing::error!(
                             election = cfg.election.name(),
                             id = cfg.id,
                             "the job was killed because its watchdog died; giving up this term"
                         ),
-                        Cause::SelfExit | Cause::Stop => tracing::info!(election = cfg.election.name(), id = cfg.id, slack_ms = ended.slack_ms, "job ended: {}", ended.status),
+                        GroupEnd::SelfExit | GroupEnd::Stop => tracing::info!(election = cfg.election.name(), id = cfg.id, slack_ms = ended.slack_ms, "job ended: {}", ended.status),
                     }
                     return Event::JobEnded { exit, by_watchdog };
                 }
@@ -428,7 +428,7 @@ impl Driver {
                         LeaseState::Lost(r) => return Event::Lost(r),
                     }
                 }
-                ev = async { watch.as_mut().expect("watch").next().await }, if !draining && watch.is_some() => {
+                ev = async { leader_watch.as_mut().expect("leader watch").next().await }, if !draining && leader_watch.is_some() => {
                     return match ev {
                         LeaderEvent::KeyDeleted => {
                             // A revoked or expired lease deletes the key too, and then the next
@@ -438,7 +438,7 @@ impl Driver {
                                 Some(l) => l.is_gone(timeout).await,
                                 None => false,
                             };
-                            Event::Lost(if gone { LossReason::Expired } else { LossReason::KeyDeleted })
+                            Event::Lost(if gone { Loss::Expired } else { Loss::KeyDeleted })
                         }
                         LeaderEvent::Paused => Event::Paused,
                         LeaderEvent::ResignRequested => Event::ResignRequested,
@@ -455,7 +455,7 @@ impl Driver {
     }
 
     async fn resign(&mut self) {
-        self.watch = None;
+        self.leader_watch = None;
         self.term = None;
         metrics::leading(false);
         if let Some(lease) = self.lease.take() {
@@ -487,7 +487,7 @@ impl Driver {
     }
 
     /// Writes how the term ended, while our key still guards the write; also the run key.
-    async fn record_end(&mut self, reason: EndReason) {
+    async fn record_end(&mut self, reason: TermEnd) {
         // The end record goes after the start record.
         if let Some(start) = self.history_start.take() {
             let _ = start.await;
@@ -505,7 +505,7 @@ impl Driver {
         if let Err(e) = history::record_end(client, e, timeout, term, reason).await {
             tracing::warn!("history: {e:#}");
         }
-        if let (EndReason::Exited(0), Some(k)) = (reason, &cfg.run_key) {
+        if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = runkey::mark_done(client, e, timeout, term, k, cfg.run_key_ttl).await {
                 tracing::warn!("run key: {e:#}");
             }

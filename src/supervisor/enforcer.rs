@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::protocol::{Cause, Command};
+use super::protocol::{Command, GroupEnd};
 use super::KILL_LEAD;
 use crate::clock::BootInstant;
 
@@ -56,7 +56,7 @@ pub struct Enforcer {
     term_sent: bool,
     kill_sent: bool,
     /// Why the group is ending; `None` while the job runs normally.
-    cause: Option<Cause>,
+    cause: Option<GroupEnd>,
 }
 
 impl Enforcer {
@@ -78,7 +78,7 @@ impl Enforcer {
     }
 
     /// Why the group is ending, once it is.
-    pub fn cause(&self) -> Option<Cause> {
+    pub fn cause(&self) -> Option<GroupEnd> {
         self.cause
     }
 
@@ -106,11 +106,11 @@ impl Enforcer {
                 if self.kill_sent {
                     return None;
                 }
-                self.cause.get_or_insert(Cause::Orphaned);
+                self.cause.get_or_insert(GroupEnd::Orphaned);
                 self.kill()
             }
             Input::LeaderExited if self.cause.is_none() => {
-                self.stop(Cause::SelfExit, libc::SIGTERM, now)
+                self.stop(GroupEnd::SelfExit, libc::SIGTERM, now)
             }
             Input::LeaderExited => None,
         }
@@ -125,19 +125,19 @@ impl Enforcer {
             return None;
         }
         if now >= self.kill_by() {
-            self.cause.get_or_insert(Cause::Deadline);
+            self.cause.get_or_insert(GroupEnd::Deadline);
             return self.kill();
         }
         if self.stop_kill_at.is_some_and(|t| now >= t) {
             return self.kill();
         }
         if !self.term_sent && now >= self.term_at {
-            return self.stop(Cause::Deadline, libc::SIGTERM, now);
+            return self.stop(GroupEnd::Deadline, libc::SIGTERM, now);
         }
         None
     }
 
-    fn stop(&mut self, cause: Cause, sig: i32, now: BootInstant) -> Option<GroupOp> {
+    fn stop(&mut self, cause: GroupEnd, sig: i32, now: BootInstant) -> Option<GroupOp> {
         self.cause.get_or_insert(cause);
         self.term_sent = true;
         let t = now.plus(self.grace).min(self.kill_by());
@@ -162,9 +162,9 @@ impl Enforcer {
                 None
             }
             Command::Forward(sig) => Some(GroupOp::Signal(sig)),
-            Command::Stop(sig) => self.stop(Cause::Stop, sig, now),
+            Command::Stop(sig) => self.stop(GroupEnd::Stop, sig, now),
             Command::Kill => {
-                self.cause.get_or_insert(Cause::Stop);
+                self.cause.get_or_insert(GroupEnd::Stop);
                 if self.kill_sent {
                     return None;
                 }
@@ -210,7 +210,7 @@ mod tests {
         assert_eq!(kill, at(10_000).minus(KILL_LEAD));
         assert_eq!(e.on(kill.minus(Duration::from_nanos(1)), TICK), None);
         assert_eq!(e.on(kill, TICK), Some(GroupOp::Kill));
-        assert_eq!(e.cause(), Some(Cause::Deadline));
+        assert_eq!(e.cause(), Some(GroupEnd::Deadline));
         assert_eq!(e.next_wake(), None);
     }
 
@@ -228,7 +228,7 @@ mod tests {
         assert_eq!(e.on(at(5_500), TICK), Some(GroupOp::Kill));
         assert_eq!(e.on(at(5_600), deadline(60_000, 61_000)), None);
         assert_eq!(e.on(at(70_000), TICK), None);
-        assert_eq!(e.cause(), Some(Cause::Stop));
+        assert_eq!(e.cause(), Some(GroupEnd::Stop));
     }
 
     #[test]
@@ -252,7 +252,7 @@ mod tests {
     fn losing_lead_exec_kills_at_once_and_only_once() {
         let mut e = enforcer();
         assert_eq!(e.on(at(1), Input::Orphaned), Some(GroupOp::Kill));
-        assert_eq!(e.cause(), Some(Cause::Orphaned));
+        assert_eq!(e.cause(), Some(GroupEnd::Orphaned));
         assert_eq!(e.on(at(1), Input::Orphaned), None);
         assert_eq!(e.on(at(1), Input::Command(Command::Kill)), None);
     }
@@ -264,7 +264,7 @@ mod tests {
             e.on(at(1_000), Input::LeaderExited),
             Some(GroupOp::Signal(libc::SIGTERM))
         );
-        assert_eq!(e.cause(), Some(Cause::SelfExit));
+        assert_eq!(e.cause(), Some(GroupEnd::SelfExit));
         assert_eq!(e.next_wake(), Some(at(1_500)));
         // Asked again on the next round of the loop: the stop is already under way.
         assert_eq!(e.on(at(1_010), Input::LeaderExited), None);

@@ -36,7 +36,7 @@ use tokio::net::unix::pipe;
 
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::{fail, Exit, JobStatus};
-use protocol::{Cause, Command, Report};
+use protocol::{Command, GroupEnd, Report};
 
 /// Whether the job gets a cgroup v2 of its own besides its process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub struct JobSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ended {
     pub status: JobStatus,
-    pub cause: Cause,
+    pub cause: GroupEnd,
     /// Lease deadline minus time of death.
     pub slack_ms: i64,
 }
@@ -315,7 +315,7 @@ impl Job {
         }
         Ended {
             status: JobStatus::Signaled(libc::SIGKILL),
-            cause: Cause::WatchdogLost,
+            cause: GroupEnd::WatchdogLost,
             slack_ms: 0,
         }
     }

@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 
 use super::enforcer::{may_spawn, Enforcer, GroupOp, Input};
 use super::group::{Cgroup, Group};
-use super::protocol::{decode_command, Cause, Command, Report};
+use super::protocol::{decode_command, Command, GroupEnd, Report};
 use super::CgroupMode;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
@@ -404,7 +404,7 @@ impl Supervision {
         }
         Report::Ended {
             status,
-            cause: self.enforcer.cause().unwrap_or(Cause::SelfExit),
+            cause: self.enforcer.cause().unwrap_or(GroupEnd::SelfExit),
             slack_ms: self.enforcer.deadline().millis_after(died),
         }
     }
