@@ -71,18 +71,13 @@ pub async fn record_start(
         ended_ms: None,
         end: None,
     };
-    let existing = bounded(
+    let existing = get_all(
+        &mut c,
+        e,
         timeout,
-        "etcd",
-        c.get(
-            e.history_prefix(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only()
-                    .with_sort(SortTarget::Key, SortOrder::Ascend),
-            ),
-        ),
+        GetOptions::new()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Ascend),
     )
     .await?;
     let keys: Vec<Vec<u8>> = existing.kvs().iter().map(|kv| kv.key().to_vec()).collect();
@@ -103,6 +98,17 @@ pub async fn record_start(
     let resp = bounded(timeout, "etcd", c.txn(txn)).await?;
     anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
     Ok(())
+}
+
+/// The history's records, as `opts` selects and orders them.
+async fn get_all(
+    c: &mut Client,
+    e: &Election,
+    timeout: Duration,
+    opts: GetOptions,
+) -> Result<etcd_client::GetResponse> {
+    let opts = Some(opts.with_prefix());
+    bounded(timeout, "etcd", c.get(e.history_prefix(), opts)).await
 }
 
 /// Where to stop deleting old records so that `keep` remain with the new one (`new_key`):
@@ -174,18 +180,13 @@ pub async fn read(
     timeout: std::time::Duration,
 ) -> Result<Vec<Record>> {
     let mut c = client.clone();
-    let resp = bounded(
+    let resp = get_all(
+        &mut c,
+        e,
         timeout,
-        "etcd",
-        c.get(
-            e.history_prefix(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Key, SortOrder::Descend)
-                    .with_limit(n as i64 + 1),
-            ),
-        ),
+        GetOptions::new()
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(n as i64 + 1),
     )
     .await?;
     let mut recs: Vec<Record> = resp

@@ -172,6 +172,13 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
     use Event as E;
     use Phase as P;
     let done = |exit: Exit| (P::Done(exit), vec![A::Resign, A::Exit(exit)]);
+    // The same, for a term: its end is recorded first, while our key still guards the write.
+    let ended = |reason: TermEnd, exit: Exit| {
+        (
+            P::Done(exit),
+            vec![A::RecordEnd(reason), A::Resign, A::Exit(exit)],
+        )
+    };
     let after_loss = |p: &Policy, record: Option<TermEnd>| {
         let mut actions: Vec<Action> = record.map(A::RecordEnd).into_iter().collect();
         let next = match p.on_loss {
@@ -250,11 +257,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
                 by_watchdog: true, ..
             },
         ) => after_loss(p, Some(TermEnd::LeaseLost)),
-        (P::Leading { .. }, E::JobEnded { exit, .. }) => {
-            let (next, mut actions) = done(exit);
-            actions.insert(0, A::RecordEnd(TermEnd::Exited(exit.code())));
-            (next, actions)
-        }
+        (P::Leading { .. }, E::JobEnded { exit, .. }) => ended(TermEnd::Exited(exit.code()), exit),
         // etcd said the lease is gone: the next leader may already run, so no grace.
         (P::Leading { token }, E::Lost(Loss::Expired)) => {
             drain(token, StopReason::Lost(Loss::Expired), A::KillJob)
@@ -271,8 +274,9 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             StopReason::Interrupted(signal),
             A::StopJob { signal },
         ),
+        // Only a campaign, a start or a backoff has these; a running term cannot be told them.
         (
-            P::Leading { .. },
+            P::Leading { .. } | P::Draining { .. },
             E::Elected { .. }
             | E::NotAcquired
             | E::CampaignFailed { .. }
@@ -318,9 +322,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             } else {
                 TermEnd::Signal(s)
             };
-            let (next, mut actions) = done(exit);
-            actions.insert(0, A::RecordEnd(reason));
-            (next, actions)
+            ended(reason, exit)
         }
         // A second stopping signal while draining: stop waiting out the grace.
         (P::Draining { token, .. }, E::Interrupted { signal }) => {
@@ -331,33 +333,16 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         (P::Draining { .. }, E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested) => {
             (phase, vec![])
         }
-        (
-            P::Draining { .. },
-            E::Elected { .. }
-            | E::NotAcquired
-            | E::CampaignFailed { .. }
-            | E::Spawned
-            | E::NotStarted
-            | E::AlreadyDone
-            | E::BackoffDone,
-        ) => (phase, vec![]),
 
-        (
-            P::Done(_),
-            E::Elected { .. }
-            | E::NotAcquired
-            | E::CampaignFailed { .. }
-            | E::Interrupted { .. }
-            | E::Lost(_)
-            | E::LeaseTaskEnded
-            | E::Paused
-            | E::ResignRequested
-            | E::Spawned
-            | E::NotStarted
-            | E::AlreadyDone
-            | E::JobEnded { .. }
-            | E::BackoffDone,
-        ) => (phase, vec![]),
+        // The run is over; whatever still comes in changes nothing.
+        (P::Done(_), E::Elected { .. } | E::NotAcquired | E::CampaignFailed { .. }) => {
+            (phase, vec![])
+        }
+        (P::Done(_), E::Interrupted { .. } | E::Lost(_) | E::LeaseTaskEnded) => (phase, vec![]),
+        (P::Done(_), E::Paused | E::ResignRequested | E::Spawned | E::NotStarted) => {
+            (phase, vec![])
+        }
+        (P::Done(_), E::AlreadyDone | E::JobEnded { .. } | E::BackoffDone) => (phase, vec![]),
     }
 }
 
@@ -379,6 +364,43 @@ mod tests {
 
     fn leading() -> Phase {
         Phase::Leading { token: 42 }
+    }
+
+    fn draining(why: StopReason) -> Phase {
+        Phase::Draining { token: 42, why }
+    }
+
+    fn job_ended(exit: Exit, by_watchdog: bool) -> Event {
+        Event::JobEnded { exit, by_watchdog }
+    }
+
+    /// The job's group is gone after a SIGTERM.
+    fn ended(by_watchdog: bool) -> Event {
+        job_ended(Exit::Signal(15), by_watchdog)
+    }
+
+    const STOP: Action = Action::StopJob {
+        signal: libc::SIGTERM,
+    };
+
+    /// The run ends: the term's end recorded, the lease given up, the exit.
+    fn assert_ends(p: Phase, a: &[Action], record: TermEnd, exit: Exit) {
+        assert_eq!(p, Phase::Done(exit));
+        assert_eq!(
+            a,
+            [
+                Action::RecordEnd(record),
+                Action::Resign,
+                Action::Exit(exit)
+            ]
+        );
+    }
+
+    /// Back in line: the end recorded, the lease given up, a fresh campaign.
+    fn assert_requeued(p: Phase, a: &[Action]) {
+        assert_eq!(p, Phase::Campaigning { attempt: 0 });
+        assert!(matches!(a[0], Action::RecordEnd(_)), "{a:?}");
+        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
     }
 
     #[test]
@@ -436,13 +458,7 @@ mod tests {
     #[test]
     fn a_silent_lease_task_counts_as_a_deadline_loss() {
         let (p, a) = step(leading(), Event::LeaseTaskEnded, &CAMPAIGN);
-        assert_eq!(
-            p,
-            Phase::Draining {
-                token: 42,
-                why: StopReason::Lost(Loss::Deadline)
-            }
-        );
+        assert_eq!(p, draining(StopReason::Lost(Loss::Deadline)));
         assert_eq!(a, vec![Action::StopJob { signal: SIGTERM }]);
     }
 
@@ -534,67 +550,21 @@ mod tests {
 
     #[test]
     fn job_exit_resigns_and_passes_the_code() {
-        let ev = Event::JobEnded {
-            exit: Exit::Job(7),
-            by_watchdog: false,
-        };
-        let (p, a) = step(leading(), ev, &CAMPAIGN);
-        assert_eq!(p, Phase::Done(Exit::Job(7)));
-        assert_eq!(
-            a,
-            vec![
-                Action::RecordEnd(TermEnd::Exited(7)),
-                Action::Resign,
-                Action::Exit(Exit::Job(7))
-            ]
-        );
+        let (p, a) = step(leading(), job_ended(Exit::Job(7), false), &CAMPAIGN);
+        assert_ends(p, &a, TermEnd::Exited(7), Exit::Job(7));
     }
 
     #[test]
     fn a_lease_etcd_says_is_gone_kills_the_job_at_once() {
         let (p, a) = step(leading(), Event::Lost(Loss::Expired), &CAMPAIGN);
-        assert_eq!(
-            p,
-            Phase::Draining {
-                token: 42,
-                why: StopReason::Lost(Loss::Expired)
-            }
-        );
+        assert_eq!(p, draining(StopReason::Lost(Loss::Expired)));
         assert_eq!(a, vec![Action::KillJob]);
-    }
-
-    #[test]
-    fn loss_drains_then_campaigns_again() {
-        let (p, a) = step(leading(), Event::Lost(Loss::Deadline), &CAMPAIGN);
-        assert_eq!(
-            p,
-            Phase::Draining {
-                token: 42,
-                why: StopReason::Lost(Loss::Deadline)
-            }
-        );
-        assert_eq!(
-            a,
-            vec![Action::StopJob {
-                signal: libc::SIGTERM
-            }]
-        );
-        let ev = Event::JobEnded {
-            exit: Exit::Signal(15),
-            by_watchdog: false,
-        };
-        let (p, a) = step(p, ev, &CAMPAIGN);
-        assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
     }
 
     #[test]
     fn loss_with_on_loss_exit_exits_76() {
         let (p, _) = step(leading(), Event::Lost(Loss::KeyDeleted), &EXIT);
-        let ev = Event::JobEnded {
-            exit: Exit::Signal(15),
-            by_watchdog: false,
-        };
+        let ev = ended(false);
         let (p, a) = step(p, ev, &EXIT);
         assert_eq!(p, Phase::Done(Exit::LeadershipLost));
         assert_eq!(a.last(), Some(&Action::Exit(Exit::LeadershipLost)));
@@ -602,13 +572,8 @@ mod tests {
 
     #[test]
     fn watchdog_kill_counts_as_loss_not_as_job_exit() {
-        let ev = Event::JobEnded {
-            exit: Exit::Signal(9),
-            by_watchdog: true,
-        };
-        let (p, a) = step(leading(), ev, &CAMPAIGN);
-        assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
+        let (p, a) = step(leading(), job_ended(Exit::Signal(9), true), &CAMPAIGN);
+        assert_requeued(p, &a);
     }
 
     #[test]
@@ -617,63 +582,29 @@ mod tests {
         assert_eq!(a, vec![Action::StopJob { signal: 2 }]);
         let (p2, a) = step(p, Event::Interrupted { signal: 15 }, &CAMPAIGN);
         assert_eq!(a, vec![Action::KillJob]);
-        let ev = Event::JobEnded {
-            exit: Exit::Job(0),
-            by_watchdog: false,
-        };
+        let ev = job_ended(Exit::Job(0), false);
         let (p3, a) = step(p2, ev, &CAMPAIGN);
-        assert_eq!(p3, Phase::Done(Exit::Job(0)));
-        assert_eq!(
-            a,
-            vec![
-                Action::RecordEnd(TermEnd::Signal(15)),
-                Action::Resign,
-                Action::Exit(Exit::Job(0))
-            ]
-        );
+        assert_ends(p3, &a, TermEnd::Signal(15), Exit::Job(0));
     }
 
     #[test]
-    fn pause_drains_and_requeues() {
-        let (p, a) = step(leading(), Event::Paused, &CAMPAIGN);
-        assert_eq!(
-            a,
-            vec![Action::StopJob {
-                signal: libc::SIGTERM
-            }]
-        );
-        let ev = Event::JobEnded {
-            exit: Exit::Signal(15),
-            by_watchdog: false,
-        };
-        let (p, a) = step(p, ev, &EXIT);
-        assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
-    }
-
-    #[test]
-    fn resign_stops_the_job_first_then_requeues() {
-        let (p, a) = step(leading(), Event::ResignRequested, &EXIT);
-        assert_eq!(
-            p,
-            Phase::Draining {
-                token: 42,
-                why: StopReason::Resigned
-            }
-        );
-        assert_eq!(
-            a,
-            vec![Action::StopJob {
-                signal: libc::SIGTERM
-            }]
-        );
-        let ev = Event::JobEnded {
-            exit: Exit::Signal(15),
-            by_watchdog: false,
-        };
-        let (p, a) = step(p, ev, &EXIT);
-        assert_eq!(p, Phase::Campaigning { attempt: 0 });
-        assert_eq!(a[1..], [Action::Resign, Action::Campaign]);
+    fn a_loss_a_pause_or_a_resign_stops_the_job_then_requeues() {
+        let cases = [
+            (
+                Event::Lost(Loss::Deadline),
+                StopReason::Lost(Loss::Deadline),
+                CAMPAIGN,
+            ),
+            (Event::Paused, StopReason::Paused, EXIT),
+            (Event::ResignRequested, StopReason::Resigned, EXIT),
+        ];
+        for (ev, why, policy) in cases {
+            let (p, a) = step(leading(), ev, &policy);
+            assert_eq!(p, draining(why));
+            assert_eq!(a, vec![STOP]);
+            let (p, a) = step(p, ended(false), &policy);
+            assert_requeued(p, &a);
+        }
     }
 
     #[test]
