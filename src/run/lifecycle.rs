@@ -362,6 +362,10 @@ mod tests {
         no_wait: false,
     };
 
+    fn campaigning() -> Phase {
+        Phase::Campaigning { attempt: 0 }
+    }
+
     fn leading() -> Phase {
         Phase::Leading { token: 42 }
     }
@@ -405,11 +409,7 @@ mod tests {
 
     #[test]
     fn elected_spawns_with_the_token() {
-        let (p, a) = step(
-            Phase::Campaigning { attempt: 0 },
-            Event::Elected { token: 42 },
-            &CAMPAIGN,
-        );
+        let (p, a) = step(campaigning(), Event::Elected { token: 42 }, &CAMPAIGN);
         assert_eq!(p, Phase::Elected { token: 42 });
         assert_eq!(a, vec![Action::Spawn { token: 42 }]);
         assert_eq!(step(p, Event::Spawned, &CAMPAIGN), (leading(), vec![]));
@@ -539,11 +539,7 @@ mod tests {
 
     #[test]
     fn interrupt_while_campaigning_exits_128_plus_n() {
-        let (p, a) = step(
-            Phase::Campaigning { attempt: 0 },
-            Event::Interrupted { signal: 15 },
-            &CAMPAIGN,
-        );
+        let (p, a) = step(campaigning(), Event::Interrupted { signal: 15 }, &CAMPAIGN);
         assert_eq!(p, Phase::Done(Exit::Signal(15)));
         assert_eq!(a, vec![Action::Resign, Action::Exit(Exit::Signal(15))]);
     }
