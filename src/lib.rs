@@ -34,13 +34,15 @@
 //!
 //! Dependencies point down this list: each module uses only those below it.
 //!
-//! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine (phase × event →
-//!   next phase and actions, every pair matched); the driver in [`mod@run`] performs its actions;
-//!   [`run::signals`] is lead-exec's own signal listener.
+//! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine (phase × event
+//!   → next phase and actions, every pair matched); the driver in [`mod@run`] performs its
+//!   actions; [`run::signals`] is lead-exec's own signal listener.
 //! - [`ops`]: the operator commands: status, watch, resign, pause/resume, history, check.
 //! - [`records`]: what `run` writes beside the job and `ops` reads: term history, run keys.
-//! - [`cli`] → [`config`]: flags as typed (clap stays here), then checked into a safe
-//!   [`config::RunConfig`] of the crate's own types.
+//! - [`fencing`]: the token and the job's environment.
+//! - [`config`]: checks the flags into a safe [`config::RunConfig`] of the crate's own types;
+//!   [`logging`] sets up tracing from them.
+//! - [`cli`]: the flags as typed; clap stays here.
 //! - [`election`]: key layout, [`election::lease`] (keepalive timer and the deadline D),
 //!   [`election::campaign`] (etcd's election protocol plus confirmation),
 //!   [`election::leader`] (what a leader watches for: [`election::leader::LeaderWatch`]).
@@ -49,9 +51,8 @@
 //!   I/O, what the group gets and when; [`supervisor::watchdog`] is the process that carries it
 //!   out; [`supervisor::group`] the process group and cgroup. `src/bin/lead-exec-watchdog.rs`
 //!   is the same watchdog as a small binary of its own.
-//! - [`fencing`]: the token and the job's environment.
-//! - [`exit`], [`clock`], [`metrics`], [`notify`], [`logging`]: exit codes as a type,
-//!   CLOCK_BOOTTIME, Prometheus, systemd, tracing.
+//! - [`exit`], [`clock`], [`metrics`], [`notify`]: exit codes as a type, CLOCK_BOOTTIME,
+//!   Prometheus, systemd.
 //!
 //! The safety decisions are pure functions with unit and property tests:
 //! [`run::lifecycle::step`], [`supervisor::enforcer::Enforcer`], and the renewal arithmetic in
