@@ -1,4 +1,4 @@
-//! The etcd side: key layout, lease keepalive, the campaign, and the lifecycle state machine.
+//! The etcd side of leadership: key layout, lease keepalive, the campaign, the leader's watch.
 //!
 //! # Key layout
 //!
