@@ -10,15 +10,13 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::cli::{self, ConnArgs, RunArgs};
+use crate::clock::human;
 use crate::election::campaign::Wait;
-use crate::election::lease::{Renewal, MIN_RENEWAL_TIMEOUT, RENEWAL_ATTEMPTS};
+use crate::election::lease::check_lease_safety;
 use crate::election::{hostname, Election};
 use crate::etcd::{Conn, Secret, Tls};
 use crate::exit::{fail, Exit};
 use crate::supervisor::CgroupMode;
-
-/// The lowest TTL etcd grants with default election timeouts.
-pub const MIN_TTL: Duration = Duration::from_secs(2);
 
 /// The largest lease TTL etcd grants (`MaxLeaseTTL` in etcd's lease package); a grant above
 /// it fails with "too large lease TTL".
@@ -162,45 +160,6 @@ pub struct RunConfig {
     pub command: Vec<String>,
 }
 
-/// Refuses lease settings under which the job could outlive the lease, or could not survive
-/// one lost keepalive.
-///
-/// The job gets SIGTERM at `D - grace` and SIGKILL at `D`, where
-/// `D = send time of the last good keepalive + TTL - margin`. Keepalives go out every third of
-/// the window `TTL - margin - grace` (see [`Renewal`]); the two thirds left after a missed one
-/// must hold [`RENEWAL_ATTEMPTS`] attempts of at least [`MIN_RENEWAL_TIMEOUT`], so that one
-/// lost reply or one etcd leader election does not cost the job.
-pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> Result<()> {
-    if ttl < MIN_TTL {
-        return Err(fail(
-            Exit::Usage,
-            format!(
-                "--ttl {} is below etcd's minimum lease of 2s",
-                humantime::format_duration(ttl)
-            ),
-        ));
-    }
-    let budget = Renewal::budget(ttl, grace, margin);
-    if budget < MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS {
-        // The smallest window whose last two thirds hold the attempts.
-        let need = MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS * 3 / 2;
-        return Err(fail(
-            Exit::Usage,
-            format!(
-                "unsafe lease settings: --ttl {} minus --grace {} and --safety-margin {} leaves {} before SIGTERM; at least {} is needed to renew with {} retries of {}",
-                human(ttl),
-                human(grace),
-                human(margin),
-                human(Renewal::window(ttl, grace, margin)),
-                human(need),
-                RENEWAL_ATTEMPTS,
-                human(MIN_RENEWAL_TIMEOUT),
-            ),
-        ));
-    }
-    Ok(())
-}
-
 impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
         let election = Election::new(&a.election.election)?;
@@ -283,16 +242,6 @@ pub fn lease_ttl(flag: &str, d: Duration) -> Result<Duration> {
     Ok(whole)
 }
 
-/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
-pub fn human(d: Duration) -> humantime::FormattedDuration {
-    let ms = if d < Duration::from_millis(1) {
-        d
-    } else {
-        Duration::from_millis(d.as_millis() as u64)
-    };
-    humantime::format_duration(ms)
-}
-
 /// `HOST:PORT` with HOST a name or an address; a name is resolved now, to its first address.
 fn metrics_addr(s: &str) -> Result<std::net::SocketAddr> {
     use std::net::ToSocketAddrs;
@@ -352,44 +301,6 @@ mod tests {
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)
-    }
-
-    #[test]
-    fn defaults_are_safe() {
-        check_lease_safety(s(10), s(3), s(1)).unwrap();
-    }
-
-    #[test]
-    fn ttl_below_two_seconds_is_refused() {
-        let e = check_lease_safety(Duration::from_millis(1500), Duration::ZERO, Duration::ZERO)
-            .unwrap_err();
-        assert!(e.to_string().contains("below etcd's minimum"));
-    }
-
-    #[test]
-    fn grace_plus_margin_must_leave_a_window_in_the_ttl() {
-        let e = check_lease_safety(s(4), s(3), s(1)).unwrap_err();
-        assert!(e.to_string().contains("unsafe lease settings"), "{e}");
-        check_lease_safety(s(5), s(3), s(1)).unwrap();
-    }
-
-    #[test]
-    fn three_renewal_attempts_must_fit_before_sigterm() {
-        // A 400ms window: renewing every 133ms leaves 267ms, not 3 attempts of 100ms.
-        let e = check_lease_safety(
-            s(3),
-            Duration::from_millis(2400),
-            Duration::from_millis(200),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("leaves 400ms before SIGTERM"), "{e}");
-        assert!(e.to_string().contains("at least 450ms"), "{e}");
-        check_lease_safety(
-            s(3),
-            Duration::from_millis(2350),
-            Duration::from_millis(200),
-        )
-        .unwrap();
     }
 
     #[test]

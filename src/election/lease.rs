@@ -15,8 +15,9 @@ use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, Instant};
 
-use crate::clock::BootInstant;
+use crate::clock::{human, BootInstant};
 use crate::etcd::{bounded, failover};
+use crate::exit::{fail, Exit};
 
 /// How many renewal attempts must fit between a missed keepalive and SIGTERM.
 pub const RENEWAL_ATTEMPTS: u32 = 3;
@@ -64,6 +65,48 @@ impl Renewal {
         let w = Renewal::window(ttl, grace, margin);
         w - w / 3
     }
+}
+
+/// The lowest TTL etcd grants with default election timeouts.
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// Refuses lease settings under which the job could outlive the lease, or could not survive
+/// one lost keepalive.
+///
+/// The job gets SIGTERM at `D - grace` and SIGKILL at `D`, where
+/// `D = send time of the last good keepalive + TTL - margin`. Keepalives go out every third of
+/// the window `TTL - margin - grace` (see [`Renewal`]); the two thirds left after a missed one
+/// must hold [`RENEWAL_ATTEMPTS`] attempts of at least [`MIN_RENEWAL_TIMEOUT`], so that one
+/// lost reply or one etcd leader election does not cost the job.
+pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> Result<()> {
+    if ttl < MIN_TTL {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "--ttl {} is below etcd's minimum lease of 2s",
+                humantime::format_duration(ttl)
+            ),
+        ));
+    }
+    let budget = Renewal::budget(ttl, grace, margin);
+    if budget < MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS {
+        // The smallest window whose last two thirds hold the attempts.
+        let need = MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS * 3 / 2;
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "unsafe lease settings: --ttl {} minus --grace {} and --safety-margin {} leaves {} before SIGTERM; at least {} is needed to renew with {} retries of {}",
+                human(ttl),
+                human(grace),
+                human(margin),
+                human(Renewal::window(ttl, grace, margin)),
+                human(need),
+                RENEWAL_ATTEMPTS,
+                human(MIN_RENEWAL_TIMEOUT),
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The deadline a renewal sent at `sent` and answered with `ttl` buys: the server cannot
@@ -442,6 +485,48 @@ async fn keepalive_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defaults_are_safe() {
+        check_lease_safety(secs(10), secs(3), secs(1)).unwrap();
+    }
+
+    #[test]
+    fn ttl_below_two_seconds_is_refused() {
+        let e = check_lease_safety(Duration::from_millis(1500), Duration::ZERO, Duration::ZERO)
+            .unwrap_err();
+        assert!(e.to_string().contains("below etcd's minimum"));
+    }
+
+    #[test]
+    fn grace_plus_margin_must_leave_a_window_in_the_ttl() {
+        let e = check_lease_safety(secs(4), secs(3), secs(1)).unwrap_err();
+        assert!(e.to_string().contains("unsafe lease settings"), "{e}");
+        check_lease_safety(secs(5), secs(3), secs(1)).unwrap();
+    }
+
+    #[test]
+    fn three_renewal_attempts_must_fit_before_sigterm() {
+        // A 400ms window: renewing every 133ms leaves 267ms, not 3 attempts of 100ms.
+        let e = check_lease_safety(
+            secs(3),
+            Duration::from_millis(2400),
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("leaves 400ms before SIGTERM"), "{e}");
+        assert!(e.to_string().contains("at least 450ms"), "{e}");
+        check_lease_safety(
+            secs(3),
+            Duration::from_millis(2350),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+    }
+
+    fn secs(x: u64) -> Duration {
+        Duration::from_secs(x)
+    }
 
     fn ms(x: u64) -> Duration {
         Duration::from_millis(x)
