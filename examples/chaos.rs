@@ -6,11 +6,7 @@
 //! ```
 //!
 //! Prints per-fault counts, failover times (min, median, max) and the checker's verdict; exits
-//! 1 on any violation. The harness is the integration tests' own (`tests/support`).
-
-#[path = "../tests/support/mod.rs"]
-#[allow(unused_imports)]
-mod support;
+//! 1 on any violation. The harness is the integration tests' own (`tests/harness`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -65,7 +61,7 @@ fn main() -> ExitCode {
         humantime::format_duration(ttl)
     );
     let start = Instant::now();
-    let r = support::chaos::soak(workers, trials, seed, ttl, |line| println!("{line}"));
+    let r = harness::chaos::soak(workers, trials, seed, ttl, |line| println!("{line}"));
     let secs = |d: &Duration| d.as_secs_f64();
     println!();
     println!("| fault | injected | failovers | min s | median s | max s | job restarts |");
@@ -81,7 +77,7 @@ fn main() -> ExitCode {
                 format!("{:.2}", secs(&f[k - 1])),
             ),
         };
-        let restarts = if support::chaos::RIDDEN.contains(fault) {
+        let restarts = if harness::chaos::RIDDEN.contains(fault) {
             r.restarts.get(fault).copied().unwrap_or(0).to_string()
         } else {
             "-".into()

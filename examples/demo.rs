@@ -19,9 +19,7 @@
 //!
 //! Everything it starts is killed on the way out, on success, error, panic or Ctrl-C.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -31,6 +29,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
+use harness::Member;
 
 const ELECTION: &str = "settlement";
 const WORKERS: [&str; 3] = ["worker-a", "worker-b", "worker-c"];
@@ -85,15 +84,15 @@ fn run() -> Result<()> {
         1,
         "start a throwaway etcd and three workers; one leads and settles batches",
     );
-    let etcd = Etcd::start(dir.path())?;
+    let etcd = start_etcd(dir.path());
     wait_until_etcd_answers(&bins, &etcd)?;
-    say(&format!("etcd is up at {}", etcd.endpoint));
+    say(&format!("etcd is up at {}", etcd.endpoint()));
     ledger(&bins, &db, &["init"]).context("ledger init")?;
 
     let (tx, rx) = mpsc::channel();
     let mut workers = Workers::default();
     for name in WORKERS {
-        workers.spawn(name, &bins, &etcd.endpoint, &db, tx.clone())?;
+        workers.spawn(name, &bins, &etcd.endpoint(), &db, tx.clone())?;
     }
     drop(tx);
     let mut mon = Monitor::new(rx);
@@ -103,14 +102,14 @@ fn run() -> Result<()> {
         "{} leads with token {}. `lead-exec status {ELECTION}` says:",
         WORKERS[first.worker], first.token
     ));
-    print_indented(&status(&bins, &etcd.endpoint)?);
+    print_indented(&status(&bins, &etcd.endpoint())?);
 
     sleep(READING_PAUSE)?;
     banner(
         2,
         "kill -9 the leader's lead-exec (its watchdog kills the job at once)",
     );
-    let crash = kill_leader(&mut mon, &mut workers, first, &bins, &etcd.endpoint)?;
+    let crash = kill_leader(&mut mon, &mut workers, first, &bins, &etcd.endpoint())?;
 
     sleep(READING_PAUSE)?;
     banner(
@@ -326,19 +325,7 @@ fn newest_mtime(paths: &[PathBuf]) -> Option<SystemTime> {
 
 /// The only external program the demo needs.
 fn require_etcd() -> Result<()> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path).any(|d| {
-        std::fs::metadata(d.join("etcd"))
-            .map(|m| {
-                m.is_file()
-                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-            })
-            .unwrap_or(false)
-    });
-    ensure!(
-        found,
-        "etcd not found: install the Debian package etcd-server"
-    );
+    harness::locate("etcd", "etcd-server").map_err(anyhow::Error::msg)?;
     Ok(())
 }
 
@@ -346,6 +333,12 @@ fn require_etcd() -> Result<()> {
 /// the user's shell would change how lead-exec or etcd behave.
 fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// Leaves out the caller's lead-exec and etcd settings, so that they cannot steer the demo.
+fn clean_env(cmd: &mut Command) {
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
         if k.starts_with("LEAD_EXEC_")
@@ -357,7 +350,6 @@ fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
             cmd.env_remove(k.as_ref());
         }
     }
-    cmd
 }
 
 /// Children get their own process group (so Ctrl-C reaches only the demo, which then cleans
@@ -420,71 +412,29 @@ fn status(bins: &Bins, endpoint: &str) -> Result<String> {
 // etcd
 // ---------------------------------------------------------------------------------------------
 
-/// A single-member etcd in the scratch directory, killed on drop.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-    log: PathBuf,
+/// A single-member etcd in the scratch directory (the shared harness's launcher), detached
+/// and tied to the demo like the workers, killed on drop.
+fn start_etcd(dir: &Path) -> Member {
+    Member::single(dir, "demo", |cmd| {
+        clean_env(cmd);
+        detach_and_tie(cmd);
+    })
 }
 
-impl Etcd {
-    fn start(dir: &Path) -> Result<Etcd> {
-        let (client, peer) = two_free_ports()?;
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = dir.join("etcd.log");
-        let out = File::create(&log)?;
-        let mut cmd = clean_command("etcd");
-        cmd.arg("--name")
-            .arg("demo")
-            .arg("--data-dir")
-            .arg(dir.join("etcd"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("demo={peer_url}")])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        detach_and_tie(&mut cmd);
-        let child = cmd.spawn().context("starting etcd")?;
-        Ok(Etcd {
-            child,
-            endpoint: format!("127.0.0.1:{client}"),
-            log,
-        })
-    }
-
-    /// The end of etcd's log, for error messages.
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(10)..].join("\n")
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Two distinct free loopback ports: both listeners are held until both ports are known.
-fn two_free_ports() -> Result<(u16, u16)> {
-    let a = TcpListener::bind("127.0.0.1:0")?;
-    let b = TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+/// The end of etcd's log, for error messages.
+fn log_tail(etcd: &Member) -> String {
+    let text = std::fs::read_to_string(etcd.log()).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
 }
 
 /// etcd takes a moment to elect itself; `lead-exec status` exits 69 until it answers.
-fn wait_until_etcd_answers(bins: &Bins, etcd: &Etcd) -> Result<()> {
+fn wait_until_etcd_answers(bins: &Bins, etcd: &Member) -> Result<()> {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         check_interrupted()?;
         let mut cmd = clean_command(&bins.lead_exec);
-        cmd.args(["status", ELECTION, "--endpoints", &etcd.endpoint])
+        cmd.args(["status", ELECTION, "--endpoints", &etcd.endpoint()])
             .args(["--dial-timeout", "1s"]);
         let out = capture(&mut cmd)?;
         match out.code {
@@ -492,9 +442,9 @@ fn wait_until_etcd_answers(bins: &Bins, etcd: &Etcd) -> Result<()> {
             Some(EXIT_UNAVAILABLE) if Instant::now() < until => sleep(Duration::from_millis(200))?,
             _ => bail!(
                 "etcd does not answer at {}: {}\netcd log:\n{}",
-                etcd.endpoint,
+                etcd.endpoint(),
                 out.stderr.trim(),
-                etcd.log_tail()
+                log_tail(etcd)
             ),
         }
     }

@@ -195,7 +195,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "LEAD_EXEC_CONFLICT_EXIT_CODE",
-        default_value_t = 75,
+        default_value_t = crate::exit::Exit::DEFAULT_CONFLICT,
         value_name = "N",
         help_heading = "Election"
     )]

@@ -123,6 +123,16 @@ impl AsRawFd for BootTimer {
     }
 }
 
+/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
+pub fn human(d: Duration) -> humantime::FormattedDuration {
+    let ms = if d < Duration::from_millis(1) {
+        d
+    } else {
+        Duration::from_millis(d.as_millis() as u64)
+    };
+    humantime::format_duration(ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::cli::{CgroupMode, ConnArgs, OnLoss, RunArgs};
-use crate::election::lease::{Renewal, MIN_RENEWAL_TIMEOUT, RENEWAL_ATTEMPTS};
-use crate::election::Election;
+use crate::cli::{self, ConnArgs, RunArgs};
+use crate::clock::human;
+use crate::election::campaign::Wait;
+use crate::election::lease::check_lease_safety;
+use crate::election::{hostname, Election};
+use crate::etcd::{Conn, Secret, Tls};
 use crate::exit::{fail, Exit};
-
-/// The lowest TTL etcd grants with default election timeouts.
-pub const MIN_TTL: Duration = Duration::from_secs(2);
+use crate::supervisor::CgroupMode;
 
 /// The largest lease TTL etcd grants (`MaxLeaseTTL` in etcd's lease package); a grant above
 /// it fails with "too large lease TTL".
@@ -27,40 +28,6 @@ pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A `--wait` this short cannot outlast the first attempt, so it means `--no-wait`.
 pub const NO_WAIT_BELOW: Duration = Duration::from_millis(10);
-
-/// How to reach etcd.
-#[derive(Debug, Clone)]
-pub struct Conn {
-    pub endpoints: Vec<String>,
-    pub dial_timeout: Duration,
-    pub command_timeout: Duration,
-    pub tls: Option<Tls>,
-    /// User name and password. The password is never logged (see the `Debug` impl of [`Secret`]).
-    pub auth: Option<(String, Secret)>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Tls {
-    pub cacert: Option<PathBuf>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-}
-
-/// A password: printable only on purpose.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
 
 impl Conn {
     pub fn from_args(a: &ConnArgs) -> Result<Conn> {
@@ -152,15 +119,24 @@ fn read_password(a: &ConnArgs) -> Result<Secret> {
                 ),
             ));
         }
-        return Ok(Secret(line));
+        return Ok(Secret::new(line));
     }
     match std::env::var("LEAD_EXEC_PASSWORD") {
-        Ok(p) => Ok(Secret(p)),
+        Ok(p) => Ok(Secret::new(p)),
         Err(_) => Err(fail(
             Exit::Usage,
             "--user needs a password in LEAD_EXEC_PASSWORD or --password-file",
         )),
     }
+}
+
+/// What a lost term leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLoss {
+    /// Campaign again on a fresh lease.
+    Campaign,
+    /// Exit with [`Exit::LeadershipLost`].
+    Exit,
 }
 
 /// Everything `lead-exec run` needs, checked.
@@ -182,53 +158,6 @@ pub struct RunConfig {
     pub cgroup: CgroupMode,
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub command: Vec<String>,
-}
-
-/// How long a candidate waits in line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    Forever,
-    No,
-    For(Duration),
-}
-
-/// Refuses lease settings under which the job could outlive the lease, or could not survive
-/// one lost keepalive.
-///
-/// The job gets SIGTERM at `D - grace` and SIGKILL at `D`, where
-/// `D = send time of the last good keepalive + TTL - margin`. Keepalives go out every third of
-/// the window `TTL - margin - grace` (see [`Renewal`]); the two thirds left after a missed one
-/// must hold [`RENEWAL_ATTEMPTS`] attempts of at least [`MIN_RENEWAL_TIMEOUT`], so that one
-/// lost reply or one etcd leader election does not cost the job.
-pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> Result<()> {
-    if ttl < MIN_TTL {
-        return Err(fail(
-            Exit::Usage,
-            format!(
-                "--ttl {} is below etcd's minimum lease of 2s",
-                humantime::format_duration(ttl)
-            ),
-        ));
-    }
-    let budget = Renewal::budget(ttl, grace, margin);
-    if budget < MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS {
-        // The smallest window whose last two thirds hold the attempts.
-        let need = MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS * 3 / 2;
-        return Err(fail(
-            Exit::Usage,
-            format!(
-                "unsafe lease settings: --ttl {} minus --grace {} and --safety-margin {} leaves {} before SIGTERM; at least {} is needed to renew with {} retries of {}",
-                human(ttl),
-                human(grace),
-                human(margin),
-                human(Renewal::window(ttl, grace, margin)),
-                human(need),
-                RENEWAL_ATTEMPTS,
-                human(MIN_RENEWAL_TIMEOUT),
-            ),
-        ));
-    }
-    Ok(())
 }
 
 impl RunConfig {
@@ -269,13 +198,20 @@ impl RunConfig {
             grace: a.grace,
             safety_margin: a.safety_margin,
             id,
-            on_loss: a.on_loss,
+            on_loss: match a.on_loss {
+                cli::OnLoss::Campaign => OnLoss::Campaign,
+                cli::OnLoss::Exit => OnLoss::Exit,
+            },
             wait,
             conflict_exit_code: a.conflict_exit_code,
             history_keep: a.history_keep.max(1),
             run_key: a.run_key.clone(),
             run_key_ttl,
-            cgroup: a.cgroup,
+            cgroup: match a.cgroup {
+                cli::CgroupMode::Auto => CgroupMode::Auto,
+                cli::CgroupMode::On => CgroupMode::On,
+                cli::CgroupMode::Off => CgroupMode::Off,
+            },
             metrics_addr,
             command: a.command.clone(),
         })
@@ -304,16 +240,6 @@ pub fn lease_ttl(flag: &str, d: Duration) -> Result<Duration> {
         ));
     }
     Ok(whole)
-}
-
-/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
-pub fn human(d: Duration) -> humantime::FormattedDuration {
-    let ms = if d < Duration::from_millis(1) {
-        d
-    } else {
-        Duration::from_millis(d.as_millis() as u64)
-    };
-    humantime::format_duration(ms)
 }
 
 /// `HOST:PORT` with HOST a name or an address; a name is resolved now, to its first address.
@@ -374,58 +300,12 @@ pub fn check_exec_size(
     Ok(())
 }
 
-/// This machine's host name, for candidate identities.
-pub fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)
-    }
-
-    #[test]
-    fn defaults_are_safe() {
-        check_lease_safety(s(10), s(3), s(1)).unwrap();
-    }
-
-    #[test]
-    fn ttl_below_two_seconds_is_refused() {
-        let e = check_lease_safety(Duration::from_millis(1500), Duration::ZERO, Duration::ZERO)
-            .unwrap_err();
-        assert!(e.to_string().contains("below etcd's minimum"));
-    }
-
-    #[test]
-    fn grace_plus_margin_must_leave_a_window_in_the_ttl() {
-        let e = check_lease_safety(s(4), s(3), s(1)).unwrap_err();
-        assert!(e.to_string().contains("unsafe lease settings"), "{e}");
-        check_lease_safety(s(5), s(3), s(1)).unwrap();
-    }
-
-    #[test]
-    fn three_renewal_attempts_must_fit_before_sigterm() {
-        // A 400ms window: renewing every 133ms leaves 267ms, not 3 attempts of 100ms.
-        let e = check_lease_safety(
-            s(3),
-            Duration::from_millis(2400),
-            Duration::from_millis(200),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("leaves 400ms before SIGTERM"), "{e}");
-        assert!(e.to_string().contains("at least 450ms"), "{e}");
-        check_lease_safety(
-            s(3),
-            Duration::from_millis(2350),
-            Duration::from_millis(200),
-        )
-        .unwrap();
     }
 
     #[test]
@@ -498,7 +378,7 @@ mod tests {
 
     #[test]
     fn password_is_not_debug_printed() {
-        let p = Secret("hunter2".into());
+        let p = Secret::new("hunter2".into());
         assert!(!format!("{p:?}").contains("hunter2"));
     }
 }

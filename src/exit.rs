@@ -8,6 +8,8 @@ use std::fmt;
 /// How a `lead-exec` invocation ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
+    /// A command that runs no job succeeded (or a run key was already done).
+    Ok,
     /// The job ran and exited with this code.
     Job(u8),
     /// The job (or `lead-exec` while campaigning) was killed by signal N: exit 128+N.
@@ -42,6 +44,7 @@ impl Exit {
     /// The process exit status.
     pub fn code(self) -> u8 {
         match self {
+            Exit::Ok => 0,
             Exit::Job(code) => code,
             Exit::Signal(sig) => 128u8.saturating_add(sig.clamp(0, 127) as u8),
             Exit::NotAcquired(code) => code,

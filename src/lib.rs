@@ -32,17 +32,31 @@
 //!
 //! # Layout
 //!
-//! - [`cli`] → [`config`]: flags as typed, then checked into a safe [`config::RunConfig`].
-//! - [`exit`]: every exit code, as a type.
-//! - [`election`]: key layout, [`election::lease`] (keepalive timer and deadline),
-//!   [`election::campaign`] (etcd's election protocol plus confirmation),
-//!   [`election::watch`] (what a leader watches), [`election::state`] (the pure lifecycle).
-//! - [`run`]: the driver that performs the state machine's actions.
-//! - [`supervisor`]: the watchdog process, the process group and cgroup, signal forwarding.
-//!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
+//! Dependencies point down this list: each module uses only those below it.
+//!
+//! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine (phase × event
+//!   → next phase and actions, every pair matched); the driver in [`mod@run`] performs its
+//!   actions; [`run::signals`] is lead-exec's own signal listener.
+//! - [`ops`]: the operator commands: status, watch, resign, pause/resume, history, check.
+//! - [`records`]: what `run` writes beside the job and `ops` reads: term history, run keys.
 //! - [`fencing`]: the token and the job's environment.
-//! - [`ops`]: status, watch, resign, pause, history, check, run keys.
-//! - [`metrics`], [`notify`], [`logging`]: Prometheus, systemd, tracing.
+//! - [`config`]: checks the flags into a safe [`config::RunConfig`] of the crate's own types;
+//!   [`logging`] sets up tracing from them.
+//! - [`cli`]: the flags as typed; clap stays here.
+//! - [`election`]: key layout, [`election::lease`] (keepalive timer and the deadline D),
+//!   [`election::campaign`] (etcd's election protocol plus confirmation),
+//!   [`election::leader`] (what a leader watches for: [`election::leader::LeaderWatch`]).
+//! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
+//! - [`supervisor`]: the job under its watchdog. [`supervisor::enforcer`] decides, without
+//!   I/O, what the group gets and when; [`supervisor::watchdog`] is the process that carries it
+//!   out; [`supervisor::group`] the process group and cgroup. `src/bin/lead-exec-watchdog.rs`
+//!   is the same watchdog as a small binary of its own.
+//! - [`exit`], [`clock`], [`metrics`], [`notify`]: exit codes as a type, CLOCK_BOOTTIME,
+//!   Prometheus, systemd.
+//!
+//! The safety decisions are pure functions with unit and property tests:
+//! [`run::lifecycle::step`], [`supervisor::enforcer::Enforcer`], and the renewal arithmetic in
+//! [`election::lease`] ([`election::lease::Renewal`], [`election::lease::renewed`]).
 
 pub mod cli;
 pub mod clock;
@@ -55,6 +69,7 @@ pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
+pub mod records;
 pub mod run;
 pub mod supervisor;
 
@@ -158,7 +173,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Resign(a) => ops::resign::run(a).await,
         Command::Pause(a) => ops::pause::pause(a).await,
         Command::Resume(a) => ops::pause::resume(a).await,
-        Command::History(a) => ops::history_cmd::run(a).await,
+        Command::History(a) => ops::history::run(a).await,
         Command::Check(a) => ops::check::run(a).await,
         Command::Completions(a) => {
             clap_complete::generate(
@@ -167,7 +182,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
                 "lead-exec",
                 &mut std::io::stdout(),
             );
-            Ok(Exit::Job(0))
+            Ok(Exit::Ok)
         }
     }
 }

@@ -31,101 +31,99 @@ struct Metrics {
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
     let registry = Registry::new();
-    let is_leader = IntGauge::new("lead_exec_is_leader", "1 while this worker leads").unwrap();
-    let token = IntGauge::new(
-        "lead_exec_fencing_token",
-        "Fencing token of the current (or last) term",
-    )
-    .unwrap();
-    let ttl_remaining = Gauge::new(
-        "lead_exec_lease_ttl_remaining_seconds",
-        "Time left before the local lease deadline, at the last renewal",
-    )
-    .unwrap();
-    let keepalive_rtt = Histogram::with_opts(
-        HistogramOpts::new(
+    let r = &registry;
+    let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+        made(
+            r,
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)),
+        )
+    };
+    Metrics {
+        is_leader: made(r, IntGauge::new("lead_exec_is_leader", "1 while this worker leads")),
+        token: made(
+            r,
+            IntGauge::new(
+                "lead_exec_fencing_token",
+                "Fencing token of the current (or last) term",
+            ),
+        ),
+        ttl_remaining: made(
+            r,
+            Gauge::new(
+                "lead_exec_lease_ttl_remaining_seconds",
+                "Time left before the local lease deadline, at the last renewal",
+            ),
+        ),
+        keepalive_rtt: histogram(
             "lead_exec_keepalive_rtt_seconds",
             "Round trip of lease keepalives",
-        )
-        .buckets(vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-        ]),
-    )
-    .unwrap();
-    let campaigns_won = IntCounter::new(
-        "lead_exec_campaigns_won_total",
-        "Campaigns won and confirmed",
-    )
-    .unwrap();
-    let campaign_seconds = Histogram::with_opts(
-        HistogramOpts::new(
+            vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ],
+        ),
+        campaigns_won: made(
+            r,
+            IntCounter::new("lead_exec_campaigns_won_total", "Campaigns won and confirmed"),
+        ),
+        campaign_seconds: histogram(
             "lead_exec_campaign_duration_seconds",
             "From lease grant to confirmed leadership",
-        )
-        .buckets(prometheus::exponential_buckets(0.005, 4.0, 10).unwrap()),
-    )
-    .unwrap();
-    let lost = IntCounterVec::new(
-        Opts::new(
-            "lead_exec_leadership_lost_total",
-            "Terms that ended without the job exiting on its own",
+            prometheus::exponential_buckets(0.005, 4.0, 10).unwrap(),
         ),
-        &["reason"],
-    )
-    .unwrap();
-    let job_starts = IntCounter::new("lead_exec_job_starts_total", "Jobs started").unwrap();
-    let job_exits = IntCounterVec::new(
-        Opts::new("lead_exec_job_exits_total", "Job exits by exit code"),
-        &["code"],
-    )
-    .unwrap();
-    let slack = Gauge::new(
-        "lead_exec_deadline_slack_seconds",
-        "Lease deadline minus the time the last job's group died",
-    )
-    .unwrap();
-    let failovers = IntCounter::new(
-        "lead_exec_etcd_endpoint_failovers_total",
-        "Times requests moved to the next etcd endpoint because the pinned one failed",
-    )
-    .unwrap();
-    let token_regressions = IntCounter::new(
-        "lead_exec_token_regressions_total",
-        "Terms whose fencing token was not above this process's previous one (etcd's revisions were reset)",
-    )
-    .unwrap();
-    for c in [
-        Box::new(failovers.clone()) as Box<dyn prometheus::core::Collector>,
-        Box::new(is_leader.clone()),
-        Box::new(token.clone()),
-        Box::new(ttl_remaining.clone()),
-        Box::new(keepalive_rtt.clone()),
-        Box::new(campaigns_won.clone()),
-        Box::new(campaign_seconds.clone()),
-        Box::new(lost.clone()),
-        Box::new(job_starts.clone()),
-        Box::new(job_exits.clone()),
-        Box::new(slack.clone()),
-        Box::new(token_regressions.clone()),
-    ] {
-        registry.register(c).unwrap();
-    }
-    Metrics {
+        lost: made(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "lead_exec_leadership_lost_total",
+                    "Terms that ended without the job exiting on its own",
+                ),
+                &["reason"],
+            ),
+        ),
+        job_starts: made(r, IntCounter::new("lead_exec_job_starts_total", "Jobs started")),
+        job_exits: made(
+            r,
+            IntCounterVec::new(
+                Opts::new("lead_exec_job_exits_total", "Job exits by exit code"),
+                &["code"],
+            ),
+        ),
+        slack: made(
+            r,
+            Gauge::new(
+                "lead_exec_deadline_slack_seconds",
+                "Lease deadline minus the time the last job's group died",
+            ),
+        ),
+        failovers: made(
+            r,
+            IntCounter::new(
+                "lead_exec_etcd_endpoint_failovers_total",
+                "Times requests moved to the next etcd endpoint because the pinned one failed",
+            ),
+        ),
+        token_regressions: made(
+            r,
+            IntCounter::new(
+                "lead_exec_token_regressions_total",
+                "Terms whose fencing token was not above this process's previous one (etcd's revisions were reset)",
+            ),
+        ),
         registry,
-        is_leader,
-        token,
-        ttl_remaining,
-        keepalive_rtt,
-        campaigns_won,
-        campaign_seconds,
-        lost,
-        job_starts,
-        job_exits,
-        slack,
-        failovers,
-        token_regressions,
     }
 });
+
+/// A metric, registered: the names and help texts are constants, so failing is a bug.
+fn made<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: prometheus::Result<T>,
+) -> T {
+    let metric = metric.expect("a valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("a metric registered once");
+    metric
+}
 
 pub fn endpoint_failover() {
     M.failovers.inc();

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::support::*;
+use harness::*;
 
 /// The socket inodes a process holds.
 fn sockets(pid: i32) -> BTreeSet<String> {

@@ -1,14 +1,14 @@
 //! Safety and liveness under faults: one named test per fault, each checked mechanically
-//! over the jobs' event log and the fenced ledger (see `support::chaos::check`).
+//! over the jobs' event log and the fenced ledger (see `harness::chaos::check`).
 
 use std::time::Duration;
 
-use crate::support::chaos::{soak, Cluster, ProxyMode as Mode};
-use crate::support::*;
+use harness::chaos::{soak, Cluster, ProxyMode as Mode};
+use harness::*;
 
 const TTL: Duration = Duration::from_secs(3);
 
-fn done(mut c: Cluster) -> crate::support::chaos::Report {
+fn done(mut c: Cluster) -> harness::chaos::Report {
     let r = c.finish();
     r.assert_ok(&c.logs());
     assert!(r.accepted > 0, "no write reached the ledger");
@@ -66,16 +66,11 @@ fn whole_worker_frozen_then_its_stale_writes_are_rejected() {
     c.freeze(i, false);
     c.heal(m);
     let db = c.db.clone();
-    let wrote = || {
-        crate::support::chaos::read_ledger(&db)
-            .0
-            .iter()
-            .any(|w| w.0 == t2)
-    };
+    let wrote = || harness::chaos::read_ledger(&db).0.iter().any(|w| w.0 == t2);
     assert!(wait_until(secs(10), wrote), "the new term never wrote");
     // Whether or not the zombie got a write in before its watchdog killed it, any write that
     // carries its token is refused now.
-    let late = std::process::Command::new(crate::support::chaos::ledger_bin())
+    let late = std::process::Command::new(harness::chaos::ledger_bin())
         .args([
             "--db",
             db.to_str().unwrap(),
@@ -356,7 +351,7 @@ fn one_member_down_for_the_whole_test_costs_nothing() {
     );
     for args in [["status", "chaos"], ["history", "chaos"]] {
         for _ in 0..3 {
-            let out = std::process::Command::new(BIN)
+            let out = std::process::Command::new(bin())
                 .args(args)
                 .args(["--endpoints", &dead_first])
                 .output()

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::*;
+use harness::*;
 
 /// Starts a leader of `election` whose job runs for 30 s, and waits until the job runs.
 fn sleeping_leader(dir: &std::path::Path, election: &str, ep: &str, extra: &[&str]) -> Worker {
@@ -460,12 +460,13 @@ fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
     let ep = etcd.endpoints();
     let dir = tempfile::tempdir().unwrap();
     // The outer job runs three nested commands, each recording its exit code and stderr.
+    let bin = bin();
     let outer = script(
         dir.path(),
         &format!(
-            "{BIN} run -- true 2> $D/noname.err; echo $? > $D/noname.code; \
-             {BIN} run outer -- true 2> $D/same.err; echo $? > $D/same.code; \
-             {BIN} run inner --ttl 3s --grace 500ms --safety-margin 500ms -- \
+            "{bin} run -- true 2> $D/noname.err; echo $? > $D/noname.code; \
+             {bin} run outer -- true 2> $D/same.err; echo $? > $D/same.code; \
+             {bin} run inner --ttl 3s --grace 500ms --safety-margin 500ms -- \
                sh -c 'env > $D/inner.env' 2> $D/inner.err; echo $? > $D/inner.code"
         ),
     );
@@ -543,7 +544,7 @@ fn argument_lists_too_long_to_exec_are_refused_before_campaigning() {
     let pad = limit - 1500 - used(&args) - 9;
     args.push("y".repeat(pad));
     let start = Instant::now();
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .args(&args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap())

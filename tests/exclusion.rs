@@ -1,6 +1,6 @@
 //! Mutual exclusion: jobs of different terms never overlap, and tokens strictly increase.
 
-use crate::support::*;
+use harness::*;
 
 /// Each job appends "start T" and "end T" around a short sleep; three workers each run the
 /// job three times in a row.
@@ -23,7 +23,8 @@ fn three_workers_never_overlap_and_tokens_increase() {
             .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
             .collect::<Vec<_>>()
             .join(" ");
-        let body = format!("for i in 1 2 3; do '{BIN}' {line} || exit 1; done");
+        let bin = bin();
+        let body = format!("for i in 1 2 3; do '{bin}' {line} || exit 1; done");
         let child = std::process::Command::new("sh")
             .args(["-c", &body])
             .stderr(std::fs::File::create(dir.path().join(format!("w{w}.log"))).unwrap())

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::proxy::{Mode, Proxy};
-use crate::support::*;
+use harness::proxy::{Mode, Proxy};
+use harness::*;
 
 /// A job that records each term's token, lease and pid, then runs until killed.
 fn recording_job(dir: &std::path::Path) -> String {

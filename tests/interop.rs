@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use crate::support::*;
+use harness::*;
 
 fn etcdctl_cmd(ep: &str) -> Command {
     let mut c = Command::new(need("etcdctl", "etcd-client"));

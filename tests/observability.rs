@@ -2,7 +2,7 @@
 
 use std::os::unix::net::UnixDatagram;
 
-use crate::support::*;
+use harness::*;
 
 fn job(dir: &std::path::Path, who: &str) -> String {
     script(

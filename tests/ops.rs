@@ -3,8 +3,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::proxy::{Mode, Proxy};
-use crate::support::*;
+use harness::proxy::{Mode, Proxy};
+use harness::*;
 
 /// A job that records "start T" / "end T" (on TERM) and runs until stopped.
 fn long_job(dir: &std::path::Path, who: &str) -> String {
@@ -95,7 +95,7 @@ fn watch_prints_changes_with_tokens_and_survives_reconnects() {
     let proxy = Proxy::start(etcd.endpoints());
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(["watch", "wt", "--endpoints", &proxy.endpoint()]);
     let watch = LineReader::start(cmd);
     watch.expect("no leader", secs(10));
@@ -237,11 +237,11 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
             .unwrap();
         let election = lead_exec::election::Election::new("hist").unwrap();
         let stale_key = election.candidate_key(0x1234);
-        lead_exec::ops::history::finish(
+        lead_exec::records::history::finish(
             &client,
             &election,
             token,
-            lead_exec::ops::history::EndReason::Exited(9),
+            lead_exec::records::history::TermEnd::Exited(9),
             etcd_client::Compare::create_revision(stale_key, etcd_client::CompareOp::Equal, token),
             Duration::from_secs(5),
         )
@@ -269,9 +269,10 @@ fn check_inside_the_job_passes_for_the_leader_and_fails_for_an_old_token() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
+    let bin = bin();
     let job = script(
         dir.path(),
-        &format!("'{BIN}' check > $D/check.out 2>&1; echo $? > $D/check.code; echo $FENCING_TOKEN > $D/token"),
+        &format!("'{bin}' check > $D/check.out 2>&1; echo $? > $D/check.code; echo $FENCING_TOKEN > $D/token"),
     );
     let (code, _, err) = run(&run_args("chk", &ep, &[], &job));
     assert_eq!(code, 0, "{err}");
@@ -353,24 +354,8 @@ fn run_key_dedupes_and_its_record_is_fenced() {
     );
 
     // The record is written only under a live leader key.
-    let cfg_args = [
-        "lead-exec",
-        "run",
-        "cron",
-        "--endpoints",
-        ep.as_str(),
-        "--run-key",
-        "k4",
-        "--",
-        "true",
-    ];
-    let cli = lead_exec::parse(cfg_args.iter().map(std::ffi::OsString::from))
-        .ok()
-        .unwrap();
-    let lead_exec::cli::Command::Run(args) = cli.command else {
-        unreachable!()
-    };
-    let cfg = lead_exec::config::RunConfig::from_args(&args).unwrap();
+    let election = lead_exec::election::Election::new("cron").unwrap();
+    let ttl = Duration::from_secs(60);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -379,8 +364,14 @@ fn run_key_dedupes_and_its_record_is_fenced() {
         let client = etcd_client::Client::connect([ep.as_str()], None)
             .await
             .unwrap();
-        let stale = cfg.election.candidate_key(0x4242);
-        lead_exec::ops::runkey::mark_done(&client, &cfg, &stale, 7)
+        let stale = election.candidate_key(0x4242);
+        let term = lead_exec::records::Term {
+            token: 7,
+            key: &stale,
+            id: "w",
+        };
+        let timeout = Duration::from_secs(5);
+        lead_exec::records::runkey::mark_done(&client, &election, timeout, term, "k4", ttl)
             .await
             .unwrap()
     });
@@ -571,7 +562,7 @@ fn a_pause_reads_the_same_in_status_and_watch() {
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
     let watch = |format: &str| {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.args(["watch", "pt", "--endpoints", &ep, "-o", format]);
         LineReader::start(cmd)
     };

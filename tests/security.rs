@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use crate::support::*;
+use harness::*;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")

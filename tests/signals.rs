@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::support::*;
+use harness::*;
 
 #[test]
 fn term_is_forwarded_to_a_job_that_traps_it() {

@@ -14,13 +14,14 @@
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
 //! - `docs`: the man pages match the clap definition
+//! - `checker`: the history checker flags overlaps, stale writes and token regressions
 //!
-//! `support` is the harness: etcd clusters, the fault proxy, workers, waiting helpers.
-
-mod support;
+//! The harness (etcd clusters, the fault proxy, workers, waiting helpers, the history
+//! checker) is the `harness` crate in `tests/harness`, shared with the examples.
 
 mod availability;
 mod chaos;
+mod checker;
 mod cli;
 mod docs;
 mod exclusion;

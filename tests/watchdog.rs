@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::proxy::{Mode, Proxy};
-use crate::support::*;
+use harness::proxy::{Mode, Proxy};
+use harness::*;
 
 /// A job with a grandchild, both recording their pids, both running until killed.
 fn family_job(dir: &std::path::Path) -> String {
@@ -290,7 +290,7 @@ fn the_watchdog_binary_is_optional() {
     assert!(exe.ends_with("/lead-exec-watchdog"), "{exe}");
 
     let lone = dir.path().join("lead-exec");
-    std::fs::copy(BIN, &lone).unwrap();
+    std::fs::copy(bin(), &lone).unwrap();
     let job = script(
         dir.path(),
         "readlink /proc/$PPID/exe > $D/lone_exe; echo $$ > $D/pid; exec sleep 60",
@@ -327,7 +327,7 @@ fn descriptors_the_caller_passes_reach_the_job() {
         .arg("-c")
         .arg(script(
             dir.path(),
-            &format!("exec 7> $D/seven; exec {BIN} {args}"),
+            &format!("exec 7> $D/seven; exec {} {args}", bin()),
         ))
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .stderr(std::process::Stdio::null())

@@ -20,9 +20,8 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::lease::{Lease, LeaseState, LossReason};
+use super::lease::{Lease, LeaseState, Loss};
 use super::Election;
-use crate::config::Wait;
 use crate::etcd::{bounded, classify};
 
 /// How a campaign ended.
@@ -33,7 +32,15 @@ pub enum Outcome {
     /// Someone else leads and the wait policy gave up.
     NotAcquired,
     /// Our lease or key went away while we waited.
-    Lost(LossReason),
+    Lost(Loss),
+}
+
+/// How long a candidate waits in line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    Forever,
+    No,
+    For(Duration),
 }
 
 /// What we need to campaign.
@@ -46,7 +53,7 @@ pub struct Campaign<'a> {
     pub wait: Wait,
     /// When `--wait` gives up, if it does.
     pub give_up_at: Option<Instant>,
-    pub limit: Duration,
+    pub timeout: Duration,
 }
 
 /// Why we are still waiting, for logs and `sd_notify` status.
@@ -82,7 +89,7 @@ impl Campaign<'_> {
                 ),
             ])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = bounded(self.limit, "etcd", client.txn(create)).await?;
+        let resp = bounded(self.timeout, "etcd", client.txn(create)).await?;
         let ops = resp.op_responses();
         let my_rev = if resp.succeeded() {
             resp.header().map(|h| h.revision()).unwrap_or(0)
@@ -109,7 +116,7 @@ impl Campaign<'_> {
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(1);
             let resp = bounded(
-                self.limit,
+                self.timeout,
                 "etcd",
                 client.get(self.election.candidates(), Some(opts)),
             )
@@ -141,13 +148,13 @@ impl Campaign<'_> {
                     TxnOp::get(key.clone(), None),
                     TxnOp::get(self.election.paused_key(), None),
                 ]);
-            let resp = bounded(self.limit, "etcd", client.txn(confirm)).await?;
+            let resp = bounded(self.timeout, "etcd", client.txn(confirm)).await?;
             if resp.succeeded() {
                 return Ok(Outcome::Elected { token: my_rev, key });
             }
             let ops = resp.op_responses();
             if existing_create_revision(&ops[..1]) != Some(my_rev) {
-                return Ok(Outcome::Lost(LossReason::KeyDeleted));
+                return Ok(Outcome::Lost(Loss::KeyDeleted));
             }
             if self.wait == Wait::No {
                 return Ok(Outcome::NotAcquired);
@@ -180,12 +187,12 @@ impl Campaign<'_> {
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
-        let mut stream = match tokio::time::timeout(self.limit, client.watch(key, Some(opts))).await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(classify(e)),
-            Err(_) => return Ok(None),
-        };
+        let mut stream =
+            match tokio::time::timeout(self.timeout, client.watch(key, Some(opts))).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(classify(e)),
+                Err(_) => return Ok(None),
+            };
         let give_up = async {
             match self.give_up_at {
                 Some(t) => tokio::time::sleep_until(t).await,
@@ -215,7 +222,7 @@ impl Campaign<'_> {
                 },
                 changed = lease_rx.changed() => {
                     if changed.is_err() {
-                        return Ok(Some(Outcome::Lost(LossReason::Deadline)));
+                        return Ok(Some(Outcome::Lost(Loss::Deadline)));
                     }
                     if let LeaseState::Lost(r) = *lease_rx.borrow() {
                         return Ok(Some(Outcome::Lost(r)));

@@ -13,10 +13,11 @@ use anyhow::Result;
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, Instant};
 
-use crate::clock::BootInstant;
+use crate::clock::{human, BootInstant};
 use crate::etcd::{bounded, failover};
+use crate::exit::{fail, Exit};
 
 /// How many renewal attempts must fit between a missed keepalive and SIGTERM.
 pub const RENEWAL_ATTEMPTS: u32 = 3;
@@ -66,15 +67,57 @@ impl Renewal {
     }
 }
 
+/// The lowest TTL etcd grants with default election timeouts.
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// Refuses lease settings under which the job could outlive the lease, or could not survive
+/// one lost keepalive.
+///
+/// The job gets SIGTERM at `D - grace` and SIGKILL at `D`, where
+/// `D = send time of the last good keepalive + TTL - margin`. Keepalives go out every third of
+/// the window `TTL - margin - grace` (see [`Renewal`]); the two thirds left after a missed one
+/// must hold [`RENEWAL_ATTEMPTS`] attempts of at least [`MIN_RENEWAL_TIMEOUT`], so that one
+/// lost reply or one etcd leader election does not cost the job.
+pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> Result<()> {
+    if ttl < MIN_TTL {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "--ttl {} is below etcd's minimum lease of 2s",
+                humantime::format_duration(ttl)
+            ),
+        ));
+    }
+    let budget = Renewal::budget(ttl, grace, margin);
+    if budget < MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS {
+        // The smallest window whose last two thirds hold the attempts.
+        let need = MIN_RENEWAL_TIMEOUT * RENEWAL_ATTEMPTS * 3 / 2;
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "unsafe lease settings: --ttl {} minus --grace {} and --safety-margin {} leaves {} before SIGTERM; at least {} is needed to renew with {} retries of {}",
+                human(ttl),
+                human(grace),
+                human(margin),
+                human(Renewal::window(ttl, grace, margin)),
+                human(need),
+                RENEWAL_ATTEMPTS,
+                human(MIN_RENEWAL_TIMEOUT),
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The deadline a renewal sent at `sent` and answered with `ttl` buys: the server cannot
 /// have renewed before the request reached it, so its expiry is at least `sent + ttl`.
 pub fn renewed_deadline(sent: BootInstant, ttl: Duration, margin: Duration) -> BootInstant {
     sent.plus(ttl).minus(margin)
 }
 
-/// Why leadership (or candidacy) ended without us asking for it.
+/// How leadership (or candidacy) was lost, without us asking for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LossReason {
+pub enum Loss {
     /// etcd answered a keepalive with TTL 0: the lease is gone (expired or revoked).
     Expired,
     /// No keepalive succeeded in time; the local deadline D passed.
@@ -83,12 +126,12 @@ pub enum LossReason {
     KeyDeleted,
 }
 
-impl LossReason {
+impl Loss {
     pub fn as_str(self) -> &'static str {
         match self {
-            LossReason::Expired => "lease expired",
-            LossReason::Deadline => "renewal deadline passed",
-            LossReason::KeyDeleted => "leader key deleted",
+            Loss::Expired => "lease expired",
+            Loss::Deadline => "renewal deadline passed",
+            Loss::KeyDeleted => "leader key deleted",
         }
     }
 }
@@ -100,15 +143,13 @@ pub enum LeaseState {
     Alive {
         deadline: BootInstant,
     },
-    Lost(LossReason),
+    Lost(Loss),
 }
 
 /// A granted lease with its keepalive task. Dropping it stops the keepalives (the lease then
 /// expires on its own); [`Lease::revoke`] ends it at once.
 pub struct Lease {
     pub id: i64,
-    /// The TTL the server granted, which may exceed the one requested.
-    pub ttl: Duration,
     state: watch::Receiver<LeaseState>,
     task: JoinHandle<()>,
     client: Client,
@@ -154,12 +195,12 @@ impl Lease {
         ttl: Duration,
         grace: Duration,
         margin: Duration,
-        limit: Duration,
+        timeout: Duration,
     ) -> Result<Lease> {
         let mut c = client.clone();
         let sent = BootInstant::now();
         let resp = bounded(
-            limit,
+            timeout,
             "etcd",
             c.lease_grant(ttl.as_secs().max(1) as i64, None),
         )
@@ -179,7 +220,6 @@ impl Lease {
         ));
         Ok(Lease {
             id: resp.id(),
-            ttl: granted,
             state: rx,
             task,
             client: client.clone(),
@@ -190,11 +230,11 @@ impl Lease {
 
     /// A deadline that leaves the job `grace` plus one keepalive interval, renewing the lease
     /// first if the current one does not (a lease granted or renewed late, after an etcd
-    /// stall). `None` when no such deadline comes within `limit` or the lease is lost.
+    /// stall). `None` when no such deadline comes within `timeout` or the lease is lost.
     pub async fn deadline_for_spawn(
         &self,
         grace: Duration,
-        limit: Duration,
+        timeout: Duration,
     ) -> Option<BootInstant> {
         let interval = self.interval;
         let mut rx = self.subscribe();
@@ -215,14 +255,14 @@ impl Lease {
                 }
             }
         };
-        timeout(limit, get).await.ok().flatten()
+        tokio::time::timeout(timeout, get).await.ok().flatten()
     }
 
     /// Asks etcd whether the lease still exists. `true` only on etcd's word that it is gone;
-    /// no answer within `limit` counts as not known.
-    pub async fn is_gone(&self, limit: Duration) -> bool {
+    /// no answer within `timeout` counts as not known.
+    pub async fn is_gone(&self, timeout: Duration) -> bool {
         let mut c = self.client.clone();
-        match timeout(limit, c.lease_time_to_live(self.id, None)).await {
+        match tokio::time::timeout(timeout, c.lease_time_to_live(self.id, None)).await {
             Ok(Ok(r)) => r.ttl() <= 0,
             Ok(Err(e)) => says_gone(&e),
             Err(_) => false,
@@ -240,21 +280,21 @@ impl Lease {
     /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next
     /// candidate takes over at once.
     ///
-    /// If etcd does not answer within `limit` (no quorum, say), the revoke is retried in the
+    /// If etcd does not answer within `timeout` (no quorum, say), the revoke is retried in the
     /// background: etcd extends every lease by its full TTL when it elects a new leader, so a
     /// lease we merely abandon would hold up the next term for a TTL after the quorum returns.
-    pub async fn revoke(self, limit: Duration) {
+    pub async fn revoke(self, timeout: Duration) {
         self.task.abort();
         let id = self.id;
         let mut c = self.client.clone();
-        if try_revoke(&mut c, id, limit).await {
+        if try_revoke(&mut c, id, timeout).await {
             return;
         }
         let give_up = Instant::now() + REVOKE_RETRY_FOR;
         tokio::spawn(async move {
             while Instant::now() < give_up {
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                if try_revoke(&mut c, id, limit).await {
+                if try_revoke(&mut c, id, timeout).await {
                     return;
                 }
             }
@@ -266,9 +306,9 @@ impl Lease {
 const REVOKE_RETRY_FOR: Duration = Duration::from_secs(300);
 
 /// Revokes a lease; true when it is gone (revoked now, or already expired).
-async fn try_revoke(c: &mut Client, id: i64, limit: Duration) -> bool {
+async fn try_revoke(c: &mut Client, id: i64, timeout: Duration) -> bool {
     let lease = format!("{id:x}");
-    match tokio::time::timeout(limit, c.lease_revoke(id)).await {
+    match tokio::time::timeout(timeout, c.lease_revoke(id)).await {
         Ok(Ok(_)) => {
             tracing::debug!(lease, "lease revoked");
             true
@@ -318,10 +358,10 @@ async fn attempt(
     mut client: Client,
     id: i64,
     stream: Option<KeepAlive>,
-    limit: Duration,
+    timeout: Duration,
 ) -> (Result<Answer, String>, Option<KeepAlive>) {
     let Some((mut keeper, mut responses)) = stream else {
-        return match timeout(limit, client.lease_keep_alive(id)).await {
+        return match tokio::time::timeout(timeout, client.lease_keep_alive(id)).await {
             Ok(Ok(ka)) => (Ok(Answer::Alive), Some(ka)),
             Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
             Ok(Err(e)) => (Err(format!("keepalive stream: {e}")), None),
@@ -331,7 +371,7 @@ async fn attempt(
     if let Err(e) = keeper.keep_alive().await {
         return (Err(format!("keepalive send: {e}")), None);
     }
-    match timeout(limit, responses.message()).await {
+    match tokio::time::timeout(timeout, responses.message()).await {
         Ok(Ok(Some(r))) if r.ttl() <= 0 => (Ok(Answer::Gone), None),
         Ok(Ok(Some(_))) => (Ok(Answer::Alive), Some((keeper, responses))),
         Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
@@ -369,7 +409,7 @@ async fn keepalive_loop(
         // the watchdog has already killed. Declare the loss instead.
         if deadline.has_passed() {
             tracing::warn!(lease, "no keepalive succeeded before the deadline");
-            tx.send_replace(LeaseState::Lost(LossReason::Deadline));
+            tx.send_replace(LeaseState::Lost(Loss::Deadline));
             return;
         }
         tokio::select! {
@@ -391,11 +431,11 @@ async fn keepalive_loop(
                 awaiting = Some(endpoint);
                 let (c, stream) = (client.clone(), idle.take());
                 // Even a successful answer is worthless after D: bound the attempt by the TTL.
-                let limit = plan.timeout.max(ttl);
+                let timeout = plan.timeout.max(ttl);
                 let sent = BootInstant::now();
                 let sent_mono = Instant::now();
                 inflight.spawn(async move {
-                    let (result, stream) = attempt(c, id, stream, limit).await;
+                    let (result, stream) = attempt(c, id, stream, timeout).await;
                     Attempt { sent, sent_mono, endpoint, result, stream }
                 });
                 // Unless it answers in time, the next attempt goes out then, on the next
@@ -407,7 +447,7 @@ async fn keepalive_loop(
                 match a.result {
                     Ok(Answer::Gone) => {
                         tracing::warn!(lease, "etcd says the lease is gone");
-                        tx.send_replace(LeaseState::Lost(LossReason::Expired));
+                        tx.send_replace(LeaseState::Lost(Loss::Expired));
                         return;
                     }
                     Ok(Answer::Alive) => {
@@ -445,6 +485,48 @@ async fn keepalive_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defaults_are_safe() {
+        check_lease_safety(secs(10), secs(3), secs(1)).unwrap();
+    }
+
+    #[test]
+    fn ttl_below_two_seconds_is_refused() {
+        let e = check_lease_safety(Duration::from_millis(1500), Duration::ZERO, Duration::ZERO)
+            .unwrap_err();
+        assert!(e.to_string().contains("below etcd's minimum"));
+    }
+
+    #[test]
+    fn grace_plus_margin_must_leave_a_window_in_the_ttl() {
+        let e = check_lease_safety(secs(4), secs(3), secs(1)).unwrap_err();
+        assert!(e.to_string().contains("unsafe lease settings"), "{e}");
+        check_lease_safety(secs(5), secs(3), secs(1)).unwrap();
+    }
+
+    #[test]
+    fn three_renewal_attempts_must_fit_before_sigterm() {
+        // A 400ms window: renewing every 133ms leaves 267ms, not 3 attempts of 100ms.
+        let e = check_lease_safety(
+            secs(3),
+            Duration::from_millis(2400),
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("leaves 400ms before SIGTERM"), "{e}");
+        assert!(e.to_string().contains("at least 450ms"), "{e}");
+        check_lease_safety(
+            secs(3),
+            Duration::from_millis(2350),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+    }
+
+    fn secs(x: u64) -> Duration {
+        Duration::from_secs(x)
+    }
 
     fn ms(x: u64) -> Duration {
         Duration::from_millis(x)

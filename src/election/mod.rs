@@ -1,4 +1,4 @@
-//! The etcd side: key layout, lease keepalive, the campaign, and the lifecycle state machine.
+//! The etcd side of leadership: key layout, lease keepalive, the campaign, the leader's watch.
 //!
 //! # Key layout
 //!
@@ -18,17 +18,16 @@
 //! another's.
 
 pub mod campaign;
+pub mod leader;
 pub mod lease;
-pub mod state;
-pub mod watch;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::exit::{fail, Exit};
 
-/// Top of every key this program writes.
-pub const ROOT: &str = "lead-exec";
+/// Top of every key this program writes (the connection probe reads it too).
+pub use crate::etcd::ROOT;
 
 /// A validated election name and the keys that belong to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +134,7 @@ impl Candidate {
     pub fn this_process(id: &str) -> Candidate {
         Candidate {
             id: id.to_string(),
-            host: crate::config::hostname(),
+            host: hostname(),
             pid: std::process::id(),
             started_ms: unix_ms(),
         }
@@ -163,6 +162,14 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// This machine's host name, for candidate identities.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 #[cfg(test)]

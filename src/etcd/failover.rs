@@ -403,22 +403,20 @@ mod tests {
 
     #[test]
     fn writes_are_retried_only_when_nothing_can_have_been_applied() {
-        assert_eq!(
-            verdict(Kind::Write, Attempt::NotConnected, true),
-            Verdict::FailedRetry
-        );
-        assert_eq!(
-            verdict(Kind::Write, Attempt::Unavailable { no_leader: true }, true),
-            Verdict::FailedRetry
-        );
-        assert_eq!(
-            verdict(Kind::Write, Attempt::Lost, true),
-            Verdict::FailedFinal
-        );
-        assert_eq!(
-            verdict(Kind::Write, Attempt::Unavailable { no_leader: false }, true),
-            Verdict::FailedFinal
-        );
+        for (how, want) in [
+            (Attempt::NotConnected, Verdict::FailedRetry),
+            (
+                Attempt::Unavailable { no_leader: true },
+                Verdict::FailedRetry,
+            ),
+            (Attempt::Lost, Verdict::FailedFinal),
+            (
+                Attempt::Unavailable { no_leader: false },
+                Verdict::FailedFinal,
+            ),
+        ] {
+            assert_eq!(verdict(Kind::Write, how, true), want, "{how:?}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! [`bounded`], instead.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -12,14 +13,54 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 pub mod failover;
 
-use crate::config::Conn;
 use crate::exit::{fail, Exit};
+
+/// Top of every key this program writes.
+pub const ROOT: &str = "lead-exec";
 
 /// The least one request attempt gets before it may go to the next endpoint.
 const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 
 /// Above etcd's default `--grpc-keepalive-min-time` of 5 s.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How to reach etcd.
+#[derive(Debug, Clone)]
+pub struct Conn {
+    pub endpoints: Vec<String>,
+    pub dial_timeout: Duration,
+    pub command_timeout: Duration,
+    pub tls: Option<Tls>,
+    /// User name and password. The password is never logged (see the `Debug` impl of [`Secret`]).
+    pub auth: Option<(String, Secret)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub cacert: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// A password: printable only on purpose.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(password: String) -> Secret {
+        Secret(password)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
 
 /// Connects and proves the cluster answers, within the dial timeout.
 pub async fn connect(conn: &Conn) -> Result<Client> {
@@ -91,7 +132,7 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
             conn.dial_timeout,
             &what,
             client.get(
-                format!("{}/", crate::election::ROOT),
+                format!("{ROOT}/"),
                 Some(etcd_client::GetOptions::new().with_count_only()),
             ),
         )
@@ -118,18 +159,18 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
     }
 }
 
-/// Runs one etcd request, bounded by `limit`, and classifies its failure.
+/// Runs one etcd request, bounded by `timeout`, and classifies its failure.
 pub async fn bounded<T>(
-    limit: Duration,
+    timeout: Duration,
     what: &str,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T> {
-    match tokio::time::timeout(limit, fut).await {
+    match tokio::time::timeout(timeout, fut).await {
         Err(_) => Err(fail(
             Exit::Unavailable,
             format!(
                 "{what} unavailable: no answer within {}",
-                humantime::format_duration(limit)
+                humantime::format_duration(timeout)
             ),
         )),
         Ok(Err(e)) => {

@@ -18,7 +18,7 @@ pub async fn run(a: CheckArgs) -> Result<Exit> {
     match entries.first() {
         Some(l) if l.token == a.token && paused.is_none() => {
             println!("token {} is the leader's", a.token);
-            Ok(Exit::Job(0))
+            Ok(Exit::Ok)
         }
         Some(l) if l.token == a.token => Err(fail(
             Exit::StaleToken,

@@ -1,256 +1,36 @@
-//! The audit record of terms: `lead-exec/meta/NAME/history/<token>`.
-//!
-//! The leader writes its own records in transactions guarded by its key's create revision, so
-//! a leader whose key is gone (a stale one) cannot write history. A term whose end was never
-//! written (lost lease, crash) shows as "lease lost" once a later term exists.
+//! `lead-exec history`: the audit record of terms, oldest first.
 
 use anyhow::Result;
-use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
-use serde::{Deserialize, Serialize};
 
-use crate::config::RunConfig;
-use crate::election::{unix_ms, Election};
-use crate::etcd::bounded;
+use super::{fmt_ms, Ctx};
+use crate::cli::{HistoryArgs, Output};
+use crate::exit::Exit;
+use crate::records::history;
 
-/// Why a term ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndReason {
-    Exited(u8),
-    LeaseLost,
-    Resigned,
-    Paused,
-    Signal(i32),
-}
-
-impl std::fmt::Display for EndReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EndReason::Exited(c) => write!(f, "exit {c}"),
-            EndReason::LeaseLost => f.write_str("lease lost"),
-            EndReason::Resigned => f.write_str("resigned"),
-            EndReason::Paused => f.write_str("paused"),
-            EndReason::Signal(s) => write!(f, "signal {s} to lead-exec"),
+pub async fn run(a: HistoryArgs) -> Result<Exit> {
+    let ctx = Ctx::connect(&a.election).await?;
+    let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.timeout).await?;
+    match a.output {
+        // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
+        Output::Json => println!("{}", serde_json::to_string(&recs)?),
+        Output::Text => {
+            println!(
+                "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} END",
+                "TOKEN", "ID", "HOST", "PID", "STARTED", "ENDED"
+            );
+            for r in &recs {
+                println!(
+                    "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} {}",
+                    r.token,
+                    r.id,
+                    r.host,
+                    r.pid,
+                    fmt_ms(r.started_ms),
+                    r.ended_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
+                    r.end.as_deref().unwrap_or("running")
+                );
+            }
         }
     }
-}
-
-/// One term.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    pub token: i64,
-    pub id: String,
-    pub host: String,
-    pub pid: u32,
-    pub started_ms: u64,
-    #[serde(default)]
-    pub ended_ms: Option<u64>,
-    #[serde(default)]
-    pub end: Option<String>,
-}
-
-/// Writes the start of a term and trims old records, guarded by our key.
-pub async fn record_start(client: &Client, cfg: &RunConfig, token: i64, key: &str) -> Result<()> {
-    let mut c = client.clone();
-    let e = &cfg.election;
-    let rec = Record {
-        token,
-        id: cfg.id.clone(),
-        host: crate::config::hostname(),
-        pid: std::process::id(),
-        started_ms: unix_ms(),
-        ended_ms: None,
-        end: None,
-    };
-    let existing = bounded(
-        cfg.conn.command_timeout,
-        "etcd",
-        c.get(
-            e.history_prefix(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only()
-                    .with_sort(SortTarget::Key, SortOrder::Ascend),
-            ),
-        ),
-    )
-    .await?;
-    let keys: Vec<Vec<u8>> = existing.kvs().iter().map(|kv| kv.key().to_vec()).collect();
-    let mut ops = vec![TxnOp::put(
-        e.history_key(token),
-        serde_json::to_string(&rec)?,
-        None,
-    )];
-    if let Some(end) = trim_end(&keys, cfg.history_keep as usize, &e.history_key(token)) {
-        ops.push(TxnOp::delete(
-            e.history_prefix(),
-            Some(DeleteOptions::new().with_range(end)),
-        ));
-    }
-    let txn = Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, token)])
-        .and_then(ops);
-    let resp = bounded(cfg.conn.command_timeout, "etcd", c.txn(txn)).await?;
-    anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
-    Ok(())
-}
-
-/// Where to stop deleting old records so that `keep` remain with the new one (`new_key`):
-/// the first existing key kept, or the new key itself when none is. `None`: nothing to trim.
-/// The range never reaches the new key, which etcd would refuse in the same transaction.
-fn trim_end(existing: &[Vec<u8>], keep: usize, new_key: &str) -> Option<Vec<u8>> {
-    let drop = (existing.len() + 1).checked_sub(keep.max(1))?;
-    if drop == 0 {
-        return None;
-    }
-    Some(
-        existing
-            .get(drop)
-            .cloned()
-            .unwrap_or_else(|| new_key.as_bytes().to_vec()),
-    )
-}
-
-/// Writes the end of our term, if our key still guards it.
-pub async fn record_end(
-    client: &Client,
-    cfg: &RunConfig,
-    token: i64,
-    key: &str,
-    reason: EndReason,
-) -> Result<()> {
-    let guard = Compare::create_revision(key, CompareOp::Equal, token);
-    let ok = finish(
-        client,
-        &cfg.election,
-        token,
-        reason,
-        guard,
-        cfg.conn.command_timeout,
-    )
-    .await?;
-    if !ok {
-        tracing::debug!(token, "term end not recorded: our leader key is gone");
-    }
-    Ok(())
-}
-
-/// Marks a term ended, in one transaction with `guard` (and the record unchanged since read).
-/// Returns whether it was written.
-pub async fn finish(
-    client: &Client,
-    e: &Election,
-    token: i64,
-    reason: EndReason,
-    guard: Compare,
-    limit: std::time::Duration,
-) -> Result<bool> {
-    let mut c = client.clone();
-    let hk = e.history_key(token);
-    let resp = bounded(limit, "etcd", c.get(hk.clone(), None)).await?;
-    let Some(kv) = resp.kvs().first() else {
-        return Ok(false);
-    };
-    let mut rec: Record = serde_json::from_slice(kv.value())?;
-    rec.ended_ms = Some(unix_ms());
-    rec.end = Some(reason.to_string());
-    let txn = Txn::new()
-        .when([
-            guard,
-            Compare::mod_revision(hk.clone(), CompareOp::Equal, kv.mod_revision()),
-        ])
-        .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
-    Ok(bounded(limit, "etcd", c.txn(txn)).await?.succeeded())
-}
-
-/// The last `n` records, oldest first, with open ends of superseded terms filled in.
-pub async fn read(
-    client: &Client,
-    e: &Election,
-    n: usize,
-    limit: std::time::Duration,
-) -> Result<Vec<Record>> {
-    let mut c = client.clone();
-    let resp = bounded(
-        limit,
-        "etcd",
-        c.get(
-            e.history_prefix(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Key, SortOrder::Descend)
-                    .with_limit(n as i64 + 1),
-            ),
-        ),
-    )
-    .await?;
-    let mut recs: Vec<Record> = resp
-        .kvs()
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
-        .collect();
-    recs.reverse();
-    infer_lost(&mut recs);
-    let skip = recs.len().saturating_sub(n);
-    Ok(recs.into_iter().skip(skip).collect())
-}
-
-/// A record with no end that a later term superseded ended by losing its lease.
-pub fn infer_lost(recs: &mut [Record]) {
-    for i in 0..recs.len().saturating_sub(1) {
-        if recs[i].end.is_none() {
-            let next_start = recs[i + 1].started_ms;
-            recs[i].end = Some(EndReason::LeaseLost.to_string());
-            recs[i].ended_ms = Some(next_start);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(token: i64, end: Option<&str>) -> Record {
-        Record {
-            token,
-            id: "w".into(),
-            host: "h".into(),
-            pid: 1,
-            started_ms: token as u64 * 1000,
-            ended_ms: None,
-            end: end.map(str::to_string),
-        }
-    }
-
-    #[test]
-    fn superseded_open_terms_are_lease_lost() {
-        let mut r = vec![rec(5, None), rec(9, Some("exit 0")), rec(12, None)];
-        infer_lost(&mut r);
-        assert_eq!(r[0].end.as_deref(), Some("lease lost"));
-        assert_eq!(r[0].ended_ms, Some(9000));
-        assert_eq!(r[1].end.as_deref(), Some("exit 0"));
-        assert_eq!(r[2].end, None, "the newest term may still run");
-    }
-
-    #[test]
-    fn trimming_keeps_n_records_with_the_new_one() {
-        let keys: Vec<Vec<u8>> = ["h1", "h2", "h3"]
-            .iter()
-            .map(|k| k.as_bytes().to_vec())
-            .collect();
-        assert_eq!(trim_end(&keys, 100, "h4"), None);
-        assert_eq!(trim_end(&keys, 4, "h4"), None);
-        assert_eq!(trim_end(&keys, 3, "h4"), Some(b"h2".to_vec()));
-        assert_eq!(trim_end(&keys, 1, "h4"), Some(b"h4".to_vec()));
-        assert_eq!(trim_end(&[], 1, "h1"), None);
-    }
-
-    #[test]
-    fn reasons_read_well() {
-        assert_eq!(EndReason::Exited(3).to_string(), "exit 3");
-        assert_eq!(EndReason::Signal(15).to_string(), "signal 15 to lead-exec");
-    }
+    Ok(Exit::Ok)
 }

@@ -1,14 +1,12 @@
-//! Operator commands: status, watch, resign, pause/resume, history, check; and the records
-//! `run` keeps for them (history of terms, completed run keys).
+//! Operator commands: status, watch, resign, pause/resume, history, check. They read the
+//! records `run` keeps ([`crate::records`]).
 //!
 //! Every write here is a transaction guarded by a comparison, never a blind put or delete.
 
 pub mod check;
 pub mod history;
-pub mod history_cmd;
 pub mod pause;
 pub mod resign;
-pub mod runkey;
 pub mod status;
 pub mod watch;
 
@@ -19,15 +17,15 @@ use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::ElectionArgs;
-use crate::config::Conn;
 use crate::election::{Candidate, Election};
 use crate::etcd::bounded;
+use crate::etcd::Conn;
 
 /// What every operator command starts from.
 pub struct Ctx {
     pub client: Client,
     pub election: Election,
-    pub limit: Duration,
+    pub timeout: Duration,
 }
 
 impl Ctx {
@@ -42,7 +40,7 @@ impl Ctx {
         Ok(Ctx {
             client,
             election,
-            limit: conn.command_timeout,
+            timeout: conn.command_timeout,
         })
     }
 
@@ -50,7 +48,7 @@ impl Ctx {
     pub async fn candidates(&self) -> Result<(Vec<Entry>, i64)> {
         let mut c = self.client.clone();
         let resp = bounded(
-            self.limit,
+            self.timeout,
             "etcd",
             c.get(
                 self.election.candidates(),
@@ -79,7 +77,12 @@ impl Ctx {
     /// The pause switch, if on.
     pub async fn paused(&self) -> Result<Option<Pause>> {
         let mut c = self.client.clone();
-        let resp = bounded(self.limit, "etcd", c.get(self.election.paused_key(), None)).await?;
+        let resp = bounded(
+            self.timeout,
+            "etcd",
+            c.get(self.election.paused_key(), None),
+        )
+        .await?;
         Ok(resp.kvs().first().map(|kv| {
             serde_json::from_slice(kv.value()).unwrap_or(Pause {
                 reason: String::from_utf8_lossy(kv.value()).into_owned(),

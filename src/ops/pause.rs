@@ -24,14 +24,14 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
     let p = Pause {
         reason: a.reason.clone(),
         since_ms: unix_ms(),
-        by: format!("{user}@{}", crate::config::hostname()),
+        by: format!("{user}@{}", crate::election::hostname()),
     };
     let key = ctx.election.paused_key();
     let txn = Txn::new()
         .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key, serde_json::to_string(&p)?, None)]);
     let mut c = ctx.client.clone();
-    let resp = bounded(ctx.limit, "etcd", c.txn(txn)).await?;
+    let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
     if resp.succeeded() {
         println!("paused {}: {}", ctx.election.name(), a.reason);
     } else if let Some(old) = ctx.paused().await? {
@@ -42,7 +42,7 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
             old.reason
         );
     }
-    Ok(Exit::Job(0))
+    Ok(Exit::Ok)
 }
 
 pub async fn resume(a: ElectionArgs) -> Result<Exit> {
@@ -52,11 +52,11 @@ pub async fn resume(a: ElectionArgs) -> Result<Exit> {
         .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
         .and_then([TxnOp::delete(key, None)]);
     let mut c = ctx.client.clone();
-    let resp = bounded(ctx.limit, "etcd", c.txn(txn)).await?;
+    let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
     if resp.succeeded() {
         println!("resumed {}", ctx.election.name());
     } else {
         println!("{} was not paused", ctx.election.name());
     }
-    Ok(Exit::Job(0))
+    Ok(Exit::Ok)
 }

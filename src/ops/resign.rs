@@ -57,7 +57,7 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
             Some(PutOptions::new().with_lease(leader.lease)),
         )]);
     let mut c = ctx.client.clone();
-    let resp = bounded(ctx.limit, "etcd", c.txn(txn)).await?;
+    let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
     if !resp.succeeded() {
         return Err(fail(
             Exit::StaleToken,
@@ -83,7 +83,7 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
                 rev,
             )])
             .and_then([TxnOp::delete(request, None)]);
-        let _ = bounded(ctx.limit, "etcd", c.txn(undo)).await;
+        let _ = bounded(ctx.timeout, "etcd", c.txn(undo)).await;
     }
     outcome?;
     let (after, _) = ctx.candidates().await?;
@@ -94,7 +94,7 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         ),
         None => println!("resigned; no candidate is waiting"),
     }
-    Ok(Exit::Job(0))
+    Ok(Exit::Ok)
 }
 
 /// Waits until the leader's key is deleted. A watch that is cancelled or closes says nothing
@@ -104,7 +104,7 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
     let opts = WatchOptions::new()
         .with_start_revision(rev + 1)
         .with_filters([WatchFilterType::NoPut]);
-    let mut stream = bounded(ctx.limit, "etcd", c.watch(key, Some(opts))).await?;
+    let mut stream = bounded(ctx.timeout, "etcd", c.watch(key, Some(opts))).await?;
     let gone = async {
         loop {
             match stream.message().await {
@@ -130,7 +130,7 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
         return Ok(());
     }
     let still = bounded(
-        ctx.limit,
+        ctx.timeout,
         "etcd",
         c.get(key, Some(GetOptions::new().with_count_only())),
     )

@@ -6,10 +6,11 @@
 use anyhow::Result;
 use serde_json::json;
 
-use super::{fmt_ms, history, Ctx};
+use super::{fmt_ms, Ctx};
 use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
+use crate::records::history;
 
 /// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`). A warning,
 /// so that `-q` keeps it: a cron mail should say who ran instead.
@@ -41,12 +42,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let (entries, _) = ctx.candidates().await?;
     let paused = ctx.paused().await?;
-    let recent = history::read(&ctx.client, &ctx.election, 5, ctx.limit).await?;
+    let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
     let leader = super::leader(&entries, paused.as_ref());
     let ttl_left = match leader {
         Some(l) if l.lease != 0 => {
             let mut c = ctx.client.clone();
-            crate::etcd::bounded(ctx.limit, "etcd", c.lease_time_to_live(l.lease, None))
+            crate::etcd::bounded(ctx.timeout, "etcd", c.lease_time_to_live(l.lease, None))
                 .await
                 .ok()
                 .map(|r| r.ttl())
@@ -127,9 +128,5 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             }
         }
     }
-    Ok(if leading {
-        Exit::Job(0)
-    } else {
-        Exit::NoLeader
-    })
+    Ok(if leading { Exit::Ok } else { Exit::NoLeader })
 }

@@ -17,9 +17,9 @@
 //! both; and [`Job::wait`] kills the group at D itself when the watchdog has not reported it
 //! gone.
 
+pub mod enforcer;
 pub mod group;
 pub mod protocol;
-pub mod signals;
 pub mod spawn;
 pub mod watchdog;
 
@@ -34,10 +34,37 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 
-use crate::cli::CgroupMode;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::{fail, Exit, JobStatus};
-use protocol::{Cause, Command, Report};
+use protocol::{Command, GroupEnd, Report};
+
+/// Whether the job gets a cgroup v2 of its own besides its process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// When one can be created.
+    Auto,
+    /// Required: no job without one.
+    On,
+    /// Process group only.
+    Off,
+}
+
+impl CgroupMode {
+    /// The word the watchdog's command line carries.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupMode::Auto => "auto",
+            CgroupMode::On => "on",
+            CgroupMode::Off => "off",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CgroupMode> {
+        [CgroupMode::Auto, CgroupMode::On, CgroupMode::Off]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
 
 /// What to run and how.
 #[derive(Debug, Clone)]
@@ -52,7 +79,7 @@ pub struct JobSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ended {
     pub status: JobStatus,
-    pub cause: Cause,
+    pub cause: GroupEnd,
     /// Lease deadline minus time of death.
     pub slack_ms: i64,
 }
@@ -288,7 +315,7 @@ impl Job {
         }
         Ended {
             status: JobStatus::Signaled(libc::SIGKILL),
-            cause: Cause::WatchdogLost,
+            cause: GroupEnd::WatchdogLost,
             slack_ms: 0,
         }
     }

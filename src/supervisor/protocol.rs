@@ -18,9 +18,10 @@ pub enum Command {
     Kill,
 }
 
-/// Why the job's group ended.
+/// How the job's process group came to end, as the watchdog saw it (the job's own exit,
+/// a stop, the deadline, a lost parent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub enum GroupEnd {
     /// The job's main process exited on its own.
     SelfExit,
     /// lead-exec asked for the stop.
@@ -33,24 +34,24 @@ pub enum Cause {
     WatchdogLost,
 }
 
-impl Cause {
+impl GroupEnd {
     pub fn as_str(self) -> &'static str {
         match self {
-            Cause::SelfExit => "self",
-            Cause::Stop => "stop",
-            Cause::Deadline => "deadline",
-            Cause::Orphaned => "orphaned",
-            Cause::WatchdogLost => "watchdog-lost",
+            GroupEnd::SelfExit => "self",
+            GroupEnd::Stop => "stop",
+            GroupEnd::Deadline => "deadline",
+            GroupEnd::Orphaned => "orphaned",
+            GroupEnd::WatchdogLost => "watchdog-lost",
         }
     }
 
-    fn parse(s: &str) -> Option<Cause> {
+    fn parse(s: &str) -> Option<GroupEnd> {
         Some(match s {
-            "self" => Cause::SelfExit,
-            "stop" => Cause::Stop,
-            "deadline" => Cause::Deadline,
-            "orphaned" => Cause::Orphaned,
-            "watchdog-lost" => Cause::WatchdogLost,
+            "self" => GroupEnd::SelfExit,
+            "stop" => GroupEnd::Stop,
+            "deadline" => GroupEnd::Deadline,
+            "orphaned" => GroupEnd::Orphaned,
+            "watchdog-lost" => GroupEnd::WatchdogLost,
             _ => return None,
         })
     }
@@ -74,7 +75,7 @@ pub enum Report {
     /// The whole group is gone and reaped. `slack_ms` = lease deadline − time of death.
     Ended {
         status: JobStatus,
-        cause: Cause,
+        cause: GroupEnd,
         slack_ms: i64,
     },
 }
@@ -189,7 +190,7 @@ impl Report {
                 };
                 Report::Ended {
                     status,
-                    cause: Cause::parse(w.next()?)?,
+                    cause: GroupEnd::parse(w.next()?)?,
                     slack_ms: w.next()?.parse().ok()?,
                 }
             }
@@ -248,12 +249,12 @@ mod tests {
             },
             Report::Ended {
                 status: JobStatus::Exited(7),
-                cause: Cause::SelfExit,
+                cause: GroupEnd::SelfExit,
                 slack_ms: 900,
             },
             Report::Ended {
                 status: JobStatus::Signaled(9),
-                cause: Cause::Deadline,
+                cause: GroupEnd::Deadline,
                 slack_ms: -3,
             },
         ] {

@@ -21,9 +21,10 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
+use super::enforcer::{may_spawn, Enforcer, GroupOp, Input};
 use super::group::{Cgroup, Group};
-use super::protocol::{decode_command, Cause, Command, Report};
-use super::KILL_LEAD;
+use super::protocol::{decode_command, Command, GroupEnd, Report};
+use super::CgroupMode;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
 
@@ -47,16 +48,11 @@ pub struct Args {
     pub grace: Duration,
     pub term_at: BootInstant,
     pub kill_at: BootInstant,
-    pub cgroup: crate::cli::CgroupMode,
+    pub cgroup: CgroupMode,
 }
 
 impl Args {
     pub fn to_argv(&self) -> Vec<OsString> {
-        let mode = match self.cgroup {
-            crate::cli::CgroupMode::Auto => "auto",
-            crate::cli::CgroupMode::On => "on",
-            crate::cli::CgroupMode::Off => "off",
-        };
         [
             ARG.to_string(),
             self.parent.to_string(),
@@ -65,7 +61,7 @@ impl Args {
             self.grace.as_nanos().to_string(),
             self.term_at.as_nanos().to_string(),
             self.kill_at.as_nanos().to_string(),
-            mode.to_string(),
+            self.cgroup.as_str().to_string(),
         ]
         .into_iter()
         .map(OsString::from)
@@ -89,11 +85,9 @@ impl Args {
             grace: Duration::from_nanos(n(5)?),
             term_at: BootInstant::from_nanos(n(6)?),
             kill_at: BootInstant::from_nanos(n(7)?),
-            cgroup: match s(8)? {
-                "on" => crate::cli::CgroupMode::On,
-                "off" => crate::cli::CgroupMode::Off,
-                _ => crate::cli::CgroupMode::Auto,
-            },
+            // An unknown word is a version mismatch, not a wish for the default.
+            cgroup: CgroupMode::parse(s(8)?)
+                .with_context(|| format!("unknown cgroup mode '{}'", s(8).unwrap_or("")))?,
         })
     }
 }
@@ -128,12 +122,6 @@ pub fn main(argv: Vec<OsString>) -> std::process::ExitCode {
             std::process::ExitCode::from(70)
         }
     }
-}
-
-/// Whether a job may still be started: not once SIGTERM is due, since it would be told to stop
-/// at once (and never at or after D).
-pub fn may_spawn(now: BootInstant, term_at: BootInstant) -> bool {
-    now < term_at
 }
 
 fn run(argv: &[OsString]) -> Result<()> {
@@ -185,9 +173,9 @@ fn run(argv: &[OsString]) -> Result<()> {
     let timer = BootTimer::new().context("timerfd_create")?;
 
     let cgroup = match a.cgroup {
-        crate::cli::CgroupMode::Off => None,
-        crate::cli::CgroupMode::Auto => Cgroup::create().ok(),
-        crate::cli::CgroupMode::On => match Cgroup::create() {
+        CgroupMode::Off => None,
+        CgroupMode::Auto => Cgroup::create().ok(),
+        CgroupMode::On => match Cgroup::create() {
             Ok(c) => Some(c),
             Err(e) => {
                 let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
@@ -206,7 +194,7 @@ fn run(argv: &[OsString]) -> Result<()> {
         }
         return Ok(());
     }
-    let required = a.cgroup == crate::cli::CgroupMode::On;
+    let required = a.cgroup == CgroupMode::On;
     let spawned = match super::spawn::spawn(&command, cgroup.as_ref(), required) {
         Ok(s) => s,
         Err(e) => {
@@ -227,12 +215,12 @@ fn run(argv: &[OsString]) -> Result<()> {
     };
     let pid = spawned.pid;
     send(&mut report, &Report::Spawned { pid });
-    let mut w = Watch {
+    let mut w = Supervision {
         group: Group {
             leader: Pid::from_raw(pid),
             cgroup,
         },
-        plan: Schedule::new(a.grace, a.term_at, a.kill_at),
+        enforcer: Enforcer::new(a.grace, a.term_at, a.kill_at),
         exited: None,
     };
     let io = Io {
@@ -247,7 +235,7 @@ fn run(argv: &[OsString]) -> Result<()> {
 
 /// Runs `f`, and kills the group if it fails: a job we can no longer supervise must not run
 /// on.
-fn or_kill(w: &mut Watch, f: impl FnOnce(&mut Watch) -> Result<()>) -> Result<()> {
+fn or_kill(w: &mut Supervision, f: impl FnOnce(&mut Supervision) -> Result<()>) -> Result<()> {
     let res = f(w);
     if res.is_err() {
         w.group.kill();
@@ -265,7 +253,12 @@ struct Io {
 }
 
 /// Enforces the schedule until the group is gone. On error the caller kills the group.
-fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>, mut buf: Vec<u8>) -> Result<()> {
+fn supervise(
+    w: &mut Supervision,
+    mut io: Io,
+    pidfd: Option<OwnedFd>,
+    mut buf: Vec<u8>,
+) -> Result<()> {
     let pid = w.group.leader.as_raw();
     let pidfd = match pidfd {
         Some(fd) => fd,
@@ -275,7 +268,7 @@ fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>, mut buf: Vec<u8>
     w.take_commands(&mut buf, BootInstant::now());
     loop {
         let now = BootInstant::now();
-        w.enforce(now);
+        w.on(now, Input::Tick);
         // Orphans reparented to us are reaped as soon as they exit, whatever the job's main
         // process is doing.
         w.group.reap_orphans();
@@ -285,15 +278,10 @@ fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>, mut buf: Vec<u8>
                 send(&mut io.report, &end);
                 return Ok(());
             }
-            if w.plan.cause.is_none() {
-                // The job exited but left processes in its group: they must not outlive the
-                // term. Same stop sequence as for a lost lease.
-                let act = w.plan.stop(Cause::SelfExit, libc::SIGTERM, now);
-                w.apply(act);
-            }
+            w.on(now, Input::LeaderExited);
         }
         io.timer
-            .arm(w.plan.next_wake())
+            .arm(w.enforcer.next_wake())
             .context("timerfd_settime")?;
 
         let mut fds = vec![pollfd(io.wake_r.as_raw_fd()), pollfd(io.timer.as_raw_fd())];
@@ -343,149 +331,36 @@ fn supervise(w: &mut Watch, mut io: Io, pidfd: Option<OwnedFd>, mut buf: Vec<u8>
             }
             w.take_commands(&mut buf, now);
             if !ctl_open {
-                let act = w.plan.orphaned();
-                w.apply(act);
+                w.on(now, Input::Orphaned);
             }
         }
         if nix::unistd::getppid().as_raw() != io.parent {
             ctl_open = false;
-            let act = w.plan.orphaned();
-            w.apply(act);
+            w.on(now, Input::Orphaned);
         }
     }
 }
 
-/// What the schedule wants done to the group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Act {
-    Signal(i32),
-    Kill,
-}
-
-/// The deadline schedule for one job, without any I/O: given the time and lead-exec's
-/// commands, it says when the group gets which signal.
-#[derive(Debug, Clone)]
-struct Schedule {
-    grace: Duration,
-    /// Lease deadlines from lead-exec: SIGTERM at `term_at`, SIGKILL at `kill_at` (= D).
-    term_at: BootInstant,
-    kill_at: BootInstant,
-    /// SIGKILL time of a stop already under way (grace after its first signal).
-    stop_kill_at: Option<BootInstant>,
-    term_sent: bool,
-    kill_sent: bool,
-    /// Why the group is ending; `None` while the job runs normally.
-    cause: Option<Cause>,
-}
-
-impl Schedule {
-    fn new(grace: Duration, term_at: BootInstant, kill_at: BootInstant) -> Schedule {
-        Schedule {
-            grace,
-            term_at,
-            kill_at,
-            stop_kill_at: None,
-            term_sent: false,
-            kill_sent: false,
-            cause: None,
-        }
-    }
-
-    /// When SIGKILL goes out: a little before D, so that the group is dead by D rather than
-    /// just signalled at it.
-    fn kill_by(&self) -> BootInstant {
-        self.kill_at.minus(KILL_LEAD)
-    }
-
-    /// What is due at `now`.
-    fn enforce(&mut self, now: BootInstant) -> Option<Act> {
-        if self.kill_sent {
-            return None;
-        }
-        if now >= self.kill_by() {
-            self.cause.get_or_insert(Cause::Deadline);
-            return self.kill();
-        }
-        if self.stop_kill_at.is_some_and(|t| now >= t) {
-            return self.kill();
-        }
-        if !self.term_sent && now >= self.term_at {
-            return self.stop(Cause::Deadline, libc::SIGTERM, now);
-        }
-        None
-    }
-
-    fn stop(&mut self, cause: Cause, sig: i32, now: BootInstant) -> Option<Act> {
-        self.cause.get_or_insert(cause);
-        self.term_sent = true;
-        let t = now.plus(self.grace).min(self.kill_by());
-        self.stop_kill_at = Some(self.stop_kill_at.map_or(t, |old| old.min(t)));
-        Some(Act::Signal(sig))
-    }
-
-    fn kill(&mut self) -> Option<Act> {
-        self.kill_sent = true;
-        Some(Act::Kill)
-    }
-
-    fn orphaned(&mut self) -> Option<Act> {
-        if self.kill_sent {
-            return None;
-        }
-        self.cause.get_or_insert(Cause::Orphaned);
-        self.kill()
-    }
-
-    fn command(&mut self, c: Command, now: BootInstant) -> Option<Act> {
-        match c {
-            Command::Deadline { term_at, kill_at } => {
-                // Once a stop is under way no extension revives the job; and D only moves
-                // forward, so a stale or reordered extension cannot move it back and forth.
-                if self.cause.is_none() {
-                    self.term_at = self.term_at.max(BootInstant::from_nanos(term_at));
-                    self.kill_at = self.kill_at.max(BootInstant::from_nanos(kill_at));
-                }
-                None
-            }
-            Command::Forward(sig) => Some(Act::Signal(sig)),
-            Command::Stop(sig) => self.stop(Cause::Stop, sig, now),
-            Command::Kill => {
-                self.cause.get_or_insert(Cause::Stop);
-                if self.kill_sent {
-                    return None;
-                }
-                self.kill()
-            }
-        }
-    }
-
-    fn next_wake(&self) -> Option<BootInstant> {
-        if self.kill_sent {
-            return None;
-        }
-        let mut t = self.kill_by();
-        if let Some(s) = self.stop_kill_at {
-            t = t.min(s);
-        }
-        if !self.term_sent {
-            t = t.min(self.term_at);
-        }
-        Some(t)
-    }
-}
-
-/// The watchdog's state for one job.
-struct Watch {
+/// The watchdog's state for one job: the group, and the enforcer that decides what it gets.
+struct Supervision {
     group: Group,
-    plan: Schedule,
+    enforcer: Enforcer,
     /// The leader's status once it exited (still unreaped).
     exited: Option<JobStatus>,
 }
 
-impl Watch {
-    fn enforce(&mut self, now: BootInstant) {
-        let act = self.plan.enforce(now);
-        self.apply(act);
+impl Supervision {
+    /// Carries out what the enforcer decides for `input`.
+    fn on(&mut self, now: BootInstant, input: Input) {
+        match self.enforcer.on(now, input) {
+            Some(GroupOp::Kill) => self.group.kill(),
+            Some(GroupOp::Signal(sig)) => {
+                if let Ok(s) = Signal::try_from(sig) {
+                    self.group.signal(s);
+                }
+            }
+            None => {}
+        }
     }
 
     /// Carries out the complete command lines in `buf`, leaving a partial one there.
@@ -493,21 +368,8 @@ impl Watch {
         while let Some(i) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=i).collect();
             if let Some(c) = Command::decode(&String::from_utf8_lossy(&line)) {
-                let act = self.plan.command(c, now);
-                self.apply(act);
+                self.on(now, Input::Command(c));
             }
-        }
-    }
-
-    fn apply(&self, act: Option<Act>) {
-        match act {
-            Some(Act::Kill) => self.group.kill(),
-            Some(Act::Signal(sig)) => {
-                if let Ok(s) = Signal::try_from(sig) {
-                    self.group.signal(s);
-                }
-            }
-            None => {}
         }
     }
 
@@ -542,8 +404,8 @@ impl Watch {
         }
         Report::Ended {
             status,
-            cause: self.plan.cause.unwrap_or(Cause::SelfExit),
-            slack_ms: self.plan.kill_at.millis_after(died),
+            cause: self.enforcer.cause().unwrap_or(GroupEnd::SelfExit),
+            slack_ms: self.enforcer.deadline().millis_after(died),
         }
     }
 }
@@ -634,86 +496,6 @@ mod tests {
         BootInstant::from_nanos(ms * 1_000_000)
     }
 
-    /// SIGTERM at 9.5 s, D at 10 s, grace 0.5 s.
-    fn plan() -> Schedule {
-        Schedule::new(Duration::from_millis(500), at(9_500), at(10_000))
-    }
-
-    fn deadline(term_ms: u64, kill_ms: u64) -> Command {
-        Command::Deadline {
-            term_at: at(term_ms).as_nanos(),
-            kill_at: at(kill_ms).as_nanos(),
-        }
-    }
-
-    #[test]
-    fn sigterm_at_d_minus_grace_then_sigkill_ahead_of_d() {
-        let mut p = plan();
-        assert_eq!(p.enforce(at(9_000)), None);
-        assert_eq!(p.enforce(at(9_500)), Some(Act::Signal(libc::SIGTERM)));
-        let kill = p.next_wake().unwrap();
-        assert!(
-            kill < at(10_000),
-            "SIGKILL is due at {kill:?}, not before D"
-        );
-        assert_eq!(kill, at(10_000).minus(KILL_LEAD));
-        assert_eq!(p.enforce(kill.minus(Duration::from_nanos(1))), None);
-        assert_eq!(p.enforce(kill), Some(Act::Kill));
-        assert_eq!(p.cause, Some(Cause::Deadline));
-        assert_eq!(p.next_wake(), None);
-    }
-
-    #[test]
-    fn a_stop_is_never_revived() {
-        let mut p = plan();
-        assert_eq!(
-            p.command(Command::Stop(libc::SIGTERM), at(5_000)),
-            Some(Act::Signal(libc::SIGTERM))
-        );
-        // An extension that was in flight when the stop began changes nothing.
-        assert_eq!(p.command(deadline(60_000, 61_000), at(5_001)), None);
-        assert_eq!(p.kill_at, at(10_000));
-        assert_eq!(p.next_wake(), Some(at(5_500)));
-        assert_eq!(p.enforce(at(5_500)), Some(Act::Kill));
-        assert_eq!(p.command(deadline(60_000, 61_000), at(5_600)), None);
-        assert_eq!(p.enforce(at(70_000)), None);
-        assert_eq!(p.cause, Some(Cause::Stop));
-    }
-
-    #[test]
-    fn d_only_moves_forward() {
-        let mut p = plan();
-        p.command(deadline(12_500, 13_000), at(8_000));
-        assert_eq!((p.term_at, p.kill_at), (at(12_500), at(13_000)));
-        p.command(deadline(9_500, 10_000), at(8_100));
-        assert_eq!((p.term_at, p.kill_at), (at(12_500), at(13_000)));
-        assert_eq!(p.enforce(at(12_000)), None);
-    }
-
-    #[test]
-    fn a_stop_close_to_d_still_kills_ahead_of_d() {
-        let mut p = plan();
-        p.command(Command::Stop(libc::SIGINT), at(9_900));
-        assert_eq!(p.next_wake(), Some(at(10_000).minus(KILL_LEAD)));
-    }
-
-    #[test]
-    fn losing_lead_exec_kills_at_once_and_only_once() {
-        let mut p = plan();
-        assert_eq!(p.orphaned(), Some(Act::Kill));
-        assert_eq!(p.cause, Some(Cause::Orphaned));
-        assert_eq!(p.orphaned(), None);
-        assert_eq!(p.command(Command::Kill, at(1)), None);
-    }
-
-    #[test]
-    fn no_spawn_once_sigterm_is_due() {
-        assert!(may_spawn(at(9_499), at(9_500)));
-        assert!(!may_spawn(at(9_500), at(9_500)));
-        // After D, too.
-        assert!(!may_spawn(at(10_001), at(9_500)));
-    }
-
     #[test]
     fn a_failed_supervision_kills_the_group() {
         use std::os::unix::process::CommandExt;
@@ -723,12 +505,12 @@ mod tests {
             .spawn()
             .unwrap();
         let leader = Pid::from_raw(job.id() as i32);
-        let mut w = Watch {
+        let mut w = Supervision {
             group: Group {
                 leader,
                 cgroup: None,
             },
-            plan: plan(),
+            enforcer: Enforcer::new(Duration::from_millis(500), at(9_500), at(10_000)),
             exited: None,
         };
         let res = or_kill(&mut w, |_| bail!("poll: broken"));
@@ -745,6 +527,19 @@ mod tests {
             nix::sys::signal::killpg(leader, None),
             Err(nix::errno::Errno::ESRCH)
         );
+    }
+
+    #[test]
+    fn an_unknown_cgroup_mode_is_refused_not_taken_for_auto() {
+        let args = |mode: &str| -> Vec<OsString> {
+            [ARG, ARG, "1", "3", "4", "5", "6", "7", mode]
+                .iter()
+                .map(OsString::from)
+                .collect()
+        };
+        assert_eq!(Args::parse(&args("off")).unwrap().cgroup, CgroupMode::Off);
+        let e = Args::parse(&args("bogus")).err().expect("refused");
+        assert!(e.to_string().contains("bogus"), "{e}");
     }
 
     #[test]

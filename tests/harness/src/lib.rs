@@ -1,7 +1,7 @@
-//! Test harness: real etcd processes on free loopback ports, the built binary, and helpers
-//! that wait for events (a file line, a key, an exit) instead of sleeping.
-
-#![allow(dead_code)]
+//! The harness that lead-exec's integration tests and examples share: real etcd processes on
+//! free loopback ports, a fault proxy ([`proxy`]), the built binary, helpers that wait for
+//! events (a file line, a key, an exit) instead of sleeping, and the Jepsen-style history
+//! checker ([`chaos`]).
 
 pub mod chaos;
 pub mod proxy;
@@ -16,12 +16,19 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-/// The binary under test. Outside `cargo test` (the chaos soak example), `lead-exec` is found
-/// on PATH, which that example points at its own target directory.
-pub const BIN: &str = match option_env!("CARGO_BIN_EXE_lead-exec") {
-    Some(p) => p,
-    None => "lead-exec",
-};
+/// The binary under test: `lead-exec` in the target directory of the test or example that
+/// runs (they live one level below it, in `deps/` or `examples/`), else from PATH.
+pub fn bin() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.parent()?.join("lead-exec")))
+            .filter(|p| p.is_file())
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "lead-exec".into())
+    })
+}
 
 /// Lease settings that keep tests fast and still pass the safety check:
 /// grace 0.5 + margin 0.5 + interval 1 < ttl 3.
@@ -41,22 +48,29 @@ pub const ETCD_DIR_VAR: &str = "ETCD_BIN_DIR";
 /// An etcd binary: from `$ETCD_BIN_DIR` when set, else from PATH. Missing is a failure that
 /// names the package, never a skip.
 pub fn need(binary: &str, package: &str) -> PathBuf {
+    locate(binary, package).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// As [`need`], with the failure as a message for callers that report errors themselves.
+pub fn locate(binary: &str, package: &str) -> Result<PathBuf, String> {
     if let Some(dir) = std::env::var_os(ETCD_DIR_VAR).filter(|d| !d.is_empty()) {
         let p = Path::new(&dir).join(binary);
-        assert!(
-            p.is_file(),
-            "`{binary}` not found in {ETCD_DIR_VAR}={}: fetch it with `bash .ci/fetch-etcd trixie`",
-            p.parent().unwrap().display()
-        );
-        return p;
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "`{binary}` not found in {ETCD_DIR_VAR}={}: fetch it with `bash .ci/fetch-etcd trixie`",
+                Path::new(&dir).display()
+            ))
+        };
     }
     for dir in std::env::var("PATH").unwrap_or_default().split(':') {
         let p = Path::new(dir).join(binary);
         if p.is_file() {
-            return p;
+            return Ok(p);
         }
     }
-    panic!("`{binary}` not found on PATH: install the Debian package `{package}` (apt-get install {package}); bash .ci/run does this");
+    Err(format!("`{binary}` not found on PATH: install the Debian package `{package}` (apt-get install {package}); bash .ci/run does this"))
 }
 
 /// A free loopback port for a server. Taken below Linux's ephemeral range (32768 and up), so
@@ -84,9 +98,53 @@ pub struct Member {
     dir: PathBuf,
     child: Option<Child>,
     args: Vec<String>,
+    /// Applied to every start of the process (an example detaches its children, say).
+    setup: fn(&mut Command),
 }
 
 impl Member {
+    /// One etcd on its own in `dir`: data in `dir/NAME`, log in `dir/NAME.log`. `setup`
+    /// shapes the process before each start. For the examples: tests use [`Etcd`].
+    pub fn single(dir: &Path, name: &str, setup: fn(&mut Command)) -> Member {
+        let (client, peer) = (free_port(), free_port());
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let client_url = format!("http://127.0.0.1:{client}");
+        let args = [
+            "--name",
+            name,
+            "--data-dir",
+            &dir.join(name).display().to_string(),
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &format!("{name}={peer_url}"),
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut m = Member {
+            name: name.to_string(),
+            client_port: client,
+            peer_port: peer,
+            dir: dir.to_path_buf(),
+            child: None,
+            args,
+            setup,
+        };
+        m.spawn();
+        m
+    }
+
+    /// Where the member logs.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join(format!("{}.log", self.name))
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
     }
@@ -99,14 +157,15 @@ impl Member {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join(format!("{}.log", self.name)))
+            .open(self.log())
             .unwrap();
-        let child = Command::new(need("etcd", "etcd-server"))
-            .args(&self.args)
+        let mut cmd = Command::new(need("etcd", "etcd-server"));
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start etcd");
+            .stderr(log);
+        (self.setup)(&mut cmd);
+        let child = cmd.spawn().expect("start etcd");
         self.child = Some(child);
     }
 
@@ -136,6 +195,15 @@ impl Member {
 
     pub fn cont(&self) {
         signal(self.pid(), libc::SIGCONT);
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            signal(c.id() as i32, libc::SIGCONT);
+        }
+        self.kill();
     }
 }
 
@@ -212,6 +280,7 @@ impl Etcd {
                 dir: dir.path().to_path_buf(),
                 child: None,
                 args,
+                setup: |_| {},
             };
             m.spawn();
             members.push(m);
@@ -256,17 +325,6 @@ impl Etcd {
             .filter(|l| !l.is_empty())
             .map(str::to_string)
             .collect()
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        for m in &mut self.members {
-            if let Some(c) = &m.child {
-                signal(c.id() as i32, libc::SIGCONT);
-            }
-            m.kill();
-        }
     }
 }
 
@@ -546,7 +604,7 @@ pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Worker {
 }
 
 pub fn spawn_env(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
-    spawn_program(Path::new(BIN), dir, name, args, env)
+    spawn_program(Path::new(bin()), dir, name, args, env)
 }
 
 /// Like [`spawn_env`], with another copy of the binary.
@@ -564,7 +622,7 @@ pub fn spawn_program(
 /// that group, or match by session, without reaching the test runner or other tests.
 pub fn spawn_detached(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
     use std::os::unix::process::CommandExt;
-    let mut cmd = worker_command(Path::new(BIN), dir, name, args, env);
+    let mut cmd = worker_command(Path::new(bin()), dir, name, args, env);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
@@ -610,7 +668,7 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
 }
 
 pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(args)
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .env_remove("ETCDCTL_ENDPOINTS")

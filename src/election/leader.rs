@@ -106,7 +106,7 @@ impl LeaderWatch {
 
     /// Re-reads the state, then watches from just after it.
     async fn open(&mut self) -> Result<Option<LeaderEvent>, etcd_client::Error> {
-        let limit = Duration::from_secs(5);
+        let timeout = Duration::from_secs(5);
         let read = async {
             let own = self
                 .client
@@ -122,7 +122,7 @@ impl LeaderWatch {
             let resign = self.client.get(self.resign.clone(), None).await?;
             Ok::<_, etcd_client::Error>((own, paused, resign))
         };
-        let (own, paused, resign) = tokio::time::timeout(limit, read)
+        let (own, paused, resign) = tokio::time::timeout(timeout, read)
             .await
             .map_err(|_| etcd_client::Error::WatchError("re-read timed out".into()))??;
         if own.count() == 0 {
@@ -143,7 +143,7 @@ impl LeaderWatch {
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
         let mut stream =
-            tokio::time::timeout(limit, self.client.watch(self.key.clone(), Some(opts)))
+            tokio::time::timeout(timeout, self.client.watch(self.key.clone(), Some(opts)))
                 .await
                 .map_err(|_| etcd_client::Error::WatchError("watch timed out".into()))??;
         let opts = WatchOptions::new()

@@ -1,8 +1,11 @@
-//! `lead-exec run`: the driver that performs the actions of [`crate::election::state`].
+//! `lead-exec run`: the driver that performs the actions of [`lifecycle`].
 //!
 //! All I/O of a run lives here: granting leases, campaigning, spawning the job under its
 //! watchdog, forwarding deadlines and signals, resigning. The decisions are
 //! [`step`]'s.
+
+pub mod lifecycle;
+pub mod signals;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -13,17 +16,18 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::clock::BootInstant;
-use crate::config::{RunConfig, Wait};
-use crate::election::campaign::{Campaign, Outcome, Waiting};
-use crate::election::lease::{Lease, LeaseState, LossReason};
-use crate::election::state::{step, Action, Event, Phase, Policy, StopWhy};
-use crate::election::watch::{LeaderEvent, LeaderWatch};
+use crate::config::RunConfig;
+use crate::election::campaign::{Campaign, Outcome, Wait, Waiting};
+use crate::election::leader::{LeaderEvent, LeaderWatch};
+use crate::election::lease::{Lease, LeaseState, Loss};
 use crate::election::Candidate;
 use crate::exit::Exit;
-use crate::ops::history::{self, EndReason};
-use crate::supervisor::protocol::Cause;
-use crate::supervisor::{signals, Job, JobSpec};
+use crate::records::history::{self, TermEnd};
+use crate::records::{self, runkey};
+use crate::supervisor::protocol::GroupEnd;
+use crate::supervisor::{Job, JobSpec};
 use crate::{etcd, fencing, metrics, notify};
+use lifecycle::{step, Action, Event, Phase, Policy, StopReason};
 
 /// Runs until the job is done (or leadership is given up) and returns the exit code.
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
@@ -33,13 +37,13 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     }
     let signals = signals::listen()?;
     let client = etcd::connect(&cfg.conn).await?;
-    if let Some(done) = crate::ops::runkey::already_done(&client, &cfg).await? {
+    if let Some(done) = already_done(&client, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
             run_key = done,
             "run key already done; not running the job"
         );
-        return Ok(Exit::Job(0));
+        return Ok(Exit::Ok);
     }
     let give_up_at = match cfg.wait {
         Wait::For(d) => Some(Instant::now() + d),
@@ -55,8 +59,9 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         lease: None,
         job: None,
         term: None,
-        watch: None,
+        leader_watch: None,
         last_token: None,
+        failure: None,
     };
     notify::ready();
     d.drive().await
@@ -81,9 +86,12 @@ struct Driver {
     lease: Option<Lease>,
     job: Option<Job>,
     term: Option<Term>,
-    watch: Option<LeaderWatch>,
+    leader_watch: Option<LeaderWatch>,
     /// The token of this process's previous term.
     last_token: Option<i64>,
+    /// The etcd error behind the last failed campaign: retried after a backoff, or (under
+    /// `--no-wait`) what the run ends with.
+    failure: Option<(&'static str, anyhow::Error)>,
 }
 
 /// Whether a new term's token is not above the previous one's: etcd's revisions went back
@@ -98,6 +106,7 @@ impl Driver {
         let policy = Policy {
             on_loss: self.cfg.on_loss,
             conflict_exit_code: self.cfg.conflict_exit_code,
+            no_wait: self.cfg.wait == Wait::No,
         };
         let mut phase = Phase::Campaigning { attempt: 0 };
         let mut pending: VecDeque<Action> = VecDeque::from([Action::Campaign]);
@@ -106,7 +115,7 @@ impl Driver {
             while let Some(action) = pending.pop_front() {
                 match action {
                     Action::Campaign => event = Some(self.campaign().await?),
-                    Action::Spawn { token } => event = self.spawn(token).await?,
+                    Action::Spawn { token } => event = Some(self.spawn(token).await?),
                     Action::StopJob { signal } => {
                         if let Some(j) = self.job.as_mut() {
                             j.stop(signal);
@@ -117,9 +126,19 @@ impl Driver {
                             j.kill();
                         }
                     }
+                    Action::RecordEnd(reason) => self.record_end(reason).await,
                     Action::Resign => self.resign().await,
-                    Action::Backoff(d) => event = Some(self.backoff(d).await),
+                    Action::Backoff(d) => {
+                        if let Some((what, e)) = self.failure.take() {
+                            tracing::warn!(election = self.cfg.election.name(), "{what}: {e:#}");
+                        }
+                        event = Some(self.backoff(d).await)
+                    }
                     Action::Exit(e) => return Ok(e),
+                    Action::Fail => {
+                        let (_, e) = self.failure.take().expect("a failure to end with");
+                        return Err(e);
+                    }
                 }
             }
             let ev = match event {
@@ -127,13 +146,20 @@ impl Driver {
                 None => self.wait_leading(phase).await,
             };
             let (next, actions) = step(phase, ev, &policy);
-            if let Event::JobEnded { exit, by_watchdog } = ev {
-                self.record_end(phase, exit, by_watchdog).await;
+            if let (
+                Phase::Leading { .. },
+                Phase::Draining {
+                    why: StopReason::Lost(r),
+                    ..
+                },
+            ) = (phase, next)
+            {
+                metrics::lost(r.as_str());
             }
             tracing::info!(
                 election = self.cfg.election.name(),
                 id = self.cfg.id,
-                token = token_of(next).or(token_of(phase)),
+                token = next.token().or(phase.token()),
                 "{} -> {} on {ev:?}",
                 phase.name(),
                 next.name()
@@ -165,14 +191,9 @@ impl Driver {
         .await
         {
             Ok(l) => l,
-            // `--no-wait` is for cron: report the outage instead of retrying.
-            Err(e) if self.cfg.wait == Wait::No => return Err(e),
             Err(e) => {
-                tracing::warn!(
-                    election = self.cfg.election.name(),
-                    "cannot grant a lease: {e:#}"
-                );
-                return Ok(Event::CampaignFailed);
+                self.failure = Some(("cannot grant a lease", e));
+                return Ok(Event::CampaignFailed { etcd: true });
             }
         };
         let value = Candidate::this_process(&self.cfg.id).encode();
@@ -185,7 +206,7 @@ impl Driver {
                 value,
                 wait: self.cfg.wait,
                 give_up_at: self.give_up_at,
-                limit: self.cfg.conn.command_timeout,
+                timeout: self.cfg.conn.command_timeout,
             };
             let mut last_wait = None;
             let run = camp.run(|w| {
@@ -236,7 +257,7 @@ impl Driver {
                 }
                 self.last_token = Some(token);
                 metrics::elected(token, started.elapsed());
-                self.watch = Some(LeaderWatch::new(
+                self.leader_watch = Some(LeaderWatch::new(
                     &self.client,
                     &self.cfg.election,
                     &key,
@@ -252,48 +273,33 @@ impl Driver {
                     "candidacy lost while queued: {}",
                     r.as_str()
                 );
-                Event::CampaignFailed
-            }
-            Err(e) if self.cfg.wait == Wait::No => {
-                self.lease = Some(lease);
-                self.resign().await;
-                return Err(e);
+                Event::CampaignFailed { etcd: false }
             }
             Err(e) => {
-                tracing::warn!(
-                    election = self.cfg.election.name(),
-                    "campaign failed: {e:#}"
-                );
-                Event::CampaignFailed
+                self.failure = Some(("campaign failed", e));
+                Event::CampaignFailed { etcd: true }
             }
         };
         self.lease = Some(lease);
         Ok(ev)
     }
 
-    /// Starts the job for a confirmed term. `Some(event)` when it could not start.
-    async fn spawn(&mut self, token: i64) -> Result<Option<Event>> {
-        // Lost between the confirmation and now: never spawn on an unconfirmed term.
-        let lost = Some(Event::JobEnded {
-            exit: Exit::LeadershipLost,
-            by_watchdog: true,
-        });
+    /// Starts the job for a confirmed term.
+    async fn spawn(&mut self, token: i64) -> Result<Event> {
+        let lost = Event::NotStarted;
         let lease = self.lease.as_ref().expect("a term has a lease");
         if !matches!(lease.state(), LeaseState::Alive { deadline } if !deadline.has_passed()) {
             return Ok(lost);
         }
         // Another worker may have finished this run key while we queued.
-        if let Some(k) = crate::ops::runkey::already_done(&self.client, &self.cfg).await? {
+        if let Some(k) = already_done(&self.client, &self.cfg).await? {
             tracing::info!(
                 election = self.cfg.election.name(),
                 run_key = k,
                 "run key already done; not running the job"
             );
             self.term = None;
-            return Ok(Some(Event::JobEnded {
-                exit: Exit::Job(0),
-                by_watchdog: false,
-            }));
+            return Ok(Event::AlreadyDone);
         }
         // Read only now: the checks above can take up to --command-timeout, and a lease
         // granted or renewed late (etcd stalled) may leave too little time. Renew first.
@@ -334,11 +340,20 @@ impl Driver {
                 let (client, cfg) = (self.client.clone(), self.cfg.clone());
                 let key = term.key.clone();
                 self.history_start = Some(tokio::spawn(async move {
-                    if let Err(e) = history::record_start(&client, &cfg, token, &key).await {
+                    let term = records::Term {
+                        token,
+                        key: &key,
+                        id: &cfg.id,
+                    };
+                    let timeout = cfg.conn.command_timeout;
+                    let keep = cfg.history_keep;
+                    if let Err(e) =
+                        history::record_start(&client, &cfg.election, timeout, term, keep).await
+                    {
                         tracing::warn!("history: {e:#}");
                     }
                 }));
-                Ok(None)
+                Ok(Event::Spawned)
             }
             Ok(None) => {
                 tracing::warn!(
@@ -361,7 +376,7 @@ impl Driver {
         let Driver {
             job,
             lease,
-            watch,
+            leader_watch,
             signals,
             cfg,
             ..
@@ -382,54 +397,48 @@ impl Driver {
                     let exit = Exit::from_job(ended.status);
                     metrics::leading(false);
                     metrics::job_exited(exit.code(), ended.slack_ms);
-                    let by_watchdog = matches!(ended.cause, Cause::Deadline | Cause::Orphaned | Cause::WatchdogLost);
+                    let by_watchdog = matches!(ended.cause, GroupEnd::Deadline | GroupEnd::Orphaned | GroupEnd::WatchdogLost);
                     match ended.cause {
-                        Cause::Deadline => tracing::error!(
+                        GroupEnd::Deadline => tracing::error!(
                             election = cfg.election.name(),
                             id = cfg.id,
                             slack_ms = ended.slack_ms,
                             "the watchdog stopped the job at the lease deadline ({}): lead-exec could not renew in time",
                             ended.status
                         ),
-                        Cause::WatchdogLost | Cause::Orphaned => tracing::error!(
+                        GroupEnd::WatchdogLost | GroupEnd::Orphaned => tracing::error!(
                             election = cfg.election.name(),
                             id = cfg.id,
                             "the job was killed because its watchdog died; giving up this term"
                         ),
-                        Cause::SelfExit | Cause::Stop => tracing::info!(election = cfg.election.name(), id = cfg.id, slack_ms = ended.slack_ms, "job ended: {}", ended.status),
+                        GroupEnd::SelfExit | GroupEnd::Stop => tracing::info!(election = cfg.election.name(), id = cfg.id, slack_ms = ended.slack_ms, "job ended: {}", ended.status),
                     }
                     return Event::JobEnded { exit, by_watchdog };
                 }
                 changed = async { lease_rx.as_mut().expect("lease").changed().await }, if !draining && lease_rx.is_some() => {
-                    let state = if changed.is_ok() {
-                        *lease_rx.as_ref().expect("lease").borrow()
-                    } else {
-                        LeaseState::Lost(LossReason::Deadline)
-                    };
+                    if changed.is_err() {
+                        return Event::LeaseTaskEnded;
+                    }
+                    let state = *lease_rx.as_ref().expect("lease").borrow();
                     match state {
                         LeaseState::Alive { deadline } => {
                             job_ref.extend(deadline, cfg.grace);
                             metrics::ttl_remaining(deadline.remaining());
                         }
-                        LeaseState::Lost(r) => {
-                            metrics::lost(r.as_str());
-                            return Event::Lost(r);
-                        }
+                        LeaseState::Lost(r) => return Event::Lost(r),
                     }
                 }
-                ev = async { watch.as_mut().expect("watch").next().await }, if !draining && watch.is_some() => {
+                ev = async { leader_watch.as_mut().expect("leader watch").next().await }, if !draining && leader_watch.is_some() => {
                     return match ev {
                         LeaderEvent::KeyDeleted => {
                             // A revoked or expired lease deletes the key too, and then the next
                             // leader may already run: ask, so the job gets SIGKILL at once.
-                            let limit = cfg.conn.command_timeout.min(Duration::from_secs(1));
+                            let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
                             let gone = match lease.as_ref() {
-                                Some(l) => l.is_gone(limit).await,
+                                Some(l) => l.is_gone(timeout).await,
                                 None => false,
                             };
-                            let r = if gone { LossReason::Expired } else { LossReason::KeyDeleted };
-                            metrics::lost(r.as_str());
-                            Event::Lost(r)
+                            Event::Lost(if gone { Loss::Expired } else { Loss::KeyDeleted })
                         }
                         LeaderEvent::Paused => Event::Paused,
                         LeaderEvent::ResignRequested => Event::ResignRequested,
@@ -446,7 +455,7 @@ impl Driver {
     }
 
     async fn resign(&mut self) {
-        self.watch = None;
+        self.leader_watch = None;
         self.term = None;
         metrics::leading(false);
         if let Some(lease) = self.lease.take() {
@@ -478,7 +487,7 @@ impl Driver {
     }
 
     /// Writes how the term ended, while our key still guards the write; also the run key.
-    async fn record_end(&mut self, phase: Phase, exit: Exit, by_watchdog: bool) {
+    async fn record_end(&mut self, reason: TermEnd) {
         // The end record goes after the start record.
         if let Some(start) = self.history_start.take() {
             let _ = start.await;
@@ -486,44 +495,29 @@ impl Driver {
         let Some(term) = self.term.as_ref() else {
             return;
         };
-        let reason = match phase {
-            _ if by_watchdog => EndReason::LeaseLost,
-            Phase::Draining {
-                why: StopWhy::Lost(_),
-                ..
-            } => EndReason::LeaseLost,
-            Phase::Draining {
-                why: StopWhy::Paused,
-                ..
-            } => EndReason::Paused,
-            Phase::Draining {
-                why: StopWhy::Resigned,
-                ..
-            } => EndReason::Resigned,
-            Phase::Draining {
-                why: StopWhy::Interrupted(s),
-                ..
-            } => EndReason::Signal(s),
-            _ => EndReason::Exited(exit.code()),
+        let (cfg, client) = (&self.cfg, &self.client);
+        let (e, timeout) = (&cfg.election, cfg.conn.command_timeout);
+        let term = records::Term {
+            token: term.token,
+            key: &term.key,
+            id: &cfg.id,
         };
-        if let Err(e) =
-            history::record_end(&self.client, &self.cfg, term.token, &term.key, reason).await
-        {
+        if let Err(e) = history::record_end(client, e, timeout, term, reason).await {
             tracing::warn!("history: {e:#}");
         }
-        if reason == EndReason::Exited(0) {
-            if let Err(e) =
-                crate::ops::runkey::mark_done(&self.client, &self.cfg, &term.key, term.token).await
-            {
+        if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
+            if let Err(e) = runkey::mark_done(client, e, timeout, term, k, cfg.run_key_ttl).await {
                 tracing::warn!("run key: {e:#}");
             }
         }
     }
 }
 
-fn token_of(p: Phase) -> Option<i64> {
-    match p {
-        Phase::Leading { token } | Phase::Draining { token, .. } => Some(token),
-        _ => None,
-    }
+/// `Some(key)` if `--run-key` was given and is already recorded as done.
+async fn already_done(client: &Client, cfg: &RunConfig) -> Result<Option<String>> {
+    let Some(k) = &cfg.run_key else {
+        return Ok(None);
+    };
+    let done = runkey::already_done(client, &cfg.election, cfg.conn.command_timeout, k).await?;
+    Ok(done.then(|| k.clone()))
 }

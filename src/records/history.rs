@@ -1,0 +1,258 @@
+//! The audit record of terms: `lead-exec/meta/NAME/history/<token>`.
+//!
+//! The leader writes its own records in transactions guarded by its key's create revision, so
+//! a leader whose key is gone (a stale one) cannot write history. A term whose end was never
+//! written (lost lease, crash) shows as "lease lost" once a later term exists.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use serde::{Deserialize, Serialize};
+
+use super::Term;
+use crate::election::{unix_ms, Election};
+use crate::etcd::bounded;
+
+/// How a term ended, as its history record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TermEnd {
+    Exited(u8),
+    LeaseLost,
+    Resigned,
+    Paused,
+    Signal(i32),
+}
+
+impl std::fmt::Display for TermEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TermEnd::Exited(c) => write!(f, "exit {c}"),
+            TermEnd::LeaseLost => f.write_str("lease lost"),
+            TermEnd::Resigned => f.write_str("resigned"),
+            TermEnd::Paused => f.write_str("paused"),
+            TermEnd::Signal(s) => write!(f, "signal {s} to lead-exec"),
+        }
+    }
+}
+
+/// One term.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub token: i64,
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    pub started_ms: u64,
+    #[serde(default)]
+    pub ended_ms: Option<u64>,
+    #[serde(default)]
+    pub end: Option<String>,
+}
+
+/// Writes the start of a term and trims old records, guarded by our key.
+pub async fn record_start(
+    client: &Client,
+    e: &Election,
+    timeout: Duration,
+    term: Term<'_>,
+    keep: u32,
+) -> Result<()> {
+    let mut c = client.clone();
+    let Term { token, key, id } = term;
+    let rec = Record {
+        token,
+        id: id.to_string(),
+        host: crate::election::hostname(),
+        pid: std::process::id(),
+        started_ms: unix_ms(),
+        ended_ms: None,
+        end: None,
+    };
+    let existing = get_all(
+        &mut c,
+        e,
+        timeout,
+        GetOptions::new()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Ascend),
+    )
+    .await?;
+    let keys: Vec<Vec<u8>> = existing.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+    let mut ops = vec![TxnOp::put(
+        e.history_key(token),
+        serde_json::to_string(&rec)?,
+        None,
+    )];
+    if let Some(end) = trim_end(&keys, keep as usize, &e.history_key(token)) {
+        ops.push(TxnOp::delete(
+            e.history_prefix(),
+            Some(DeleteOptions::new().with_range(end)),
+        ));
+    }
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, token)])
+        .and_then(ops);
+    let resp = bounded(timeout, "etcd", c.txn(txn)).await?;
+    anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
+    Ok(())
+}
+
+/// The history's records, as `opts` selects and orders them.
+async fn get_all(
+    c: &mut Client,
+    e: &Election,
+    timeout: Duration,
+    opts: GetOptions,
+) -> Result<etcd_client::GetResponse> {
+    let opts = Some(opts.with_prefix());
+    bounded(timeout, "etcd", c.get(e.history_prefix(), opts)).await
+}
+
+/// Where to stop deleting old records so that `keep` remain with the new one (`new_key`):
+/// the first existing key kept, or the new key itself when none is. `None`: nothing to trim.
+/// The range never reaches the new key, which etcd would refuse in the same transaction.
+fn trim_end(existing: &[Vec<u8>], keep: usize, new_key: &str) -> Option<Vec<u8>> {
+    let drop = (existing.len() + 1).checked_sub(keep.max(1))?;
+    if drop == 0 {
+        return None;
+    }
+    Some(
+        existing
+            .get(drop)
+            .cloned()
+            .unwrap_or_else(|| new_key.as_bytes().to_vec()),
+    )
+}
+
+/// Writes the end of our term, if our key still guards it.
+pub async fn record_end(
+    client: &Client,
+    e: &Election,
+    timeout: Duration,
+    term: Term<'_>,
+    reason: TermEnd,
+) -> Result<()> {
+    let token = term.token;
+    let guard = Compare::create_revision(term.key, CompareOp::Equal, token);
+    let ok = finish(client, e, token, reason, guard, timeout).await?;
+    if !ok {
+        tracing::debug!(token, "term end not recorded: our leader key is gone");
+    }
+    Ok(())
+}
+
+/// Marks a term ended, in one transaction with `guard` (and the record unchanged since read).
+/// Returns whether it was written.
+pub async fn finish(
+    client: &Client,
+    e: &Election,
+    token: i64,
+    reason: TermEnd,
+    guard: Compare,
+    timeout: std::time::Duration,
+) -> Result<bool> {
+    let mut c = client.clone();
+    let hk = e.history_key(token);
+    let resp = bounded(timeout, "etcd", c.get(hk.clone(), None)).await?;
+    let Some(kv) = resp.kvs().first() else {
+        return Ok(false);
+    };
+    let mut rec: Record = serde_json::from_slice(kv.value())?;
+    rec.ended_ms = Some(unix_ms());
+    rec.end = Some(reason.to_string());
+    let txn = Txn::new()
+        .when([
+            guard,
+            Compare::mod_revision(hk.clone(), CompareOp::Equal, kv.mod_revision()),
+        ])
+        .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
+    Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
+}
+
+/// The last `n` records, oldest first, with open ends of superseded terms filled in.
+pub async fn read(
+    client: &Client,
+    e: &Election,
+    n: usize,
+    timeout: std::time::Duration,
+) -> Result<Vec<Record>> {
+    let mut c = client.clone();
+    let resp = get_all(
+        &mut c,
+        e,
+        timeout,
+        GetOptions::new()
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(n as i64 + 1),
+    )
+    .await?;
+    let mut recs: Vec<Record> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+        .collect();
+    recs.reverse();
+    infer_lost(&mut recs);
+    let skip = recs.len().saturating_sub(n);
+    Ok(recs.into_iter().skip(skip).collect())
+}
+
+/// A record with no end that a later term superseded ended by losing its lease.
+pub fn infer_lost(recs: &mut [Record]) {
+    for i in 0..recs.len().saturating_sub(1) {
+        if recs[i].end.is_none() {
+            let next_start = recs[i + 1].started_ms;
+            recs[i].end = Some(TermEnd::LeaseLost.to_string());
+            recs[i].ended_ms = Some(next_start);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(token: i64, end: Option<&str>) -> Record {
+        Record {
+            token,
+            id: "w".into(),
+            host: "h".into(),
+            pid: 1,
+            started_ms: token as u64 * 1000,
+            ended_ms: None,
+            end: end.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn superseded_open_terms_are_lease_lost() {
+        let mut r = vec![rec(5, None), rec(9, Some("exit 0")), rec(12, None)];
+        infer_lost(&mut r);
+        assert_eq!(r[0].end.as_deref(), Some("lease lost"));
+        assert_eq!(r[0].ended_ms, Some(9000));
+        assert_eq!(r[1].end.as_deref(), Some("exit 0"));
+        assert_eq!(r[2].end, None, "the newest term may still run");
+    }
+
+    #[test]
+    fn trimming_keeps_n_records_with_the_new_one() {
+        let keys: Vec<Vec<u8>> = ["h1", "h2", "h3"]
+            .iter()
+            .map(|k| k.as_bytes().to_vec())
+            .collect();
+        assert_eq!(trim_end(&keys, 100, "h4"), None);
+        assert_eq!(trim_end(&keys, 4, "h4"), None);
+        assert_eq!(trim_end(&keys, 3, "h4"), Some(b"h2".to_vec()));
+        assert_eq!(trim_end(&keys, 1, "h4"), Some(b"h4".to_vec()));
+        assert_eq!(trim_end(&[], 1, "h1"), None);
+    }
+
+    #[test]
+    fn reasons_read_well() {
+        assert_eq!(TermEnd::Exited(3).to_string(), "exit 3");
+        assert_eq!(TermEnd::Signal(15).to_string(), "signal 15 to lead-exec");
+    }
+}

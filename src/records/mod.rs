@@ -1,0 +1,19 @@
+//! The records `run` writes beside the job, and the operator commands read: the history of
+//! terms, and completed run keys.
+//!
+//! Every write is a transaction guarded by the leader key's create revision (the fencing
+//! token), so only the leader of that term can write, never a stale one.
+
+pub mod history;
+pub mod runkey;
+
+/// The term a record belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct Term<'a> {
+    /// The fencing token: the create revision of `key`.
+    pub token: i64,
+    /// The leader key whose create revision guards every write.
+    pub key: &'a str,
+    /// The worker's `--id`.
+    pub id: &'a str,
+}
