@@ -1740,62 +1740,47 @@ impl Drop for Fifo {
 // etcd
 // ---------------------------------------------------------------------------------------------
 
-/// A throwaway single-member etcd on loopback, spoken to over its HTTP gateway so that the
-/// harness needs no client library (and spawns no etcdctl while timing).
-/// `etcd` or `etcdctl` from `$ETCD_BIN_DIR` when set (etcd 3.5 from `.ci/fetch-etcd`, say),
-/// else from PATH.
+/// `etcd` or `etcdctl` as the tests find them: `$ETCD_BIN_DIR` when set, else PATH.
 fn etcd_bin(name: &str) -> PathBuf {
-    match std::env::var_os("ETCD_BIN_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => Path::new(&dir).join(name),
-        None => PathBuf::from(name),
-    }
+    harness::locate(name, "etcd-client").unwrap_or_else(|_| PathBuf::from(name))
 }
 
+/// A throwaway single-member etcd on loopback, spoken to over its HTTP gateway so that the
+/// harness needs no client library (and spawns no etcdctl while timing).
 struct Etcd {
-    child: Child,
+    member: harness::Member,
     port: u16,
     endpoint: String,
 }
 
 impl Etcd {
     fn start(dir: &Path) -> Result<Etcd> {
-        let (port, peer) = (free_port()?, free_port()?);
-        let url = |p: u16| format!("http://127.0.0.1:{p}");
-        let log = File::create(dir.join("etcd.log"))?;
-        let mut cmd = Command::new(etcd_bin("etcd"));
-        // A connection per candidate: `--candidates 1000` needs more descriptors than the usual
-        // soft limit of 1024.
-        // SAFETY: getrlimit/setrlimit are async-signal-safe and touch only our own limits.
-        unsafe {
-            cmd.pre_exec(|| {
-                let mut r = libc::rlimit {
-                    rlim_cur: 0,
-                    rlim_max: 0,
-                };
-                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
-                    r.rlim_cur = r.rlim_max;
-                    libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .args(["--name", "b", "--data-dir"])
-            .arg(dir.join("etcd"))
-            .args(["--listen-client-urls", &url(port)])
-            .args(["--advertise-client-urls", &url(port)])
-            .args(["--listen-peer-urls", &url(peer)])
-            .args(["--initial-advertise-peer-urls", &url(peer)])
-            .args(["--initial-cluster", &format!("b={}", url(peer))])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .context("starting etcd (Debian package etcd-server)")?;
-        reap::add(child.id() as i32);
+        harness::locate("etcd", "etcd-server").map_err(anyhow::Error::msg)?;
+        let member = harness::Member::single(dir, "etcd", |cmd| {
+            // In a group of its own, killed whole on the way out.
+            cmd.process_group(0);
+            // A connection per candidate: `--candidates 1000` needs more descriptors than the
+            // usual soft limit of 1024.
+            // SAFETY: getrlimit/setrlimit are async-signal-safe and touch only our own limits.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let mut r = libc::rlimit {
+                        rlim_cur: 0,
+                        rlim_max: 0,
+                    };
+                    if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+                        r.rlim_cur = r.rlim_max;
+                        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+                    }
+                    Ok(())
+                });
+            }
+        });
+        reap::add(member.pid());
+        let port = member.client_port;
+        let log = member.log();
         let e = Etcd {
-            child,
+            member,
             port,
             endpoint: format!("127.0.0.1:{port}"),
         };
@@ -1805,10 +1790,7 @@ impl Etcd {
             .is_ok_and(|b| b.contains("\"true\""))
         {
             if Instant::now() > until {
-                bail!(
-                    "etcd did not become healthy; see {}",
-                    dir.join("etcd.log").display()
-                );
+                bail!("etcd did not become healthy; see {}", log.display());
             }
             thread::sleep(Duration::from_millis(20));
         }
@@ -1923,10 +1905,10 @@ impl Etcd {
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let pg = self.child.id() as i32;
+        let pg = self.member.pid();
         // SAFETY: kill(2) on the group we created for etcd.
         unsafe { libc::kill(-pg, libc::SIGKILL) };
-        let _ = self.child.wait();
+        self.member.kill();
         reap::remove(pg);
     }
 }
@@ -1967,10 +1949,6 @@ fn base64(data: &[u8]) -> String {
         }
     }
     out
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 // ---------------------------------------------------------------------------------------------
