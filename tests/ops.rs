@@ -624,3 +624,41 @@ fn run_key_runs_again_until_a_success_is_recorded() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(lines(&dir.path().join("runs")).len(), 3);
 }
+
+/// A clean end writes the end record and deletes the leader key in one transaction: the next
+/// candidate takes over on the same commit that closes the record, and the lease revoke is no
+/// longer on the way out.
+#[test]
+fn a_clean_exit_closes_the_record_and_releases_the_key_in_one_commit() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "echo $FENCING_TOKEN $LEAD_EXEC_LEADER_KEY > $D/term",
+    );
+    let mut w = spawn(dir.path(), "w", &run_args("onecommit", &ep, &[], &job));
+    assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
+    let line = lines(&dir.path().join("term")).remove(0);
+    let (token, key) = line.split_once(' ').unwrap();
+    let prefix = "lead-exec/meta/onecommit/history/";
+    let rec = etcd.ctl(&["get", "--prefix", prefix, "-w", "json"]);
+    let v = json(&rec);
+    let kv = &v["kvs"][0];
+    let mod_rev = kv["mod_revision"].as_i64().unwrap();
+    assert!(
+        etcd.keys("lead-exec/elections/onecommit/").is_empty(),
+        "the leader key outlived the run"
+    );
+    let at = |rev: i64| etcd.ctl(&["get", key, "--rev", &rev.to_string(), "--keys-only"]);
+    assert!(
+        at(mod_rev).trim().is_empty(),
+        "key still there at the end record's revision"
+    );
+    assert_eq!(
+        at(mod_rev - 1).trim(),
+        key,
+        "key gone before the end record"
+    );
+    assert!(mod_rev > token.parse::<i64>().unwrap());
+}

@@ -52,6 +52,14 @@ pub struct Record {
     pub end: Option<String>,
 }
 
+/// A start record as written, for the end record to build on without reading it back.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub record: Record,
+    /// The record's mod revision: the end record is written only if it is unchanged.
+    pub rev: i64,
+}
+
 /// Writes the start of a term and trims old records, guarded by our key.
 pub async fn record_start(
     client: &Client,
@@ -59,7 +67,7 @@ pub async fn record_start(
     timeout: Duration,
     term: Term<'_>,
     keep: u32,
-) -> Result<()> {
+) -> Result<Started> {
     let mut c = client.clone();
     let Term { token, key, id } = term;
     let rec = Record {
@@ -97,7 +105,36 @@ pub async fn record_start(
         .and_then(ops);
     let resp = bounded(timeout, "etcd", c.txn(txn)).await?;
     anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
-    Ok(())
+    let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+    Ok(Started { record: rec, rev })
+}
+
+/// Writes the end of our term and deletes our leader key in one transaction, guarded by the
+/// key and by the start record being unchanged: one commit hands over leadership and closes
+/// the record. `Ok(false)` when the guard failed and nothing was written.
+pub async fn record_end_and_release(
+    client: &Client,
+    e: &Election,
+    timeout: Duration,
+    term: Term<'_>,
+    started: &Started,
+    reason: TermEnd,
+) -> Result<bool> {
+    let mut c = client.clone();
+    let hk = e.history_key(term.token);
+    let mut rec = started.record.clone();
+    rec.ended_ms = Some(unix_ms());
+    rec.end = Some(reason.to_string());
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(term.key, CompareOp::Equal, term.token),
+            Compare::mod_revision(hk.clone(), CompareOp::Equal, started.rev),
+        ])
+        .and_then([
+            TxnOp::put(hk, serde_json::to_string(&rec)?, None),
+            TxnOp::delete(term.key, None),
+        ]);
+    Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
 }
 
 /// The history's records, as `opts` selects and orders them.

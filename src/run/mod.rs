@@ -56,6 +56,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         give_up_at,
         led: false,
         history_start: None,
+        released: false,
         lease: None,
         job: None,
         term: None,
@@ -82,7 +83,10 @@ struct Driver {
     /// bounds a wait in line, not the life of the process.
     led: bool,
     /// The term's start record, written beside the job (see [`Driver::spawn`]).
-    history_start: Option<tokio::task::JoinHandle<()>>,
+    history_start: Option<tokio::task::JoinHandle<Option<history::Started>>>,
+    /// Set when the end record also deleted our key: the lease holds nothing any more, so
+    /// revoking it can wait in the background (or be left to expire when lead-exec exits).
+    released: bool,
     lease: Option<Lease>,
     job: Option<Job>,
     term: Option<Term>,
@@ -347,11 +351,10 @@ impl Driver {
                     };
                     let timeout = cfg.conn.command_timeout;
                     let keep = cfg.history_keep;
-                    if let Err(e) =
-                        history::record_start(&client, &cfg.election, timeout, term, keep).await
-                    {
-                        tracing::warn!("history: {e:#}");
-                    }
+                    history::record_start(&client, &cfg.election, timeout, term, keep)
+                        .await
+                        .inspect_err(|e| tracing::warn!("history: {e:#}"))
+                        .ok()
                 }));
                 Ok(Event::Spawned)
             }
@@ -458,10 +461,15 @@ impl Driver {
         self.leader_watch = None;
         self.term = None;
         metrics::leading(false);
+        let timeout = self.cfg.conn.command_timeout.min(Duration::from_secs(1));
         if let Some(lease) = self.lease.take() {
-            lease
-                .revoke(self.cfg.conn.command_timeout.min(Duration::from_secs(1)))
-                .await;
+            if std::mem::take(&mut self.released) {
+                // Our key is gone already: nothing waits on this lease. If lead-exec exits
+                // first, it simply expires.
+                tokio::spawn(lease.revoke(timeout));
+            } else {
+                lease.revoke(timeout).await;
+            }
         }
     }
 
@@ -489,9 +497,10 @@ impl Driver {
     /// Writes how the term ended, while our key still guards the write; also the run key.
     async fn record_end(&mut self, reason: TermEnd) {
         // The end record goes after the start record.
-        if let Some(start) = self.history_start.take() {
-            let _ = start.await;
-        }
+        let started = match self.history_start.take() {
+            Some(start) => start.await.ok().flatten(),
+            None => None,
+        };
         let Some(term) = self.term.as_ref() else {
             return;
         };
@@ -502,13 +511,23 @@ impl Driver {
             key: &term.key,
             id: &cfg.id,
         };
-        if let Err(e) = history::record_end(client, e, timeout, term, reason).await {
-            tracing::warn!("history: {e:#}");
-        }
+        // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = runkey::mark_done(client, e, timeout, term, k, cfg.run_key_ttl).await {
                 tracing::warn!("run key: {e:#}");
             }
+        }
+        // One commit closes the record and hands over leadership; without the start record
+        // (its write failed) the end is written on its own and the revoke hands over.
+        let released = match &started {
+            Some(s) => history::record_end_and_release(client, e, timeout, term, s, reason).await,
+            None => history::record_end(client, e, timeout, term, reason)
+                .await
+                .map(|()| false),
+        };
+        match released {
+            Ok(r) => self.released = r,
+            Err(e) => tracing::warn!("history: {e:#}"),
         }
     }
 }
