@@ -1014,7 +1014,7 @@ fn wholerun(cx: &Cx) -> Result<Report> {
         ),
         Row::new(
             "whole run",
-            "lead-exec by phase, medians: start → elected / → job started / job / → recorded / → exit",
+            "lead-exec by phase, medians: start → elected / → job started / job / → term ended / → exit",
             format!(
                 "{} / {} / {} / {} / {} ms",
                 fmt_ms(phase(0)),
@@ -1031,10 +1031,10 @@ fn wholerun(cx: &Cx) -> Result<Report> {
     let notes = vec![
         "whole run: both tools run `sh -c true`; clock from just before spawn() to the wrapper's \
          exit. Phases come from lead-exec's own log timestamps (wall clock, the harness's too): \
-         process start → \"leading\" (connect, lease grant, creating transaction), → \"job \
+         process start → \"elected\" (connect, lease grant, creating transaction), → \"job \
          started\" (run-key check, watchdog, fork+exec), the job until \"job ended\" (as the \
-         watchdog reports it), → the \"done\" transition (history end record), → exit (lease \
-         revoke, teardown)."
+         watchdog reports it), → the \"done\" transition, → exit (the history end record and \
+         the key's release in one commit, teardown)."
             .to_string(),
     ];
     Ok(Report { rows, notes })
@@ -1062,7 +1062,7 @@ fn wholerun_once(cx: &Cx, tool: Tool) -> Result<(f64, Option<[f64; 5]>)> {
         b.duration_since(a).map(ms).unwrap_or(0.0)
     };
     let (Some(e), Some(s), Some(x), Some(d)) = (
-        at("leading on Elected"),
+        at("elected on Elected"),
         at("job started"),
         at("job ended"),
         at("-> done"),
@@ -1617,16 +1617,15 @@ fn lead_exec_binary() -> Result<PathBuf> {
         .and_then(Path::parent)
         .context("unexpected location of the bench binary")?;
     let bin = release.join("lead-exec");
-    if !bin.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        eprintln!("building {} ...", bin.display());
-        let ok = Command::new(cargo)
-            .args(["build", "--release", "--bin", "lead-exec"])
-            .status()?
-            .success();
-        if !ok || !bin.is_file() {
-            bail!("could not build {}", bin.display());
-        }
+    // Always: a binary left from an older build would be measured instead of this tree's
+    // (a no-op when it is fresh). Both binaries: lead-exec uses the watchdog beside it.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let ok = Command::new(cargo)
+        .args(["build", "--release", "--bins"])
+        .status()?
+        .success();
+    if !ok || !bin.is_file() {
+        bail!("could not build {}", bin.display());
     }
     Ok(bin)
 }
