@@ -654,7 +654,19 @@ fn worker_command(
 
 fn start_worker(mut cmd: Command, dir: &Path, name: &str) -> Worker {
     let log = dir.join(format!("{name}.log"));
-    let child = cmd.stderr(fs::File::create(&log).unwrap()).spawn().unwrap();
+    cmd.stderr(fs::File::create(&log).unwrap());
+    // A binary copied just now (a test's own copy) can be "busy" for an instant: another
+    // test thread's fork may still hold the copy's descriptor until that child execs.
+    let mut tries = 0;
+    let child = loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => break other.unwrap(),
+        }
+    };
     Worker {
         child,
         log,
