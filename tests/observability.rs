@@ -49,8 +49,13 @@ fn metrics_follow_a_failover() {
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
     let tb = wait_int(&dir.path().join("b.token"), secs(10));
-    let text = scrape(pb).unwrap();
-    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(1.0), "{text}");
+    // The job can write its token before lead-exec has taken in the watchdog's "started".
+    let mut text = String::new();
+    let leads = wait_until(secs(5), || {
+        text = scrape(pb).unwrap_or_default();
+        metric(&text, "lead_exec_is_leader") == Some(1.0)
+    });
+    assert!(leads, "{text}");
     assert_eq!(metric(&text, "lead_exec_fencing_token"), Some(tb as f64));
     assert!(metric(&text, "lead_exec_campaign_duration_seconds_count") == Some(1.0));
     assert!(text.contains("lead_exec_lease_ttl_remaining_seconds"));
@@ -304,6 +309,9 @@ fn metrics_endpoint_answers_head_404_keep_alive_and_outlasts_a_slow_client() {
         ),
     );
     wait_int(&dir.path().join("w.token"), secs(10));
+    assert!(wait_until(secs(5), || {
+        scrape(port).and_then(|t| metric(&t, "lead_exec_is_leader")) == Some(1.0)
+    }));
     // A client that connects and never sends a request must not hold up anyone else.
     let _slow = std::net::TcpStream::connect(&addr).unwrap();
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
