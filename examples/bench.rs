@@ -49,19 +49,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use harness::FAST;
 
-/// Lease settings for every scenario but `scale`: the fastest that pass lead-exec's safety
-/// check (grace + margin + keepalive interval < TTL). `etcdctl lock --ttl 3` matches the TTL.
+/// Lease settings for every scenario but `scale`: the tests' fast ones (`harness::FAST`),
+/// TTL 3 s with grace and margin 0.5 s. `etcdctl lock --ttl 3` matches the TTL.
 const TTL: Duration = Duration::from_secs(3);
 const MARGIN: Duration = Duration::from_millis(500);
-const FAST: [&str; 6] = [
-    "--ttl",
-    "3s",
-    "--grace",
-    "500ms",
-    "--safety-margin",
-    "500ms",
-];
 /// `scale` uses lead-exec's default TTL, so that the idle keepalive rate is the production one.
 const SCALE_TTL_S: u64 = 10;
 const SCENARIOS: [&str; 9] = [
