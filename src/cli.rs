@@ -225,6 +225,11 @@ pub struct RunArgs {
     #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", help_heading = "Election")]
     pub run_key_ttl: Duration,
 
+    /// Stop the job once it has run this long in a term: SIGTERM, SIGKILL after the grace, then
+    /// lead-exec resigns and exits 124 (a --run-key is not recorded as done).
+    #[arg(long, env = "LEAD_EXEC_TIMEOUT", value_parser = duration, value_name = "DURATION", help_heading = "Job")]
+    pub timeout: Option<Duration>,
+
     /// Contain the job's processes in a cgroup v2 (kills setsid escapees too).
     #[arg(long, env = "LEAD_EXEC_CGROUP", value_enum, default_value_t = CgroupMode::Auto, help_heading = "Job")]
     pub cgroup: CgroupMode,

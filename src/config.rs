@@ -156,9 +156,14 @@ pub struct RunConfig {
     pub run_key: Option<String>,
     pub run_key_ttl: Duration,
     pub cgroup: CgroupMode,
+    /// `--timeout`: the longest a job may run in one term.
+    pub timeout: Option<Duration>,
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub command: Vec<String>,
 }
+
+/// The shortest `--timeout`: below it the job could not even start.
+const MIN_JOB_TIMEOUT: Duration = Duration::from_millis(10);
 
 impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
@@ -182,6 +187,12 @@ impl RunConfig {
         };
         if let Some(k) = &a.run_key {
             crate::election::validate_run_key(k)?;
+        }
+        if a.timeout.is_some_and(|t| t < MIN_JOB_TIMEOUT) {
+            return Err(fail(
+                Exit::Usage,
+                format!("--timeout must be at least {}", human(MIN_JOB_TIMEOUT)),
+            ));
         }
         let metrics_addr = match &a.metrics_addr {
             None => None,
@@ -212,6 +223,7 @@ impl RunConfig {
                 cli::CgroupMode::On => CgroupMode::On,
                 cli::CgroupMode::Off => CgroupMode::Off,
             },
+            timeout: a.timeout,
             metrics_addr,
             command: a.command.clone(),
         })

@@ -19,6 +19,8 @@ pub enum Exit {
     NotAcquired(u8),
     /// Leadership was lost while the job ran and `--on-loss exit` was given.
     LeadershipLost,
+    /// The job ran past `--timeout` and was stopped: 124, as timeout(1) exits.
+    TimedOut,
     /// `status`, `resign`: the election has no leader right now (none, or paused).
     NoLeader,
     /// `check` or `resign --token`: the token is not the current leader's.
@@ -49,6 +51,7 @@ impl Exit {
             Exit::Signal(sig) => 128u8.saturating_add(sig.clamp(0, 127) as u8),
             Exit::NotAcquired(code) => code,
             Exit::LeadershipLost => 76,
+            Exit::TimedOut => 124,
             Exit::NoLeader => 3,
             Exit::StaleToken => 4,
             Exit::Usage => 64,
@@ -133,6 +136,7 @@ mod tests {
         let all = [
             Exit::NotAcquired(Exit::DEFAULT_CONFLICT),
             Exit::LeadershipLost,
+            Exit::TimedOut,
             Exit::NoLeader,
             Exit::StaleToken,
             Exit::Usage,

@@ -27,6 +27,7 @@ struct Metrics {
     slack: Gauge,
     failovers: IntCounter,
     token_regressions: IntCounter,
+    timeouts: IntCounter,
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
@@ -102,6 +103,13 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
                 "Times requests moved to the next etcd endpoint because the pinned one failed",
             ),
         ),
+        timeouts: made(
+            r,
+            IntCounter::new(
+                "lead_exec_job_timeouts_total",
+                "Jobs stopped because they ran past --timeout",
+            ),
+        ),
         token_regressions: made(
             r,
             IntCounter::new(
@@ -123,6 +131,10 @@ fn made<T: prometheus::core::Collector + Clone + 'static>(
         .register(Box::new(metric.clone()))
         .expect("a metric registered once");
     metric
+}
+
+pub fn job_timed_out() {
+    M.timeouts.inc();
 }
 
 pub fn endpoint_failover() {

@@ -11,6 +11,7 @@
 //! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
 //!   (including the routine ones: a member down, a rolling restart, a lost reply)
 //! - `ops`: status, watch, resign, pause, history, check, run keys
+//! - `scheduling`: the scheduling controls (`--timeout`)
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
 //! - `docs`: the man pages match the clap definition
@@ -29,6 +30,7 @@ mod fail_closed;
 mod interop;
 mod observability;
 mod ops;
+mod scheduling;
 mod security;
 mod signals;
 mod watchdog;

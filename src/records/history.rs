@@ -24,6 +24,8 @@ pub enum TermEnd {
     Resigned,
     Paused,
     Signal(i32),
+    /// Stopped at `--timeout`.
+    TimedOut,
 }
 
 impl std::fmt::Display for TermEnd {
@@ -34,6 +36,7 @@ impl std::fmt::Display for TermEnd {
             TermEnd::Resigned => f.write_str("resigned"),
             TermEnd::Paused => f.write_str("paused"),
             TermEnd::Signal(s) => write!(f, "signal {s} to lead-exec"),
+            TermEnd::TimedOut => f.write_str("timed out"),
         }
     }
 }

@@ -80,6 +80,8 @@ pub enum StopReason {
     Resigned,
     /// A signal to lead-exec itself (TERM, INT, HUP, QUIT).
     Interrupted(i32),
+    /// The job ran for `--timeout`.
+    TimedOut,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +110,8 @@ pub enum Event {
     Paused,
     /// An operator asked this leader to step down.
     ResignRequested,
+    /// The job has run for `--timeout`.
+    TimedOut,
     /// The job started.
     Spawned,
     /// The job was not started: the term's lease was lost, or left it too little time.
@@ -223,6 +227,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             | E::LeaseTaskEnded
             | E::Paused
             | E::ResignRequested
+            | E::TimedOut
             | E::Spawned
             | E::NotStarted
             | E::AlreadyDone
@@ -239,9 +244,10 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         (P::Elected { .. }, E::AlreadyDone) => done(Exit::Ok),
         (P::Elected { .. }, E::Interrupted { signal }) => done(Exit::Signal(signal)),
         // The start itself checks the lease once more; a loss is seen there, as NotStarted.
-        (P::Elected { .. }, E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested) => {
-            (phase, vec![])
-        }
+        (
+            P::Elected { .. },
+            E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested | E::TimedOut,
+        ) => (phase, vec![]),
         (
             P::Elected { .. },
             E::Elected { .. }
@@ -269,6 +275,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         }
         (P::Leading { token }, E::Paused) => drain(token, StopReason::Paused, stop),
         (P::Leading { token }, E::ResignRequested) => drain(token, StopReason::Resigned, stop),
+        (P::Leading { token }, E::TimedOut) => drain(token, StopReason::TimedOut, stop),
         (P::Leading { token }, E::Interrupted { signal }) => drain(
             token,
             StopReason::Interrupted(signal),
@@ -324,22 +331,39 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             };
             ended(reason, exit)
         }
+        // Stopped at --timeout: not a success (a run key stays open), and the next candidate
+        // takes over at once.
+        (
+            P::Draining {
+                why: StopReason::TimedOut,
+                ..
+            },
+            E::JobEnded { by_watchdog, .. },
+        ) => {
+            let reason = if by_watchdog {
+                TermEnd::LeaseLost
+            } else {
+                TermEnd::TimedOut
+            };
+            ended(reason, Exit::TimedOut)
+        }
         // A second stopping signal while draining: stop waiting out the grace.
         (P::Draining { token, .. }, E::Interrupted { signal }) => {
             drain(token, StopReason::Interrupted(signal), A::KillJob)
         }
         // A loss while already stopping for another reason: the stop is under way, and the
         // watchdog's deadline still holds.
-        (P::Draining { .. }, E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested) => {
-            (phase, vec![])
-        }
+        (
+            P::Draining { .. },
+            E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested | E::TimedOut,
+        ) => (phase, vec![]),
 
         // The run is over; whatever still comes in changes nothing.
         (P::Done(_), E::Elected { .. } | E::NotAcquired | E::CampaignFailed { .. }) => {
             (phase, vec![])
         }
         (P::Done(_), E::Interrupted { .. } | E::Lost(_) | E::LeaseTaskEnded) => (phase, vec![]),
-        (P::Done(_), E::Paused | E::ResignRequested | E::Spawned | E::NotStarted) => {
+        (P::Done(_), E::Paused | E::ResignRequested | E::TimedOut | E::Spawned | E::NotStarted) => {
             (phase, vec![])
         }
         (P::Done(_), E::AlreadyDone | E::JobEnded { .. } | E::BackoffDone) => (phase, vec![]),
@@ -604,6 +628,23 @@ mod tests {
     }
 
     #[test]
+    fn a_job_past_its_timeout_is_stopped_then_the_term_ends_with_124_and_no_success() {
+        for policy in [CAMPAIGN, EXIT] {
+            let (p, a) = step(leading(), Event::TimedOut, &policy);
+            assert_eq!(p, draining(StopReason::TimedOut));
+            assert_eq!(a, vec![STOP]);
+            // Whatever the job exits with (0 included), it is not recorded as a success.
+            let (p2, a) = step(p, job_ended(Exit::Job(0), false), &policy);
+            assert_ends(p2, &a, TermEnd::TimedOut, Exit::TimedOut);
+            let (p3, a) = step(p, job_ended(Exit::Signal(9), true), &policy);
+            assert_ends(p3, &a, TermEnd::LeaseLost, Exit::TimedOut);
+        }
+        // Only a running job times out.
+        let e = Phase::Elected { token: 1 };
+        assert_eq!(step(e, Event::TimedOut, &CAMPAIGN), (e, vec![]));
+    }
+
+    #[test]
     fn loss_while_draining_changes_nothing() {
         let d = Phase::Draining {
             token: 1,
@@ -625,6 +666,7 @@ mod tests {
             Event::LeaseTaskEnded,
             Event::Paused,
             Event::ResignRequested,
+            Event::TimedOut,
             Event::Spawned,
             Event::NotStarted,
             Event::AlreadyDone,
@@ -655,6 +697,7 @@ mod tests {
                 StopReason::Paused,
                 StopReason::Resigned,
                 StopReason::Interrupted(libc::SIGTERM),
+                StopReason::TimedOut,
             ]
             .map(|why| Phase::Draining { token: 42, why }),
         );

@@ -57,6 +57,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         led: false,
         history_start: None,
         released: false,
+        timeout_at: None,
         lease: None,
         job: None,
         term: None,
@@ -87,6 +88,8 @@ struct Driver {
     /// Set when the end record also deleted our key: the lease holds nothing any more, so
     /// revoking it can wait in the background (or be left to expire when lead-exec exits).
     released: bool,
+    /// When the running job reaches `--timeout`.
+    timeout_at: Option<Instant>,
     lease: Option<Lease>,
     job: Option<Job>,
     term: Option<Term>,
@@ -339,6 +342,7 @@ impl Driver {
                 notify::status(&format!("leading, token {token}"));
                 self.job = Some(job);
                 self.led = true;
+                self.timeout_at = self.cfg.timeout.map(|t| Instant::now() + t);
                 // Beside the job, not before it or in the driver's path: the audit record must
                 // neither delay the job nor hold up the deadlines forwarded to the watchdog.
                 let (client, cfg) = (self.client.clone(), self.cfg.clone());
@@ -382,6 +386,7 @@ impl Driver {
             leader_watch,
             signals,
             cfg,
+            timeout_at,
             ..
         } = self;
         let job_ref = job.as_mut().expect("leading means a job");
@@ -393,8 +398,19 @@ impl Driver {
         {
             job_ref.extend(deadline, cfg.grace);
         }
+        let timeout_at = *timeout_at;
         loop {
             tokio::select! {
+                _ = async { tokio::time::sleep_until(timeout_at.expect("checked")).await }, if !draining && timeout_at.is_some() => {
+                    tracing::warn!(
+                        election = cfg.election.name(),
+                        id = cfg.id,
+                        "the job ran for --timeout {}; stopping it",
+                        crate::clock::human(cfg.timeout.unwrap_or_default())
+                    );
+                    metrics::job_timed_out();
+                    return Event::TimedOut;
+                }
                 ended = job_ref.wait() => {
                     *job = None;
                     let exit = Exit::from_job(ended.status);
