@@ -314,6 +314,15 @@ fn classify_error(e: &BoxError) -> Attempt {
     Attempt::Lost
 }
 
+/// An attempt's result with what it means for routing.
+fn classified(result: Result<Resp, BoxError>) -> (Result<Resp, BoxError>, Attempt) {
+    let how = match &result {
+        Ok(resp) => classify_answer(resp),
+        Err(e) => classify_error(e),
+    };
+    (result, how)
+}
+
 async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
     router.absorb_changes();
     let kind = Kind::of(req.uri().path());
@@ -348,21 +357,19 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
             *h = parts.headers.clone();
         }
         let req = b.body(Body::new(http_body_util::Full::new(bytes.clone())))?;
-        let result = if more {
+        let (result, how) = if more {
             match tokio::time::timeout(router.attempt_timeout, ch.oneshot(req)).await {
-                Ok(r) => r.map_err(BoxError::from),
-                Err(_) => Err(BoxError::from(format!(
-                    "no answer within {}ms",
-                    router.attempt_timeout.as_millis()
-                ))),
+                Ok(r) => classified(r.map_err(BoxError::from)),
+                Err(_) => (
+                    Err(BoxError::from(format!(
+                        "no answer within {}ms",
+                        router.attempt_timeout.as_millis()
+                    ))),
+                    Attempt::Lost,
+                ),
             }
         } else {
-            ch.oneshot(req).await.map_err(BoxError::from)
-        };
-        let how = match &result {
-            Ok(resp) => classify_answer(resp),
-            Err(e) if e.to_string().starts_with("no answer within") => Attempt::Lost,
-            Err(e) => classify_error(e),
+            classified(ch.oneshot(req).await.map_err(BoxError::from))
         };
         match verdict(kind, how, more) {
             Verdict::Done => return result,
