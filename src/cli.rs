@@ -34,7 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Campaign for leadership and run COMMAND while leading.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show the leader, its token, the waiting candidates and recent terms.
     Status(StatusArgs),
     /// Stream leader changes until interrupted.
@@ -227,8 +227,56 @@ pub struct RunArgs {
 
     /// Stop the job once it has run this long in a term: SIGTERM, SIGKILL after the grace, then
     /// lead-exec resigns and exits 124 (a --run-key is not recorded as done).
-    #[arg(long, env = "LEAD_EXEC_TIMEOUT", value_parser = duration, value_name = "DURATION", help_heading = "Job")]
+    #[arg(long, env = "LEAD_EXEC_TIMEOUT", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]
     pub timeout: Option<Duration>,
+
+    /// After a term that ended uncleanly (lease expired, key deleted, worker killed), wait this
+    /// long before starting the job, with the lease kept renewed: in-flight requests of the
+    /// dead worker's job settle first. A clean exit or resign takes over at once.
+    #[arg(long, env = "LEAD_EXEC_TAKEOVER_DELAY", default_value = "0s", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]
+    pub takeover_delay: Duration,
+
+    /// Lead only while this shell command succeeds: no campaign before it passes, a waiting
+    /// candidate leaves the line and a leader resigns after --health-failures failures in a row.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_HEALTH_CMD",
+        value_name = "SHELL-COMMAND",
+        help_heading = "Scheduling"
+    )]
+    pub health_cmd: Option<String>,
+
+    /// How often the health command runs; also its timeout.
+    #[arg(long, env = "LEAD_EXEC_HEALTH_INTERVAL", default_value = "10s", value_parser = duration, value_name = "DURATION", requires = "health_cmd", help_heading = "Scheduling")]
+    pub health_interval: Duration,
+
+    /// Failures in a row that make this worker unhealthy.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_HEALTH_FAILURES",
+        default_value_t = 3,
+        value_name = "N",
+        requires = "health_cmd",
+        help_heading = "Scheduling"
+    )]
+    pub health_failures: u32,
+
+    /// Preference for leading: a waiting candidate with a higher priority than the leader asks
+    /// it to hand over (after its --min-term), and lower-priority candidates let it pass.
+    /// Equal priorities never preempt.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_PRIORITY",
+        default_value_t = 0,
+        value_name = "P",
+        help_heading = "Scheduling"
+    )]
+    pub priority: u32,
+
+    /// A leader is not preempted by a higher --priority in its first DURATION (so a flapping
+    /// preferred worker cannot restart the job more often than this).
+    #[arg(long, env = "LEAD_EXEC_MIN_TERM", default_value = "60s", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]
+    pub min_term: Duration,
 
     /// Contain the job's processes in a cgroup v2 (kills setsid escapees too).
     #[arg(long, env = "LEAD_EXEC_CGROUP", value_enum, default_value_t = CgroupMode::Auto, help_heading = "Job")]

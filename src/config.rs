@@ -158,9 +158,31 @@ pub struct RunConfig {
     pub cgroup: CgroupMode,
     /// `--timeout`: the longest a job may run in one term.
     pub timeout: Option<Duration>,
+    /// `--takeover-delay`: the wait before a job starts after an unclean end; zero for none.
+    pub takeover_delay: Duration,
+    /// `--health-cmd` and its schedule.
+    pub health: Option<HealthCheck>,
+    /// `--priority`: a higher one asks a lower leader to hand over.
+    pub priority: u32,
+    /// `--min-term`: how long a leader is safe from preemption by priority.
+    pub min_term: Duration,
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub command: Vec<String>,
 }
+
+/// A health check, as `--health-cmd`, `--health-interval` and `--health-failures` give it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Run with `/bin/sh -c`.
+    pub command: String,
+    /// Time between the starts of two checks; also the timeout of one.
+    pub interval: Duration,
+    /// Failures in a row that make the worker unhealthy.
+    pub failures: u32,
+}
+
+/// The shortest `--health-interval`: a check is a fork and exec of a shell.
+const MIN_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The shortest `--timeout`: below it the job could not even start.
 const MIN_JOB_TIMEOUT: Duration = Duration::from_millis(10);
@@ -194,6 +216,31 @@ impl RunConfig {
                 format!("--timeout must be at least {}", human(MIN_JOB_TIMEOUT)),
             ));
         }
+        let health = match &a.health_cmd {
+            None => None,
+            Some(c) if c.trim().is_empty() => {
+                return Err(fail(Exit::Usage, "--health-cmd must not be empty"))
+            }
+            Some(c) => {
+                if a.health_interval < MIN_HEALTH_INTERVAL {
+                    return Err(fail(
+                        Exit::Usage,
+                        format!(
+                            "--health-interval must be at least {}",
+                            human(MIN_HEALTH_INTERVAL)
+                        ),
+                    ));
+                }
+                if a.health_failures == 0 {
+                    return Err(fail(Exit::Usage, "--health-failures must be at least 1"));
+                }
+                Some(HealthCheck {
+                    command: c.clone(),
+                    interval: a.health_interval,
+                    failures: a.health_failures,
+                })
+            }
+        };
         let metrics_addr = match &a.metrics_addr {
             None => None,
             Some(s) => Some(metrics_addr(s)?),
@@ -224,6 +271,10 @@ impl RunConfig {
                 cli::CgroupMode::Off => CgroupMode::Off,
             },
             timeout: a.timeout,
+            takeover_delay: a.takeover_delay,
+            health,
+            priority: a.priority,
+            min_term: a.min_term,
             metrics_addr,
             command: a.command.clone(),
         })

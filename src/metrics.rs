@@ -28,6 +28,10 @@ struct Metrics {
     failovers: IntCounter,
     token_regressions: IntCounter,
     timeouts: IntCounter,
+    healthy: IntGauge,
+    health_failures: IntCounter,
+    takeover_delays: IntCounter,
+    preemptions: IntCounter,
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
@@ -110,6 +114,34 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
                 "Jobs stopped because they ran past --timeout",
             ),
         ),
+        healthy: made(
+            r,
+            IntGauge::new(
+                "lead_exec_healthy",
+                "1 while --health-cmd says this worker may lead (0 before its first pass)",
+            ),
+        ),
+        health_failures: made(
+            r,
+            IntCounter::new(
+                "lead_exec_health_check_failures_total",
+                "Health checks that failed or timed out",
+            ),
+        ),
+        takeover_delays: made(
+            r,
+            IntCounter::new(
+                "lead_exec_takeover_delays_total",
+                "Terms that waited out --takeover-delay after an unclean end",
+            ),
+        ),
+        preemptions: made(
+            r,
+            IntCounter::new(
+                "lead_exec_preemptions_requested_total",
+                "Handovers this worker asked of a lower-priority leader",
+            ),
+        ),
         token_regressions: made(
             r,
             IntCounter::new(
@@ -135,6 +167,24 @@ fn made<T: prometheus::core::Collector + Clone + 'static>(
 
 pub fn job_timed_out() {
     M.timeouts.inc();
+}
+
+pub fn health_checked(passed: bool) {
+    if !passed {
+        M.health_failures.inc();
+    }
+}
+
+pub fn healthy(on: bool) {
+    M.healthy.set(on as i64);
+}
+
+pub fn takeover_delayed() {
+    M.takeover_delays.inc();
+}
+
+pub fn preemption_requested() {
+    M.preemptions.inc();
 }
 
 pub fn endpoint_failover() {

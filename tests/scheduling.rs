@@ -1,4 +1,6 @@
-//! Scheduling controls: `--timeout`.
+//! Scheduling controls: `--timeout`, `--takeover-delay`, `--health-cmd`, `--priority`.
+
+use std::time::Duration;
 
 use harness::*;
 
@@ -55,4 +57,280 @@ fn a_timeout_too_short_to_start_a_job_is_refused() {
     assert!(err.contains("--timeout must be at least 10ms"), "{err}");
     let (code, _, err) = run(&["run", "x", "--timeout", "soon", "--", "true"]);
     assert_eq!(code, 64, "{err}");
+}
+
+/// The job records its term and its process group: "TOKEN PGID".
+const RECORD_TERM: &str = "echo $FENCING_TOKEN $(cut -d' ' -f5 /proc/$$/stat) >> $D/terms";
+
+#[test]
+fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_shows_it() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let delay = ["--takeover-delay", "4s"];
+    let mut a = spawn(dir.path(), "a", &run_args("td", &ep, &delay, &job));
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut b_args = vec!["--id", "b"];
+    b_args.extend_from_slice(&delay);
+    let mut b = spawn(dir.path(), "b", &run_args("td", &ep, &b_args, &job));
+    b.wait_log("waiting behind", secs(10));
+
+    // A worker killed outright: its term never closes, and its lease runs out on the server.
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    b.wait_log("ended uncleanly", secs(15));
+    let elected = std::time::Instant::now();
+    let (code, out, err) = run(&["status", "td", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("takeover delay"), "{out}");
+    assert_eq!(lines(&dir.path().join("terms")).len(), 1, "started early");
+    let ok = wait_until(secs(15), || lines(&dir.path().join("terms")).len() >= 2);
+    assert!(ok, "b never started:\n{}", b.log_text());
+    // Counted from b's log line, which comes after its election: never early.
+    assert!(
+        elected.elapsed() >= Duration::from_millis(3500),
+        "started {:?} after the delay began",
+        elected.elapsed()
+    );
+    let (code, out, err) = run(&["history", "td", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(records[0]["clean"].as_bool(), Some(false), "{out}");
+    assert_eq!(
+        records[1]["takeover_delay_ms"].as_u64(),
+        Some(4000),
+        "{out}"
+    );
+    let (_, text, _) = run(&["history", "td", "--endpoints", &ep]);
+    assert!(text.contains("lease lost (unclean)"), "{text}");
+    b.signal(libc::SIGTERM);
+    b.wait(secs(10));
+}
+
+#[test]
+fn a_clean_exit_or_resign_hands_over_at_once_despite_a_takeover_delay() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // Each job runs until its own file appears, then exits 0.
+    let job = script(
+        dir.path(),
+        &format!("{RECORD_TERM}; while [ ! -e $D/stop-$FENCING_TOKEN ]; do sleep 0.05; done"),
+    );
+    let delay = ["--takeover-delay", "60s"];
+    let mut workers = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut args = vec!["--id", name];
+        args.extend_from_slice(&delay);
+        workers.push(spawn(
+            dir.path(),
+            name,
+            &run_args("clean", &ep, &args, &job),
+        ));
+        if name == "a" {
+            wait_line(&dir.path().join("terms"), secs(10), |_| true);
+        }
+    }
+    workers[2].wait_log("waiting behind", secs(10));
+    let token = |i: usize| {
+        lines(&dir.path().join("terms"))[i]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+    };
+
+    // The job exits 0: the next one starts well inside the delay.
+    std::fs::write(dir.path().join(format!("stop-{}", token(0))), "").unwrap();
+    let ok = wait_until(secs(20), || lines(&dir.path().join("terms")).len() >= 2);
+    assert!(ok, "no prompt takeover after a clean exit");
+    // An operator's resign: likewise.
+    let (code, _, err) = run(&["resign", "clean", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{err}");
+    let ok = wait_until(secs(20), || lines(&dir.path().join("terms")).len() >= 3);
+    assert!(ok, "no prompt takeover after a resign");
+    for w in &workers {
+        assert!(
+            !w.log_text().contains("ended uncleanly"),
+            "{}",
+            w.log_text()
+        );
+    }
+    for w in &mut workers {
+        w.signal(libc::SIGTERM);
+    }
+    for w in &mut workers {
+        w.wait(secs(10));
+    }
+}
+
+/// A health check that passes while `$D/ok-NAME` exists, and records its process group.
+fn health_args(dir: &std::path::Path, name: &str) -> Vec<String> {
+    vec![
+        "--health-cmd".into(),
+        script(
+            dir,
+            &format!("cut -d' ' -f5 /proc/$$/stat > $D/check-pgid-{name}; test -e $D/ok-{name}"),
+        ),
+        "--health-interval".into(),
+        "200ms".into(),
+        "--health-failures".into(),
+        "2".into(),
+    ]
+}
+
+fn candidates(etcd: &Etcd, election: &str) -> usize {
+    etcd.keys(&format!("lead-exec/elections/{election}/")).len()
+}
+
+#[test]
+fn an_unhealthy_worker_does_not_campaign_until_its_check_passes() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let health = health_args(dir.path(), "a");
+    let mut args: Vec<&str> = vec!["--id", "a"];
+    args.extend(health.iter().map(String::as_str));
+    let mut a = spawn(dir.path(), "a", &run_args("hc", &ep, &args, &job));
+    a.wait_log("not campaigning until the health check passes", secs(10));
+    assert_eq!(
+        candidates(&etcd, "hc"),
+        0,
+        "an unhealthy worker joined the line"
+    );
+    assert!(lines(&dir.path().join("terms")).is_empty());
+
+    std::fs::write(dir.path().join("ok-a"), "").unwrap();
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let (code, out, _) = run(&["status", "hc", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("leader:    a"), "{out}");
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+}
+
+#[test]
+fn a_leader_whose_check_keeps_failing_resigns_and_a_healthy_worker_takes_over() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        &format!("{RECORD_TERM}; trap 'echo term >> $D/stopped; exit 0' TERM; while :; do sleep 0.05; done"),
+    );
+    for n in ["a", "b"] {
+        std::fs::write(dir.path().join(format!("ok-{n}")), "").unwrap();
+    }
+    let (ha, hb) = (health_args(dir.path(), "a"), health_args(dir.path(), "b"));
+    let mut a_args: Vec<&str> = vec!["--id", "a"];
+    a_args.extend(ha.iter().map(String::as_str));
+    let mut a = spawn(dir.path(), "a", &run_args("hl", &ep, &a_args, &job));
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut b_args: Vec<&str> = vec!["--id", "b"];
+    b_args.extend(hb.iter().map(String::as_str));
+    let mut b = spawn(dir.path(), "b", &run_args("hl", &ep, &b_args, &job));
+    b.wait_log("waiting behind a", secs(10));
+
+    std::fs::remove_file(dir.path().join("ok-a")).unwrap();
+    a.wait_log("the health check failed 2 times in a row", secs(10));
+    let ok = wait_until(secs(10), || lines(&dir.path().join("terms")).len() >= 2);
+    assert!(ok, "b did not take over:\n{}", b.log_text());
+    assert_eq!(
+        lines(&dir.path().join("stopped")),
+        vec!["term"],
+        "a's job got SIGTERM"
+    );
+    let t = lines(&dir.path().join("terms"));
+    let (tok_a, pgid_a) = t[0].split_once(' ').unwrap();
+    let (tok_b, _) = t[1].split_once(' ').unwrap();
+    assert!(
+        tok_b.parse::<i64>().unwrap() > tok_a.parse::<i64>().unwrap(),
+        "{t:?}"
+    );
+    // The check ran outside the job's process group.
+    let check_pgid = std::fs::read_to_string(dir.path().join("check-pgid-a")).unwrap();
+    assert_ne!(
+        check_pgid.trim(),
+        pgid_a,
+        "the check ran in the job's group"
+    );
+    // a stays out of line while unhealthy.
+    a.wait_log("not campaigning until the health check passes", secs(10));
+    assert_eq!(candidates(&etcd, "hl"), 1);
+    let (_, out, _) = run(&["history", "hl", "--endpoints", &ep, "-o", "json"]);
+    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(records[0]["end"].as_str(), Some("unhealthy"), "{out}");
+    assert_eq!(records[0]["clean"].as_bool(), Some(true), "{out}");
+    for w in [&mut a, &mut b] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+}
+
+#[test]
+fn a_waiting_candidate_leaves_the_line_while_unhealthy_and_requeues_when_it_passes() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let mut a = spawn(dir.path(), "a", &run_args("hw", &ep, &["--id", "a"], &job));
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    std::fs::write(dir.path().join("ok-b"), "").unwrap();
+    let hb = health_args(dir.path(), "b");
+    let mut b_args: Vec<&str> = vec!["--id", "b"];
+    b_args.extend(hb.iter().map(String::as_str));
+    let mut b = spawn(dir.path(), "b", &run_args("hw", &ep, &b_args, &job));
+    b.wait_log("waiting behind a", secs(10));
+    assert_eq!(candidates(&etcd, "hw"), 2);
+
+    std::fs::remove_file(dir.path().join("ok-b")).unwrap();
+    b.wait_log("leaving the line until it passes", secs(10));
+    assert!(
+        wait_until(secs(10), || candidates(&etcd, "hw") == 1),
+        "b's key stayed"
+    );
+    std::fs::write(dir.path().join("ok-b"), "").unwrap();
+    b.wait_log("the health check passes; campaigning", secs(10));
+    assert!(
+        wait_until(secs(10), || candidates(&etcd, "hw") == 2),
+        "b did not requeue"
+    );
+    assert_eq!(
+        lines(&dir.path().join("terms")).len(),
+        1,
+        "the leader was disturbed"
+    );
+    for w in [&mut a, &mut b] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+}
+
+#[test]
+fn bad_health_and_takeover_settings_are_refused_with_64() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--health-cmd", "true", "--health-interval", "1ms"],
+            "--health-interval must be at least",
+        ),
+        (
+            &["--health-cmd", "true", "--health-failures", "0"],
+            "--health-failures must be at least 1",
+        ),
+        (&["--health-cmd", " "], "--health-cmd must not be empty"),
+        (&["--health-interval", "1s"], "--health-cmd"),
+        (&["--takeover-delay", "soon"], "--takeover-delay"),
+    ];
+    for (flags, says) in cases {
+        let mut args = vec!["run", "x"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "true"]);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 64, "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
 }

@@ -13,6 +13,15 @@ pub enum LeaderEvent {
     KeyDeleted,
     Paused,
     ResignRequested,
+    /// A waiting candidate with a higher `--priority` asks for the term (see
+    /// [`preempt_request`]); the leader hands over once its `--min-term` is over.
+    Preempted,
+}
+
+/// The value of a resign request from a higher-priority candidate: our token first, as every
+/// request has, so that a leader reading only the token still acts on it.
+pub fn preempt_request(token: i64, priority: u32, id: &str) -> String {
+    format!("{token} preempt priority {priority} by {id}")
 }
 
 pub struct LeaderWatch {
@@ -84,8 +93,10 @@ impl LeaderWatch {
                         if kv.key() == self.paused.as_bytes() && e.event_type() == EventType::Put {
                             return LeaderEvent::Paused;
                         }
-                        if kv.key() == self.resign.as_bytes() && self.is_for_us(kv.value()) {
-                            return LeaderEvent::ResignRequested;
+                        if kv.key() == self.resign.as_bytes() {
+                            if let Some(ev) = self.request(kv.value()) {
+                                return ev;
+                            }
                         }
                     }
                 }
@@ -97,11 +108,17 @@ impl LeaderWatch {
         }
     }
 
-    fn is_for_us(&self, value: &[u8]) -> bool {
-        std::str::from_utf8(value)
-            .ok()
-            .and_then(|v| v.trim().parse::<i64>().ok())
-            == Some(self.token)
+    /// What a resign request asks of us, if it names our token.
+    fn request(&self, value: &[u8]) -> Option<LeaderEvent> {
+        let v = std::str::from_utf8(value).ok()?;
+        let mut words = v.split_whitespace();
+        if words.next()?.parse::<i64>().ok()? != self.token {
+            return None;
+        }
+        Some(match words.next() {
+            Some("preempt") => LeaderEvent::Preempted,
+            _ => LeaderEvent::ResignRequested,
+        })
     }
 
     /// Re-reads the state, then watches from just after it.
@@ -131,12 +148,8 @@ impl LeaderWatch {
         if paused.count() > 0 {
             return Ok(Some(LeaderEvent::Paused));
         }
-        if resign
-            .kvs()
-            .first()
-            .is_some_and(|kv| self.is_for_us(kv.value()))
-        {
-            return Ok(Some(LeaderEvent::ResignRequested));
+        if let Some(ev) = resign.kvs().first().and_then(|kv| self.request(kv.value())) {
+            return Ok(Some(ev));
         }
         let rev = own.header().map(|h| h.revision()).unwrap_or(self.rev);
         let opts = WatchOptions::new()

@@ -128,6 +128,16 @@ pub struct Candidate {
     pub pid: u32,
     /// When this lead-exec process started, in Unix milliseconds.
     pub started_ms: u64,
+    /// `--priority`; absent means 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u32,
+    /// While a leader waits out `--takeover-delay`: when its job is due to start, Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takeover_until_ms: Option<u64>,
+}
+
+fn is_zero(p: &u32) -> bool {
+    *p == 0
 }
 
 impl Candidate {
@@ -137,6 +147,8 @@ impl Candidate {
             host: hostname(),
             pid: std::process::id(),
             started_ms: unix_ms(),
+            priority: 0,
+            takeover_until_ms: None,
         }
     }
 
@@ -148,6 +160,8 @@ impl Candidate {
             host: String::new(),
             pid: 0,
             started_ms: 0,
+            priority: 0,
+            takeover_until_ms: None,
         })
     }
 

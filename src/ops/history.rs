@@ -27,10 +27,19 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
                     r.pid,
                     fmt_ms(r.started_ms),
                     r.ended_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
-                    r.end.as_deref().unwrap_or("running")
+                    end_text(r)
                 );
             }
         }
     }
     Ok(Exit::Ok)
+}
+
+/// How a term ended, marked when unclean (what `--takeover-delay` waits after).
+fn end_text(r: &history::Record) -> String {
+    match r.end.as_deref() {
+        None => "running".into(),
+        Some(e) if r.ended_cleanly() => e.into(),
+        Some(e) => format!("{e} (unclean)"),
+    }
 }

@@ -38,6 +38,12 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
     }
 }
 
+/// When a leader still waiting out `--takeover-delay` starts its job.
+fn takeover_due(c: &crate::election::Candidate) -> Option<u64> {
+    c.takeover_until_ms
+        .filter(|due| *due > crate::election::unix_ms())
+}
+
 pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let (entries, _) = ctx.candidates().await?;
@@ -68,6 +74,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "leader": leader.map(|l| json!({
                     "id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid,
                     "token": l.token, "key": l.key, "since_ms": since, "lease_ttl_left_s": ttl_left,
+                    "priority": l.candidate.priority, "takeover_until_ms": takeover_due(&l.candidate),
                 })),
                 "waiting": entries.iter().skip(if leading { 1 } else { 0 }).collect::<Vec<_>>(),
                 "paused": paused,
@@ -88,6 +95,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                     }
                     if let Some(t) = ttl_left {
                         println!("lease:     {t}s left");
+                    }
+                    if let Some(due) = takeover_due(&l.candidate) {
+                        println!(
+                            "job:       not started: takeover delay after an unclean end, until {}",
+                            fmt_ms(due)
+                        );
                     }
                 }
                 None => println!("leader:    none"),

@@ -26,6 +26,17 @@ pub enum TermEnd {
     Signal(i32),
     /// Stopped at `--timeout`.
     TimedOut,
+    /// Stopped because the health check kept failing.
+    Unhealthy,
+}
+
+impl TermEnd {
+    /// Whether the job was gone before the term let go of its key: it exited, or lead-exec
+    /// stopped it and saw its group end. Only a lost lease is unclean; `--takeover-delay`
+    /// waits after those.
+    pub fn is_clean(self) -> bool {
+        self != TermEnd::LeaseLost
+    }
 }
 
 impl std::fmt::Display for TermEnd {
@@ -37,6 +48,7 @@ impl std::fmt::Display for TermEnd {
             TermEnd::Paused => f.write_str("paused"),
             TermEnd::Signal(s) => write!(f, "signal {s} to lead-exec"),
             TermEnd::TimedOut => f.write_str("timed out"),
+            TermEnd::Unhealthy => f.write_str("unhealthy"),
         }
     }
 }
@@ -53,6 +65,23 @@ pub struct Record {
     pub ended_ms: Option<u64>,
     #[serde(default)]
     pub end: Option<String>,
+    /// Whether the term ended cleanly (see [`TermEnd::is_clean`]); unset while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clean: Option<bool>,
+    /// The `--takeover-delay` this term waited out before its job started, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takeover_delay_ms: Option<u64>,
+}
+
+impl Record {
+    /// Whether this term ended cleanly. An open record is not: its worker died, froze or lost
+    /// its key before it could close it. Records from before the `clean` field say so by
+    /// their end.
+    pub fn ended_cleanly(&self) -> bool {
+        let lost = TermEnd::LeaseLost.to_string();
+        self.clean
+            .unwrap_or_else(|| self.end.as_deref().is_some_and(|e| e != lost))
+    }
 }
 
 /// A start record as written, for the end record to build on without reading it back.
@@ -70,6 +99,7 @@ pub async fn record_start(
     timeout: Duration,
     term: Term<'_>,
     keep: u32,
+    takeover_delay: Option<Duration>,
 ) -> Result<Started> {
     let mut c = client.clone();
     let Term { token, key, id } = term;
@@ -81,6 +111,8 @@ pub async fn record_start(
         started_ms: unix_ms(),
         ended_ms: None,
         end: None,
+        clean: None,
+        takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
     };
     let existing = get_all(
         &mut c,
@@ -128,6 +160,7 @@ pub async fn record_end_and_release(
     let mut rec = started.record.clone();
     rec.ended_ms = Some(unix_ms());
     rec.end = Some(reason.to_string());
+    rec.clean = Some(reason.is_clean());
     let txn = Txn::new()
         .when([
             Compare::create_revision(term.key, CompareOp::Equal, term.token),
@@ -203,6 +236,7 @@ pub async fn finish(
     let mut rec: Record = serde_json::from_slice(kv.value())?;
     rec.ended_ms = Some(unix_ms());
     rec.end = Some(reason.to_string());
+    rec.clean = Some(reason.is_clean());
     let txn = Txn::new()
         .when([
             guard,
@@ -240,6 +274,28 @@ pub async fn read(
     Ok(recs.into_iter().skip(skip).collect())
 }
 
+/// Whether the last term before `token` ended uncleanly (see [`Record::ended_cleanly`]). No
+/// earlier term, or none that ran a job, is a clean start.
+pub async fn previous_unclean(
+    client: &Client,
+    e: &Election,
+    timeout: Duration,
+    token: i64,
+) -> Result<bool> {
+    let mut c = client.clone();
+    let opts = GetOptions::new()
+        .with_range(e.history_key(token))
+        .with_sort(SortTarget::Key, SortOrder::Descend)
+        .with_limit(1);
+    let resp = bounded(timeout, "etcd", c.get(e.history_prefix(), Some(opts))).await?;
+    Ok(match resp.kvs().first() {
+        None => false,
+        Some(kv) => !serde_json::from_slice::<Record>(kv.value())
+            .map(|r| r.ended_cleanly())
+            .unwrap_or(false),
+    })
+}
+
 /// A record with no end that a later term superseded ended by losing its lease.
 pub fn infer_lost(recs: &mut [Record]) {
     for i in 0..recs.len().saturating_sub(1) {
@@ -247,6 +303,7 @@ pub fn infer_lost(recs: &mut [Record]) {
             let next_start = recs[i + 1].started_ms;
             recs[i].end = Some(TermEnd::LeaseLost.to_string());
             recs[i].ended_ms = Some(next_start);
+            recs[i].clean = Some(false);
         }
     }
 }
@@ -264,6 +321,8 @@ mod tests {
             started_ms: token as u64 * 1000,
             ended_ms: None,
             end: end.map(str::to_string),
+            clean: None,
+            takeover_delay_ms: None,
         }
     }
 
@@ -288,6 +347,30 @@ mod tests {
         assert_eq!(trim_end(&keys, 3, "h4"), Some(b"h2".to_vec()));
         assert_eq!(trim_end(&keys, 1, "h4"), Some(b"h4".to_vec()));
         assert_eq!(trim_end(&[], 1, "h1"), None);
+    }
+
+    #[test]
+    fn only_a_lost_lease_or_an_open_record_is_unclean() {
+        assert!(rec(1, Some("exit 3")).ended_cleanly());
+        assert!(rec(1, Some("resigned")).ended_cleanly());
+        assert!(rec(1, Some("timed out")).ended_cleanly());
+        assert!(!rec(1, Some("lease lost")).ended_cleanly());
+        assert!(
+            !rec(1, None).ended_cleanly(),
+            "never closed: its worker died"
+        );
+        let mut r = vec![rec(5, None), rec(9, None)];
+        infer_lost(&mut r);
+        assert_eq!(r[0].clean, Some(false));
+        for end in [
+            TermEnd::Exited(0),
+            TermEnd::Resigned,
+            TermEnd::Paused,
+            TermEnd::Unhealthy,
+        ] {
+            assert!(end.is_clean());
+        }
+        assert!(!TermEnd::LeaseLost.is_clean());
     }
 
     #[test]

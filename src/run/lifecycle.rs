@@ -1,14 +1,20 @@
 //! The lifecycle of one `lead-exec run`, as a pure state machine.
 //!
 //! ```text
-//!             Elected           Spawned            Lost / Paused / Interrupted
+//!             Elected           Spawned            Lost / Paused / Interrupted / Unhealthy
 //! Campaigning ───────▶ Elected ────────▶ Leading ───────────────────────────▶ Draining
-//!   ▲   │                 │ NotStarted     │ JobEnded (on its own)              │ JobEnded
-//!   │   │ CampaignFailed  │ AlreadyDone    ▼                                    ▼
-//!   │   └──────────▶ BackingOff    └──▶ Done(exit)  ◀── (interrupted, or --on-loss exit)
-//!   └─────────────────────┘ BackoffDone      ▲
-//!                          └── campaign again ┘ (lost or paused, --on-loss campaign)
+//!   ▲ │ │  │              ▲ │ NotStarted   │ JobEnded (on its own)              │ JobEnded
+//!   │ │ │  │ Elected,     │ │ AlreadyDone  ▼                                    ▼
+//!   │ │ │  │ unclean end  │ └──────▶ Done(exit)  ◀── (interrupted, or --on-loss exit)
+//!   │ │ │  └─▶ Delaying ──┘ DelayDone     ▲
+//!   │ │ │ CampaignFailed                 └── campaign again (lost, paused, resigned,
+//!   │ │ └──────────▶ BackingOff                unhealthy, --on-loss campaign)
+//!   │ └── Unhealthy: leave the line, campaign again once healthy
+//!   └─────────────────────┘ BackoffDone
 //! ```
+//!
+//! `Delaying` is `--takeover-delay`: elected after a term that ended uncleanly, the lease
+//! renewed, the job not started yet.
 //!
 //! [`step`] maps (phase, event) to the next phase and the actions the driver performs, for
 //! every pair: no catch-all, so a new event or phase does not compile until each transition
@@ -30,6 +36,10 @@ pub enum Phase {
     Elected {
         token: i64,
     },
+    /// Elected after an unclean end: waiting out `--takeover-delay` before the start.
+    Delaying {
+        token: i64,
+    },
     Leading {
         token: i64,
     },
@@ -48,6 +58,7 @@ impl Phase {
         match self {
             Phase::Campaigning { .. } => "campaigning",
             Phase::Elected { .. } => "elected",
+            Phase::Delaying { .. } => "takeover-delay",
             Phase::Leading { .. } => "leading",
             Phase::Draining { .. } => "draining",
             Phase::BackingOff { .. } => "backing-off",
@@ -58,9 +69,10 @@ impl Phase {
     /// The fencing token of the term this phase belongs to.
     pub fn token(&self) -> Option<i64> {
         match *self {
-            Phase::Elected { token } | Phase::Leading { token } | Phase::Draining { token, .. } => {
-                Some(token)
-            }
+            Phase::Elected { token }
+            | Phase::Delaying { token }
+            | Phase::Leading { token }
+            | Phase::Draining { token, .. } => Some(token),
             Phase::Campaigning { .. } | Phase::BackingOff { .. } | Phase::Done(_) => None,
         }
     }
@@ -82,14 +94,22 @@ pub enum StopReason {
     Interrupted(i32),
     /// The job ran for `--timeout`.
     TimedOut,
+    /// The health check failed `--health-failures` times in a row.
+    Unhealthy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// The campaign won and was confirmed.
+    /// The campaign won and was confirmed. `delay` is set when the previous term ended
+    /// uncleanly and `--takeover-delay` asks for a wait before the start.
     Elected {
         token: i64,
+        delay: Option<Duration>,
     },
+    /// The takeover delay is over.
+    DelayDone,
+    /// The health check failed `--health-failures` times in a row.
+    Unhealthy,
     /// Someone else leads and the wait policy gave up.
     NotAcquired,
     /// The campaign failed: our lease or key went away while queued, or etcd failed.
@@ -131,6 +151,8 @@ pub enum Event {
 pub enum Action {
     /// Grant a fresh lease and campaign on it.
     Campaign,
+    /// Wait out the takeover delay (lease renewed, term watched).
+    Delay(Duration),
     /// Start the job with this fencing token.
     Spawn {
         token: i64,
@@ -201,8 +223,19 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         |token: i64, why: StopReason, first: Action| (P::Draining { token, why }, vec![first]);
     let stop = A::StopJob { signal: SIGTERM };
     match (phase, event) {
-        (P::Campaigning { .. }, E::Elected { token }) => {
+        (P::Campaigning { .. }, E::Elected { token, delay: None }) => {
             (P::Elected { token }, vec![A::Spawn { token }])
+        }
+        (
+            P::Campaigning { .. },
+            E::Elected {
+                token,
+                delay: Some(d),
+            },
+        ) => (P::Delaying { token }, vec![A::Delay(d)]),
+        // Out of line until healthy again: the next campaign waits for a passing check.
+        (P::Campaigning { .. }, E::Unhealthy) => {
+            (P::Campaigning { attempt: 0 }, vec![A::Resign, A::Campaign])
         }
         (P::Campaigning { .. }, E::NotAcquired) => done(Exit::NotAcquired(p.conflict_exit_code)),
         (P::Campaigning { .. }, E::CampaignFailed { etcd: true }) if p.no_wait => {
@@ -231,12 +264,35 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             | E::Spawned
             | E::NotStarted
             | E::AlreadyDone
-            | E::JobEnded { .. },
+            | E::JobEnded { .. }
+            | E::DelayDone,
         ) => (phase, vec![]),
         (P::Campaigning { .. }, E::BackoffDone) => (phase, vec![]),
+        // The campaign after the backoff waits for a passing check.
+        (P::BackingOff { .. }, E::Unhealthy) => (phase, vec![]),
         (P::BackingOff { .. }, E::Elected { .. } | E::NotAcquired | E::CampaignFailed { .. }) => {
             (phase, vec![])
         }
+
+        (P::Delaying { token }, E::DelayDone) => (P::Elected { token }, vec![A::Spawn { token }]),
+        // No job runs yet, so there is nothing to stop or record.
+        (P::Delaying { .. }, E::Lost(_) | E::LeaseTaskEnded) => after_loss(p, None),
+        (P::Delaying { .. }, E::Paused | E::ResignRequested | E::Unhealthy) => {
+            (P::Campaigning { attempt: 0 }, vec![A::Resign, A::Campaign])
+        }
+        (P::Delaying { .. }, E::Interrupted { signal }) => done(Exit::Signal(signal)),
+        (
+            P::Delaying { .. },
+            E::Elected { .. }
+            | E::NotAcquired
+            | E::CampaignFailed { .. }
+            | E::TimedOut
+            | E::Spawned
+            | E::NotStarted
+            | E::AlreadyDone
+            | E::JobEnded { .. }
+            | E::BackoffDone,
+        ) => (phase, vec![]),
 
         (P::Elected { token }, E::Spawned) => (P::Leading { token }, vec![]),
         // Lost between the confirmation and the start: never run on an unconfirmed term.
@@ -244,9 +300,16 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         (P::Elected { .. }, E::AlreadyDone) => done(Exit::Ok),
         (P::Elected { .. }, E::Interrupted { signal }) => done(Exit::Signal(signal)),
         // The start itself checks the lease once more; a loss is seen there, as NotStarted.
+        // The rest is seen by the running term, which starts at once.
         (
             P::Elected { .. },
-            E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested | E::TimedOut,
+            E::Lost(_)
+            | E::LeaseTaskEnded
+            | E::Paused
+            | E::ResignRequested
+            | E::TimedOut
+            | E::Unhealthy
+            | E::DelayDone,
         ) => (phase, vec![]),
         (
             P::Elected { .. },
@@ -276,6 +339,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         (P::Leading { token }, E::Paused) => drain(token, StopReason::Paused, stop),
         (P::Leading { token }, E::ResignRequested) => drain(token, StopReason::Resigned, stop),
         (P::Leading { token }, E::TimedOut) => drain(token, StopReason::TimedOut, stop),
+        (P::Leading { token }, E::Unhealthy) => drain(token, StopReason::Unhealthy, stop),
         (P::Leading { token }, E::Interrupted { signal }) => drain(
             token,
             StopReason::Interrupted(signal),
@@ -290,7 +354,8 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             | E::Spawned
             | E::NotStarted
             | E::AlreadyDone
-            | E::BackoffDone,
+            | E::BackoffDone
+            | E::DelayDone,
         ) => (phase, vec![]),
 
         (
@@ -302,7 +367,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         ) => after_loss(p, Some(TermEnd::LeaseLost)),
         (
             P::Draining {
-                why: why @ (StopReason::Paused | StopReason::Resigned),
+                why: why @ (StopReason::Paused | StopReason::Resigned | StopReason::Unhealthy),
                 ..
             },
             E::JobEnded { by_watchdog, .. },
@@ -310,6 +375,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             let reason = match why {
                 _ if by_watchdog => TermEnd::LeaseLost,
                 StopReason::Paused => TermEnd::Paused,
+                StopReason::Unhealthy => TermEnd::Unhealthy,
                 _ => TermEnd::Resigned,
             };
             (
@@ -355,7 +421,12 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         // watchdog's deadline still holds.
         (
             P::Draining { .. },
-            E::Lost(_) | E::LeaseTaskEnded | E::Paused | E::ResignRequested | E::TimedOut,
+            E::Lost(_)
+            | E::LeaseTaskEnded
+            | E::Paused
+            | E::ResignRequested
+            | E::TimedOut
+            | E::Unhealthy,
         ) => (phase, vec![]),
 
         // The run is over; whatever still comes in changes nothing.
@@ -367,6 +438,7 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             (phase, vec![])
         }
         (P::Done(_), E::AlreadyDone | E::JobEnded { .. } | E::BackoffDone) => (phase, vec![]),
+        (P::Done(_), E::DelayDone | E::Unhealthy) => (phase, vec![]),
     }
 }
 
@@ -433,7 +505,14 @@ mod tests {
 
     #[test]
     fn elected_spawns_with_the_token() {
-        let (p, a) = step(campaigning(), Event::Elected { token: 42 }, &CAMPAIGN);
+        let (p, a) = step(
+            campaigning(),
+            Event::Elected {
+                token: 42,
+                delay: None,
+            },
+            &CAMPAIGN,
+        );
         assert_eq!(p, Phase::Elected { token: 42 });
         assert_eq!(a, vec![Action::Spawn { token: 42 }]);
         assert_eq!(step(p, Event::Spawned, &CAMPAIGN), (leading(), vec![]));
@@ -658,7 +737,16 @@ mod tests {
     /// One of each event (and each payload that steers a transition).
     fn all_events() -> Vec<Event> {
         let mut v = vec![
-            Event::Elected { token: 43 },
+            Event::Elected {
+                token: 43,
+                delay: None,
+            },
+            Event::Elected {
+                token: 43,
+                delay: Some(Duration::from_secs(5)),
+            },
+            Event::DelayDone,
+            Event::Unhealthy,
             Event::NotAcquired,
             Event::CampaignFailed { etcd: true },
             Event::CampaignFailed { etcd: false },
@@ -686,6 +774,7 @@ mod tests {
         let mut v = vec![
             Phase::Campaigning { attempt: 1 },
             Phase::Elected { token: 42 },
+            Phase::Delaying { token: 42 },
             leading(),
             Phase::BackingOff { attempt: 1 },
             Phase::Done(Exit::Job(0)),
@@ -698,6 +787,7 @@ mod tests {
                 StopReason::Resigned,
                 StopReason::Interrupted(libc::SIGTERM),
                 StopReason::TimedOut,
+                StopReason::Unhealthy,
             ]
             .map(|why| Phase::Draining { token: 42, why }),
         );
@@ -731,7 +821,7 @@ mod tests {
             .count();
         if spawns > 0
             && !(spawns == 1
-                && matches!(phase, Phase::Campaigning { .. })
+                && matches!(phase, Phase::Campaigning { .. } | Phase::Delaying { .. })
                 && matches!(next, Phase::Elected { .. }))
         {
             return fail("spawn outside an election");

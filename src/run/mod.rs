@@ -4,6 +4,7 @@
 //! watchdog, forwarding deadlines and signals, resigning. The decisions are
 //! [`step`]'s.
 
+pub mod health;
 pub mod lifecycle;
 pub mod signals;
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use etcd_client::Client;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::clock::BootInstant;
@@ -20,13 +21,14 @@ use crate::config::RunConfig;
 use crate::election::campaign::{Campaign, Outcome, Wait, Waiting};
 use crate::election::leader::{LeaderEvent, LeaderWatch};
 use crate::election::lease::{Lease, LeaseState, Loss};
-use crate::election::Candidate;
+use crate::election::{unix_ms, Candidate};
 use crate::exit::Exit;
 use crate::records::history::{self, TermEnd};
 use crate::records::{self, runkey};
 use crate::supervisor::protocol::GroupEnd;
 use crate::supervisor::{Job, JobSpec};
 use crate::{etcd, fencing, metrics, notify};
+use health::Health;
 use lifecycle::{step, Action, Event, Phase, Policy, StopReason};
 
 /// Runs until the job is done (or leadership is given up) and returns the exit code.
@@ -35,6 +37,8 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr).await?;
     }
+    // The first check runs while we connect.
+    let health = cfg.health.clone().map(health::start);
     let signals = signals::listen()?;
     let client = etcd::connect(&cfg.conn).await?;
     if let Some(done) = already_done(&client, &cfg).await? {
@@ -49,9 +53,18 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         Wait::For(d) => Some(Instant::now() + d),
         _ => None,
     };
+    let candidate = Candidate {
+        priority: cfg.priority,
+        ..Candidate::this_process(&cfg.id)
+    };
     let mut d = Driver {
         cfg,
         client,
+        candidate,
+        health,
+        delayed: None,
+        elected_at: Instant::now(),
+        preempt_at: None,
         signals,
         give_up_at,
         led: false,
@@ -78,6 +91,16 @@ struct Term {
 struct Driver {
     cfg: RunConfig,
     client: Client,
+    /// Our candidate key's value.
+    candidate: Candidate,
+    /// What `--health-cmd` says, if given.
+    health: Option<watch::Receiver<Health>>,
+    /// The takeover delay this term waited out.
+    delayed: Option<Duration>,
+    /// When this term was won: `--min-term` counts from here.
+    elected_at: Instant,
+    /// When a higher-priority candidate's request takes effect (after `--min-term`).
+    preempt_at: Option<Instant>,
     signals: mpsc::UnboundedReceiver<i32>,
     give_up_at: Option<Instant>,
     /// Set once a term ran: `--wait` then counts again from the next campaign, since it
@@ -123,6 +146,7 @@ impl Driver {
                 match action {
                     Action::Campaign => event = Some(self.campaign().await?),
                     Action::Spawn { token } => event = Some(self.spawn(token).await?),
+                    Action::Delay(d) => event = Some(self.delay(d).await),
                     Action::StopJob { signal } => {
                         if let Some(j) = self.job.as_mut() {
                             j.stop(signal);
@@ -188,6 +212,10 @@ impl Driver {
         if self.give_up_at.is_some_and(|t| started >= t) {
             return Ok(Event::NotAcquired);
         }
+        if let Some(ev) = self.wait_healthy().await {
+            return Ok(ev);
+        }
+        let started = Instant::now();
         let lease = match Lease::grant(
             &self.client,
             self.cfg.ttl,
@@ -203,7 +231,7 @@ impl Driver {
                 return Ok(Event::CampaignFailed { etcd: true });
             }
         };
-        let value = Candidate::this_process(&self.cfg.id).encode();
+        let value = self.candidate.encode();
         let election = self.cfg.election.name().to_string();
         let outcome = {
             let camp = Campaign {
@@ -233,22 +261,29 @@ impl Driver {
                 }
             });
             tokio::pin!(run);
+            let mut health = self.health.clone();
+            let checked = health.is_some();
             loop {
                 tokio::select! {
                     out = &mut run => break Ok(out),
                     Some(sig) = self.signals.recv() => {
                         if signals::is_stopping(sig) {
-                            break Err(sig);
+                            break Err(Event::Interrupted { signal: sig });
                         }
+                    }
+                    _ = async { health::failing(health.as_mut().expect("checked")).await }, if checked => {
+                        tracing::warn!(election, "the health check is failing; leaving the line until it passes");
+                        break Err(Event::Unhealthy);
                     }
                 }
             }
         };
         let outcome = match outcome {
             Ok(o) => o,
-            Err(signal) => {
+            Err(ev) => {
+                // Resign revokes the lease, which takes our key out of the line.
                 self.lease = Some(lease);
-                return Ok(Event::Interrupted { signal });
+                return Ok(ev);
             }
         };
         let ev = match outcome {
@@ -271,7 +306,11 @@ impl Driver {
                     token,
                 ));
                 self.term = Some(Term { token, key });
-                Event::Elected { token }
+                self.delayed = None;
+                self.elected_at = Instant::now();
+                self.preempt_at = None;
+                let delay = self.takeover_delay_for(token).await;
+                Event::Elected { token, delay }
             }
             Ok(Outcome::NotAcquired) => Event::NotAcquired,
             Ok(Outcome::Lost(r)) => {
@@ -308,6 +347,23 @@ impl Driver {
             self.term = None;
             return Ok(Event::AlreadyDone);
         }
+        // With --takeover-delay, the next leader decides by this term's record, so it must
+        // exist before the job does: a term that ran a job always has one.
+        let recorded = if self.cfg.takeover_delay.is_zero() {
+            None
+        } else {
+            match self.start_record(token).await.ok().flatten() {
+                Some(s) => Some(s),
+                None => {
+                    tracing::warn!(
+                        election = self.cfg.election.name(),
+                        token,
+                        "not starting the job: its history record, which --takeover-delay needs first, could not be written"
+                    );
+                    return Ok(lost);
+                }
+            }
+        };
         // Read only now: the checks above can take up to --command-timeout, and a lease
         // granted or renewed late (etcd stalled) may leave too little time. Renew first.
         let Some(deadline) = lease
@@ -345,21 +401,10 @@ impl Driver {
                 self.timeout_at = self.cfg.timeout.map(|t| Instant::now() + t);
                 // Beside the job, not before it or in the driver's path: the audit record must
                 // neither delay the job nor hold up the deadlines forwarded to the watchdog.
-                let (client, cfg) = (self.client.clone(), self.cfg.clone());
-                let key = term.key.clone();
-                self.history_start = Some(tokio::spawn(async move {
-                    let term = records::Term {
-                        token,
-                        key: &key,
-                        id: &cfg.id,
-                    };
-                    let timeout = cfg.conn.command_timeout;
-                    let keep = cfg.history_keep;
-                    history::record_start(&client, &cfg.election, timeout, term, keep)
-                        .await
-                        .inspect_err(|e| tracing::warn!("history: {e:#}"))
-                        .ok()
-                }));
+                self.history_start = Some(match recorded {
+                    Some(s) => tokio::spawn(async move { Some(s) }),
+                    None => self.start_record(token),
+                });
                 Ok(Event::Spawned)
             }
             Ok(None) => {
@@ -377,6 +422,174 @@ impl Driver {
         }
     }
 
+    /// Writes the term's start record, in a task of its own.
+    fn start_record(&self, token: i64) -> tokio::task::JoinHandle<Option<history::Started>> {
+        let (client, cfg) = (self.client.clone(), self.cfg.clone());
+        let key = self
+            .term
+            .as_ref()
+            .map(|t| t.key.clone())
+            .unwrap_or_default();
+        let delayed = self.delayed;
+        tokio::spawn(async move {
+            let term = records::Term {
+                token,
+                key: &key,
+                id: &cfg.id,
+            };
+            let (timeout, keep) = (cfg.conn.command_timeout, cfg.history_keep);
+            history::record_start(&client, &cfg.election, timeout, term, keep, delayed)
+                .await
+                .inspect_err(|e| tracing::warn!("history: {e:#}"))
+                .ok()
+        })
+    }
+
+    /// The takeover delay a new term owes: `--takeover-delay` when the term before it ended
+    /// uncleanly, or when that cannot be read (waiting is the safe side).
+    async fn takeover_delay_for(&self, token: i64) -> Option<Duration> {
+        let d = self.cfg.takeover_delay;
+        if d.is_zero() {
+            return None;
+        }
+        let (e, timeout) = (&self.cfg.election, self.cfg.conn.command_timeout);
+        match history::previous_unclean(&self.client, e, timeout, token).await {
+            Ok(false) => None,
+            Ok(true) => Some(d),
+            Err(err) => {
+                tracing::warn!(
+                    election = e.name(),
+                    "cannot read how the previous term ended ({err:#}); waiting out --takeover-delay"
+                );
+                Some(d)
+            }
+        }
+    }
+
+    /// Before a campaign: waits until `--health-cmd` passes. `Some` is what ended the wait
+    /// instead (a stopping signal, or `--wait`/`--no-wait` giving up).
+    async fn wait_healthy(&mut self) -> Option<Event> {
+        let Driver {
+            health,
+            signals,
+            give_up_at,
+            cfg,
+            ..
+        } = self;
+        let rx = health.as_mut()?;
+        let first = tokio::select! {
+            h = health::settled(rx) => h,
+            ev = stopping(signals) => return Some(ev),
+        };
+        if first == Health::Healthy {
+            return None;
+        }
+        let election = cfg.election.name();
+        if cfg.wait == Wait::No {
+            tracing::warn!(election, "not campaigning: the health check is failing");
+            return Some(Event::NotAcquired);
+        }
+        tracing::warn!(election, "not campaigning until the health check passes");
+        notify::status("unhealthy: waiting for the health check to pass");
+        let give_up = async {
+            match give_up_at {
+                Some(t) => tokio::time::sleep_until(*t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            passed = rx.wait_for(|h| *h == Health::Healthy) => {
+                if passed.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                tracing::info!(election, "the health check passes; campaigning");
+                None
+            }
+            ev = stopping(signals) => Some(ev),
+            _ = give_up => Some(Event::NotAcquired),
+        }
+    }
+
+    /// Waits out `--takeover-delay` with the lease renewed, watching the term as a running
+    /// one is watched; status shows when the job is due.
+    async fn delay(&mut self, d: Duration) -> Event {
+        let election = self.cfg.election.name().to_string();
+        let token = self.term.as_ref().map(|t| t.token).unwrap_or(0);
+        tracing::warn!(
+            election,
+            token,
+            "the previous term ended uncleanly: waiting --takeover-delay {} before starting the job",
+            crate::clock::human(d)
+        );
+        metrics::takeover_delayed();
+        notify::status(&format!("takeover delay, token {token}"));
+        self.delayed = Some(d);
+        let until = Instant::now() + d;
+        self.show_takeover(unix_ms() + d.as_millis() as u64).await;
+        let Driver {
+            lease,
+            leader_watch,
+            signals,
+            health,
+            ..
+        } = self;
+        let mut lease_rx = lease.as_ref().map(|l| l.subscribe());
+        let checked = health.is_some();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => return Event::DelayDone,
+                changed = async { lease_rx.as_mut().expect("lease").changed().await }, if lease_rx.is_some() => {
+                    if changed.is_err() {
+                        return Event::LeaseTaskEnded;
+                    }
+                    if let LeaseState::Lost(r) = *lease_rx.as_ref().expect("lease").borrow() {
+                        return Event::Lost(r);
+                    }
+                }
+                ev = async { leader_watch.as_mut().expect("leader watch").next().await }, if leader_watch.is_some() => {
+                    return match ev {
+                        LeaderEvent::KeyDeleted => Event::Lost(Loss::KeyDeleted),
+                        LeaderEvent::Paused => Event::Paused,
+                        // No job runs yet: handing over costs nothing, so --min-term waits for none.
+                        LeaderEvent::ResignRequested | LeaderEvent::Preempted => Event::ResignRequested,
+                    };
+                }
+                ev = stopping(signals) => return ev,
+                _ = async { health::failing(health.as_mut().expect("checked")).await }, if checked => {
+                    return Event::Unhealthy;
+                }
+            }
+        }
+    }
+
+    /// Puts when the delayed job is due into our candidate value, for `status`. Best effort:
+    /// the delay holds whether or not this lands.
+    async fn show_takeover(&mut self, due_ms: u64) {
+        let (Some(term), Some(lease)) = (self.term.as_ref(), self.lease.as_ref()) else {
+            return;
+        };
+        let value = Candidate {
+            takeover_until_ms: Some(due_ms),
+            ..self.candidate.clone()
+        };
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::create_revision(
+                term.key.clone(),
+                etcd_client::CompareOp::Equal,
+                term.token,
+            )])
+            .and_then([etcd_client::TxnOp::put(
+                term.key.clone(),
+                value.encode(),
+                Some(etcd_client::PutOptions::new().with_lease(lease.id)),
+            )]);
+        let mut c = self.client.clone();
+        let timeout = self.cfg.conn.command_timeout;
+        if let Err(e) = etcd::bounded(timeout, "etcd", c.txn(txn)).await {
+            tracing::debug!("takeover delay not shown in status: {e:#}");
+        }
+    }
+
     /// Waits for what ends or disturbs the term.
     async fn wait_leading(&mut self, phase: Phase) -> Event {
         let draining = matches!(phase, Phase::Draining { .. });
@@ -387,6 +600,9 @@ impl Driver {
             signals,
             cfg,
             timeout_at,
+            health,
+            elected_at,
+            preempt_at,
             ..
         } = self;
         let job_ref = job.as_mut().expect("leading means a job");
@@ -399,8 +615,27 @@ impl Driver {
             job_ref.extend(deadline, cfg.grace);
         }
         let timeout_at = *timeout_at;
+        let checked = health.is_some();
         loop {
             tokio::select! {
+                _ = async { tokio::time::sleep_until(preempt_at.expect("checked")).await }, if !draining && preempt_at.is_some() => {
+                    tracing::info!(
+                        election = cfg.election.name(),
+                        id = cfg.id,
+                        "--min-term {} is over: handing over to the higher-priority candidate",
+                        crate::clock::human(cfg.min_term)
+                    );
+                    return Event::ResignRequested;
+                }
+                _ = async { health::failing(health.as_mut().expect("checked")).await }, if !draining && checked => {
+                    tracing::warn!(
+                        election = cfg.election.name(),
+                        id = cfg.id,
+                        "the health check failed {} times in a row; stopping the job and resigning",
+                        cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
+                    );
+                    return Event::Unhealthy;
+                }
                 _ = async { tokio::time::sleep_until(timeout_at.expect("checked")).await }, if !draining && timeout_at.is_some() => {
                     tracing::warn!(
                         election = cfg.election.name(),
@@ -461,6 +696,17 @@ impl Driver {
                         }
                         LeaderEvent::Paused => Event::Paused,
                         LeaderEvent::ResignRequested => Event::ResignRequested,
+                        LeaderEvent::Preempted => {
+                            let at = *elected_at + cfg.min_term;
+                            tracing::info!(
+                                election = cfg.election.name(),
+                                id = cfg.id,
+                                "a higher-priority candidate asks for the term; handing over {}",
+                                if at <= Instant::now() { "now".to_string() } else { format!("once --min-term {} is over", crate::clock::human(cfg.min_term)) }
+                            );
+                            *preempt_at = Some(at);
+                            continue;
+                        }
                     };
                 }
                 Some(sig) = signals.recv() => {
@@ -544,6 +790,17 @@ impl Driver {
         match released {
             Ok(r) => self.released = r,
             Err(e) => tracing::warn!("history: {e:#}"),
+        }
+    }
+}
+
+/// Waits for a signal that stops the run; others (USR1, USR2) have no job to go to.
+async fn stopping(signals: &mut mpsc::UnboundedReceiver<i32>) -> Event {
+    loop {
+        match signals.recv().await {
+            Some(sig) if signals::is_stopping(sig) => return Event::Interrupted { signal: sig },
+            Some(_) => {}
+            None => std::future::pending::<()>().await,
         }
     }
 }
