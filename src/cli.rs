@@ -447,11 +447,21 @@ pub fn usage_message(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
     if e.kind() == ErrorKind::UnknownArgument {
         if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
             if negative(arg) {
-                let typed = before_dashes()
-                    .map(|a| a.to_string_lossy())
-                    .find(|a| a.starts_with(arg.as_str()))
-                    .map_or_else(|| arg.clone(), |a| a.into_owned());
-                return format!("invalid value '{typed}': negative values are not allowed");
+                // `--count -1`: clap took the value for a flag; the word before it names the
+                // flag it was meant for.
+                let words: Vec<_> = before_dashes().map(|a| a.to_string_lossy()).collect();
+                let at = words.iter().position(|a| a.starts_with(arg.as_str()));
+                let typed = at.map_or_else(|| arg.clone(), |i| words[i].to_string());
+                let flag = at
+                    .and_then(|i| i.checked_sub(1))
+                    .map(|i| &words[i])
+                    .filter(|w| w.starts_with('-') && !negative(w));
+                return match flag {
+                    Some(f) => format!(
+                        "invalid value '{typed}' for '{f}': negative values are not allowed"
+                    ),
+                    None => format!("invalid value '{typed}': negative values are not allowed"),
+                };
             }
             let usage = e
                 .get(ContextKind::Usage)

@@ -30,13 +30,20 @@
 //! and exits with the job's code. When leadership is lost, it stops the job and campaigns
 //! again on a fresh lease (or exits with `--on-loss exit`).
 //!
+//! The scheduling controls change when and where the job runs, never that rule: `--timeout`
+//! ends a term, `--takeover-delay` holds a new leader's start after an unclean end (judged by
+//! the previous term's history record), `--health-cmd` keeps an unhealthy worker out of line,
+//! and `--priority` makes lower candidates step aside at the head of the line and asks a lower
+//! leader to hand over, with the same token-guarded request as `resign`.
+//!
 //! # Layout
 //!
 //! Dependencies point down this list: each module uses only those below it.
 //!
 //! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine (phase × event
 //!   → next phase and actions, every pair matched); the driver in [`mod@run`] performs its
-//!   actions; [`run::signals`] is lead-exec's own signal listener.
+//!   actions; [`run::signals`] is lead-exec's own signal listener; [`run::health`] runs
+//!   `--health-cmd`.
 //! - [`ops`]: the operator commands: status, watch, resign, pause/resume, history, check.
 //! - [`records`]: what `run` writes beside the job and `ops` reads: term history, run keys.
 //! - [`fencing`]: the token and the job's environment.

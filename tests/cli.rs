@@ -241,15 +241,15 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
         ),
         (
             &["run", "foo", "--ttl", "-1s", "--", "true"],
-            "'-1s': negative values are not allowed",
+            "'-1s' for '--ttl': negative values are not allowed",
         ),
         (
             &["run", "foo", "--history-keep", "-1", "--", "true"],
-            "'-1': negative values are not allowed",
+            "'-1' for '--history-keep': negative values are not allowed",
         ),
         (
             &["history", "x", "-n", "-1"],
-            "'-1': negative values are not allowed",
+            "'-1' for '-n': negative values are not allowed",
         ),
         (
             &["run", "foo", "--ttl=-1s", "--", "true"],

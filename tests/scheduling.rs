@@ -334,3 +334,99 @@ fn bad_health_and_takeover_settings_are_refused_with_64() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
 }
+
+#[test]
+fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_ones_let_it_pass() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // One file in event order: each job's start, and its stop on TERM.
+    let job = script(
+        dir.path(),
+        "echo start $LEAD_EXEC_ID $FENCING_TOKEN >> $D/events; \
+         trap 'echo stop $LEAD_EXEC_ID >> $D/events; exit 0' TERM; while :; do sleep 0.05; done",
+    );
+    let started = |n: usize| {
+        wait_until(secs(20), || {
+            lines(&dir.path().join("events"))
+                .iter()
+                .filter(|l| l.starts_with("start"))
+                .count()
+                >= n
+        })
+    };
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("pr", &ep, &["--id", "a", "--min-term", "3s"], &job),
+    );
+    assert!(started(1));
+    let elected = std::time::Instant::now();
+    let mut b = spawn(dir.path(), "b", &run_args("pr", &ep, &["--id", "b"], &job));
+    b.wait_log("waiting behind a", secs(10));
+    let mut c = spawn(
+        dir.path(),
+        "c",
+        &run_args("pr", &ep, &["--id", "c", "--priority", "10"], &job),
+    );
+    c.wait_log("asked a (priority 0", secs(10));
+    a.wait_log("once --min-term 3s is over", secs(10));
+    let (_, out, _) = run(&["status", "pr", "--endpoints", &ep]);
+    assert!(out.contains("priority 10"), "{out}");
+
+    // a hands over only after its min-term, and b, older but lower, lets c pass.
+    assert!(started(2), "c never started:\n{}", c.log_text());
+    assert!(
+        elected.elapsed() >= Duration::from_millis(2900),
+        "preempted within --min-term"
+    );
+    b.wait_log("letting a higher-priority candidate pass", secs(10));
+    let ev = lines(&dir.path().join("events"));
+    assert_eq!(ev[0].split(' ').nth(1), Some("a"), "{ev:?}");
+    assert_eq!(
+        ev[1], "stop a",
+        "the old job stopped before the new one started: {ev:?}"
+    );
+    assert_eq!(ev[2].split(' ').nth(1), Some("c"), "{ev:?}");
+    // No loop: a and b queue behind c and ask nothing of it.
+    a.wait_log("waiting behind c", secs(10));
+    assert!(
+        etcd.keys("lead-exec/meta/pr/resign").is_empty(),
+        "a request was left"
+    );
+    assert_eq!(lines(&dir.path().join("events")).len(), 3);
+    for w in [&mut a, &mut b, &mut c] {
+        w.signal(libc::SIGTERM);
+    }
+    for w in [&mut a, &mut b, &mut c] {
+        w.wait(secs(10));
+    }
+}
+
+#[test]
+fn equal_priorities_never_preempt() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let prio = |id: &'static str| vec!["--id", id, "--priority", "5", "--min-term", "0s"];
+    let mut a = spawn(dir.path(), "a", &run_args("eq", &ep, &prio("a"), &job));
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut b = spawn(dir.path(), "b", &run_args("eq", &ep, &prio("b"), &job));
+    // A request would be written before b reports its place in line.
+    b.wait_log("waiting behind a", secs(10));
+    assert!(etcd.keys("lead-exec/meta/eq/resign").is_empty());
+    assert!(!b.log_text().contains("asked"), "{}", b.log_text());
+    assert_eq!(lines(&dir.path().join("terms")).len(), 1);
+    for w in [&mut a, &mut b] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+}
+
+#[test]
+fn a_negative_priority_is_refused_with_64() {
+    let (code, _, err) = run(&["run", "x", "--priority", "-1", "--", "true"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--priority"), "{err}");
+}

@@ -9,6 +9,7 @@
 //!                                             lead-exec/elections/NAME` shows the leader.
 //! lead-exec/meta/NAME/paused                  the kill switch (`pause`/`resume`)
 //! lead-exec/meta/NAME/resign                  a resign request: the leader's token
+//! lead-exec/meta/NAME/priority/<lease hex>    a candidate's --priority, when above 0
 //! lead-exec/meta/NAME/history/<token, 20 digits>  one record per term
 //! lead-exec/meta/NAME/runs/<run key>          completed `--run-key`s, with their own lease
 //! ```
@@ -92,6 +93,15 @@ impl Election {
     /// lease, so it vanishes with the term.
     pub fn resign_key(&self) -> String {
         format!("{}/resign", self.meta())
+    }
+
+    /// Priorities above 0 (`--priority`), one per candidate, on its lease.
+    pub fn priority_prefix(&self) -> String {
+        format!("{}/priority/", self.meta())
+    }
+
+    pub fn priority_key(&self, lease: i64) -> String {
+        format!("{}{:x}", self.priority_prefix(), lease)
     }
 
     pub fn history_prefix(&self) -> String {
@@ -217,6 +227,7 @@ mod tests {
         for k in [
             e.paused_key(),
             e.resign_key(),
+            e.priority_key(5),
             e.history_key(5),
             e.run_key("x"),
         ] {

@@ -38,6 +38,13 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
     }
 }
 
+fn priority_text(c: &crate::election::Candidate) -> String {
+    match c.priority {
+        0 => String::new(),
+        p => format!(", priority {p}"),
+    }
+}
+
 /// When a leader still waiting out `--takeover-delay` starts its job.
 fn takeover_due(c: &crate::election::Candidate) -> Option<u64> {
     c.takeover_until_ms
@@ -87,8 +94,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             match leader {
                 Some(l) => {
                     println!(
-                        "leader:    {} (host {}, pid {}), token {}",
-                        l.candidate.id, l.candidate.host, l.candidate.pid, l.token
+                        "leader:    {} (host {}, pid {}{}), token {}",
+                        l.candidate.id,
+                        l.candidate.host,
+                        l.candidate.pid,
+                        priority_text(&l.candidate),
+                        l.token
                     );
                     if let Some(s) = since {
                         println!("since:     {}", fmt_ms(s));
@@ -119,11 +130,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             println!("waiting:   {}", waiting.len());
             for (i, w) in waiting.iter().enumerate() {
                 println!(
-                    "  {}. {} (host {}, pid {})",
+                    "  {}. {} (host {}, pid {}{})",
                     i + 1,
                     w.candidate.id,
                     w.candidate.host,
-                    w.candidate.pid
+                    w.candidate.pid,
+                    priority_text(&w.candidate)
                 );
             }
             if !recent.is_empty() {

@@ -724,6 +724,57 @@ mod tests {
     }
 
     #[test]
+    fn an_unclean_end_delays_the_start_and_a_stop_during_the_delay_runs_nothing() {
+        let d = Duration::from_secs(5);
+        let ev = Event::Elected {
+            token: 42,
+            delay: Some(d),
+        };
+        let (p, a) = step(campaigning(), ev, &CAMPAIGN);
+        assert_eq!(p, Phase::Delaying { token: 42 });
+        assert_eq!(a, vec![Action::Delay(d)]);
+        assert_eq!(
+            step(p, Event::DelayDone, &CAMPAIGN),
+            (
+                Phase::Elected { token: 42 },
+                vec![Action::Spawn { token: 42 }]
+            )
+        );
+        for ev in [Event::Paused, Event::ResignRequested, Event::Unhealthy] {
+            assert_eq!(
+                step(p, ev, &EXIT),
+                (campaigning(), vec![Action::Resign, Action::Campaign]),
+                "{ev:?}"
+            );
+        }
+        let (next, a) = step(p, Event::Lost(Loss::Expired), &EXIT);
+        assert_eq!(next, Phase::Done(Exit::LeadershipLost));
+        assert!(
+            !a.iter().any(|a| matches!(a, Action::RecordEnd(_))),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn an_unhealthy_leader_stops_its_job_records_it_and_requeues() {
+        for policy in [CAMPAIGN, EXIT] {
+            let (p, a) = step(leading(), Event::Unhealthy, &policy);
+            assert_eq!(p, draining(StopReason::Unhealthy));
+            assert_eq!(a, vec![STOP]);
+            let (p, a) = step(p, ended(false), &policy);
+            assert_requeued(p, &a);
+            assert_eq!(a[0], Action::RecordEnd(TermEnd::Unhealthy));
+        }
+    }
+
+    #[test]
+    fn an_unhealthy_candidate_leaves_the_line() {
+        let (p, a) = step(campaigning(), Event::Unhealthy, &CAMPAIGN);
+        assert_eq!(p, campaigning());
+        assert_eq!(a, vec![Action::Resign, Action::Campaign]);
+    }
+
+    #[test]
     fn loss_while_draining_changes_nothing() {
         let d = Phase::Draining {
             token: 1,

@@ -242,6 +242,7 @@ impl Driver {
                 wait: self.cfg.wait,
                 give_up_at: self.give_up_at,
                 timeout: self.cfg.conn.command_timeout,
+                priority: self.cfg.priority,
             };
             let mut last_wait = None;
             let run = camp.run(|w| {
@@ -255,6 +256,12 @@ impl Driver {
                         Waiting::Paused => {
                             tracing::info!(election, "election paused; waiting for resume");
                             notify::status("paused");
+                        }
+                        Waiting::Yielding => {
+                            tracing::info!(
+                                election,
+                                "letting a higher-priority candidate pass; queueing again"
+                            );
                         }
                     }
                     last_wait = Some(w.clone());
