@@ -243,8 +243,8 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Binds now (so a bad address fails at start-up) and serves in the background, with hyper.
 ///
 /// Each connection is a task of its own, so a slow or abusive client holds only that task,
-/// never the run loop; headers must arrive within [`HEADER_TIMEOUT`], and at most
-/// [`MAX_CONNECTIONS`] are served at once.
+/// never the run loop; headers must arrive within 5 s, and at most
+/// 32 connections are served at once.
 pub async fn serve(addr: SocketAddr) -> Result<()> {
     // A taken port or a foreign address is a setting to fix, not an internal error.
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {

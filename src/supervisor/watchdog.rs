@@ -28,10 +28,10 @@ use super::CgroupMode;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
 
-/// argv[1] that selects this mode.
+/// `argv[1]` that selects this mode.
 pub const ARG: &str = "__watchdog";
 
-/// The watchdog's process name (comm) and argv[0]. It must not contain "lead-exec", so that
+/// The watchdog's process name (comm) and `argv[0]`. It must not contain "lead-exec", so that
 /// one `pkill lead-exec` or `killall lead-exec` cannot take out both enforcers.
 pub const NAME: &str = "lexec-watchdog";
 
