@@ -156,6 +156,8 @@ pub struct RunConfig {
     pub run_key: Option<String>,
     pub run_key_ttl: Duration,
     pub cgroup: CgroupMode,
+    /// `--slots`: how many holders may run the job at once.
+    pub slots: u32,
     /// `--timeout`: the longest a job may run in one term.
     pub timeout: Option<Duration>,
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -164,6 +166,30 @@ pub struct RunConfig {
 
 /// The shortest `--timeout`: below it the job could not even start.
 const MIN_JOB_TIMEOUT: Duration = Duration::from_millis(10);
+
+/// The most `--slots`: the creating transaction reads the first N candidate keys and a
+/// holder scans the N slot keys, on every term; past about a thousand that stops being cheap,
+/// and a semaphore that wide is better served by a work queue.
+pub const MAX_SLOTS: u32 = 1024;
+
+/// Refuses a slot count out of range, and slots with a run key.
+fn check_slots(slots: u32, run_key: Option<&str>) -> Result<u32> {
+    if !(1..=MAX_SLOTS).contains(&slots) {
+        return Err(fail(
+            Exit::Usage,
+            format!("--slots {slots}: must be between 1 and {MAX_SLOTS}"),
+        ));
+    }
+    if let (true, Some(k)) = (slots > 1, run_key) {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "--slots {slots} with --run-key {k}: a run key runs the job once, and {slots} slots would run it up to {slots} times at once before any of them records it done"
+            ),
+        ));
+    }
+    Ok(slots)
+}
 
 impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
@@ -188,6 +214,7 @@ impl RunConfig {
         if let Some(k) = &a.run_key {
             crate::election::validate_run_key(k)?;
         }
+        let slots = check_slots(a.slots, a.run_key.as_deref())?;
         if a.timeout.is_some_and(|t| t < MIN_JOB_TIMEOUT) {
             return Err(fail(
                 Exit::Usage,
@@ -223,6 +250,7 @@ impl RunConfig {
                 cli::CgroupMode::On => CgroupMode::On,
                 cli::CgroupMode::Off => CgroupMode::Off,
             },
+            slots,
             timeout: a.timeout,
             metrics_addr,
             command: a.command.clone(),
@@ -386,6 +414,21 @@ mod tests {
         assert_eq!(wait_of(&["--wait", "1ns"]), Wait::No);
         assert_eq!(wait_of(&["--wait", "1s"]), Wait::For(s(1)));
         assert_eq!(wait_of(&[]), Wait::Forever);
+    }
+
+    #[test]
+    fn slots_are_bounded_and_refused_with_a_run_key() {
+        assert_eq!(check_slots(1, None).unwrap(), 1);
+        assert_eq!(check_slots(MAX_SLOTS, None).unwrap(), MAX_SLOTS);
+        assert_eq!(check_slots(1, Some("nightly")).unwrap(), 1);
+        for bad in [0, MAX_SLOTS + 1] {
+            let e = check_slots(bad, None).unwrap_err();
+            assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+            assert!(e.to_string().contains("must be between 1 and"), "{e}");
+        }
+        let e = check_slots(2, Some("nightly")).unwrap_err();
+        assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+        assert!(e.to_string().contains("a run key runs the job once"), "{e}");
     }
 
     #[test]
