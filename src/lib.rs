@@ -30,6 +30,10 @@
 //! and exits with the job's code. When leadership is lost, it stops the job and campaigns
 //! again on a fresh lease (or exits with `--on-loss exit`).
 //!
+//! With `--slots N` the N oldest keys hold instead of the first alone (see
+//! [`election::campaign`]); each holder gets its own token and a slot index no other running
+//! holder has.
+//!
 //! # Layout
 //!
 //! Dependencies point down this list: each module uses only those below it.
