@@ -2,7 +2,7 @@
 //! writing to a fenced SQLite ledger, then checks the history.
 //!
 //! ```text
-//! cargo run --release --example chaos -- --workers 4 --trials 50 --seed 1 [--ttl 3s]
+//! cargo run --release --example chaos -- --workers 4 --trials 50 --seed 1 [--ttl 3s] [--slots N]
 //! ```
 //!
 //! Prints per-fault counts, failover times (min, median, max) and the checker's verdict; exits
@@ -25,12 +25,13 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("usage: chaos [--workers N] [--trials N] [--seed S] [--ttl DURATION]");
+        println!("usage: chaos [--workers N] [--trials N] [--seed S] [--ttl DURATION] [--slots N]");
         return ExitCode::SUCCESS;
     }
     let workers: usize = arg(&args, "--workers", 4);
     let trials: usize = arg(&args, "--trials", 20);
     let seed: u64 = arg(&args, "--seed", 1);
+    let slots: u32 = arg(&args, "--slots", 1);
     let ttl: String = arg(&args, "--ttl", "3s".to_string());
     let ttl = humantime::parse_duration(&ttl).expect("--ttl");
 
@@ -57,11 +58,11 @@ fn main() -> ExitCode {
     std::env::set_var("PATH", format!("{}:{path}", target.display()));
 
     println!(
-        "chaos soak: {workers} workers, {trials} trials, seed {seed}, ttl {}",
+        "chaos soak: {workers} workers, {slots} slot(s), {trials} trials, seed {seed}, ttl {}",
         humantime::format_duration(ttl)
     );
     let start = Instant::now();
-    let r = harness::chaos::soak(workers, trials, seed, ttl, |line| println!("{line}"));
+    let r = harness::chaos::soak(workers, slots, trials, seed, ttl, |line| println!("{line}"));
     let secs = |d: &Duration| d.as_secs_f64();
     println!();
     println!("| fault | injected | failovers | min s | median s | max s | job restarts |");

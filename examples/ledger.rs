@@ -13,6 +13,10 @@
 //! carry an older token and bounce off. The lease makes overlap unlikely; the token makes it
 //! harmless.
 //!
+//! With `lead-exec run --slots N` up to N jobs write at once, each with its own token. The
+//! ledger is then N ledgers in one: each slot (`LEAD_EXEC_SLOT`, default 0) has its own mark,
+//! so a holder is fenced only against the holders of its own slot.
+//!
 //! # Usage
 //!
 //! ```text
@@ -23,8 +27,8 @@
 //! ledger --db FILE check
 //! ```
 //!
-//! `--token` defaults to `FENCING_TOKEN` and `--worker` to `LEAD_EXEC_ID`, as `lead-exec run`
-//! sets them for its job. Exit codes: 0 ok, 1 error or `check` found a decrease, 2 usage,
+//! `--token` defaults to `FENCING_TOKEN`, `--worker` to `LEAD_EXEC_ID` and the slot to
+//! `LEAD_EXEC_SLOT`, as `lead-exec run` sets them for its job. Exit codes: 0 ok, 1 error or `check` found a decrease, 2 usage,
 //! 3 write rejected by the fence.
 
 use std::process::ExitCode;
@@ -65,6 +69,8 @@ enum Verdict {
 /// One write request.
 struct Write<'a> {
     token: i64,
+    /// The mark this write is fenced by (`LEAD_EXEC_SLOT`).
+    slot: i64,
     worker: &'a str,
     note: &'a str,
 }
@@ -80,17 +86,19 @@ fn open(path: &str) -> Result<Connection> {
     Ok(conn)
 }
 
-/// Creates the tables if missing. `fence` holds the single highest accepted token.
+/// Creates the tables if missing. `fence` holds the highest accepted token of each slot, in
+/// row `slot + 1`.
 fn init(conn: &Connection) -> Result<()> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS fence (
-             id      INTEGER PRIMARY KEY CHECK (id = 1),
+             id      INTEGER PRIMARY KEY CHECK (id >= 1),
              highest INTEGER NOT NULL
          );
          INSERT OR IGNORE INTO fence (id, highest) VALUES (1, 0);
          CREATE TABLE IF NOT EXISTS settlements (
              id     INTEGER PRIMARY KEY AUTOINCREMENT,
              token  INTEGER NOT NULL,
+             slot   INTEGER NOT NULL DEFAULT 0,
              worker TEXT    NOT NULL,
              note   TEXT    NOT NULL,
              at_ns  INTEGER NOT NULL,
@@ -99,6 +107,7 @@ fn init(conn: &Connection) -> Result<()> {
          CREATE TABLE IF NOT EXISTS rejections (
              id      INTEGER PRIMARY KEY AUTOINCREMENT,
              token   INTEGER NOT NULL,
+             slot    INTEGER NOT NULL DEFAULT 0,
              highest INTEGER NOT NULL,
              worker  TEXT    NOT NULL,
              note    TEXT    NOT NULL,
@@ -114,26 +123,35 @@ fn init(conn: &Connection) -> Result<()> {
 /// respect to every other writer.
 fn write(conn: &mut Connection, w: &Write) -> Result<Verdict> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let row = w.slot + 1;
+    if row > 1 {
+        tx.execute(
+            "INSERT OR IGNORE INTO fence (id, highest) VALUES (?1, 0)",
+            params![row],
+        )?;
+    }
     let highest: i64 = tx
-        .query_row("SELECT highest FROM fence WHERE id = 1", [], |r| r.get(0))
+        .query_row("SELECT highest FROM fence WHERE id = ?1", [row], |r| {
+            r.get(0)
+        })
         .optional()?
         .context("the ledger has no fence row: run `ledger init` first")?;
     let (at_ns, wall) = (monotonic_ns(), wall_clock());
     let verdict = if w.token >= highest {
         tx.execute(
-            "INSERT INTO settlements (token, worker, note, at_ns, wall) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![w.token, w.worker, w.note, at_ns, wall],
+            "INSERT INTO settlements (token, slot, worker, note, at_ns, wall) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![w.token, w.slot, w.worker, w.note, at_ns, wall],
         )?;
         tx.execute(
-            "UPDATE fence SET highest = ?1 WHERE id = 1",
-            params![w.token],
+            "UPDATE fence SET highest = ?1 WHERE id = ?2",
+            params![w.token, row],
         )?;
         Verdict::Accepted { highest: w.token }
     } else {
         tx.execute(
-            "INSERT INTO rejections (token, highest, worker, note, at_ns, wall)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![w.token, highest, w.worker, w.note, at_ns, wall],
+            "INSERT INTO rejections (token, slot, highest, worker, note, at_ns, wall)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![w.token, w.slot, highest, w.worker, w.note, at_ns, wall],
         )?;
         Verdict::Rejected { highest }
     };
@@ -145,6 +163,7 @@ fn write(conn: &mut Connection, w: &Write) -> Result<Verdict> {
 #[derive(Debug)]
 struct Settlement {
     token: i64,
+    slot: i64,
     worker: String,
     note: String,
     wall: String,
@@ -161,10 +180,12 @@ struct Rejection {
 }
 
 fn settlements(conn: &Connection) -> Result<Vec<Settlement>> {
-    let mut stmt = conn.prepare("SELECT token, worker, note, wall FROM settlements ORDER BY id")?;
+    let mut stmt =
+        conn.prepare("SELECT token, worker, note, wall, slot FROM settlements ORDER BY id")?;
     let rows = stmt.query_map([], |r| {
         Ok(Settlement {
             token: r.get(0)?,
+            slot: r.get(4)?,
             worker: r.get(1)?,
             note: r.get(2)?,
             wall: r.get(3)?,
@@ -188,13 +209,14 @@ fn rejections(conn: &Connection) -> Result<Vec<Rejection>> {
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// The first place where an accepted token is lower than the one accepted before it:
-/// `(index, previous, token)`. `None` means tokens never decreased.
+/// The first place where an accepted token is lower than the one accepted before it in the
+/// same slot: `(index, previous, token)`. `None` means tokens never decreased.
 fn first_decrease(rows: &[Settlement]) -> Option<(usize, i64, i64)> {
-    rows.windows(2)
-        .enumerate()
-        .find(|(_, w)| w[1].token < w[0].token)
-        .map(|(i, w)| (i + 1, w[0].token, w[1].token))
+    let mut last = std::collections::HashMap::new();
+    rows.iter().enumerate().find_map(|(i, r)| {
+        let before = last.insert(r.slot, r.token)?;
+        (r.token < before).then_some((i, before, r.token))
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -273,6 +295,19 @@ fn token_of(opts: &Opts) -> Result<i64> {
         .map_err(|_| usage(format!("token {raw:?} is not an integer")))
 }
 
+/// The slot of a write: `LEAD_EXEC_SLOT` as lead-exec sets it, else 0.
+fn slot_of() -> Result<i64> {
+    match std::env::var("LEAD_EXEC_SLOT") {
+        Err(_) => Ok(0),
+        Ok(raw) => raw
+            .trim()
+            .parse()
+            .ok()
+            .filter(|s| *s >= 0)
+            .ok_or_else(|| usage(format!("LEAD_EXEC_SLOT {raw:?} is not a slot"))),
+    }
+}
+
 fn worker_of(opts: &Opts) -> String {
     opts.worker
         .clone()
@@ -296,6 +331,7 @@ fn cmd_write(db: &str, opts: &Opts) -> Result<u8> {
     let mut conn = open(db)?;
     let w = Write {
         token,
+        slot: slot_of()?,
         worker: &worker,
         note: &note,
     };
@@ -351,8 +387,9 @@ fn cmd_settle(db: &str, opts: &Opts) -> Result<u8> {
     let worker = worker_of(opts);
     let every = Duration::from_millis(number(&opts.every, "--every")?.unwrap_or(300));
     let batches = number(&opts.batches, "--batches")?;
+    let slot = slot_of()?;
     catch_stop_signals();
-    let events = EventLog::open(opts.events.as_deref(), token, &worker)?;
+    let events = EventLog::open(opts.events.as_deref(), token, slot, &worker)?;
     events.log("start");
     let mut conn = open(db)?;
     let mut k = 0u64;
@@ -364,6 +401,7 @@ fn cmd_settle(db: &str, opts: &Opts) -> Result<u8> {
         let note = format!("batch {k}");
         let w = Write {
             token,
+            slot,
             worker: &worker,
             note: &note,
         };
@@ -391,16 +429,17 @@ fn cmd_settle(db: &str, opts: &Opts) -> Result<u8> {
 }
 
 /// `settle --events FILE`: one line per job start, write, rejection and exit,
-/// `<CLOCK_MONOTONIC ns> <kind> <token> <worker> <pid>`, appended with O_APPEND so that the
+/// `<CLOCK_MONOTONIC ns> <kind> <token> <worker> <pid> <slot>`, appended with O_APPEND so that the
 /// jobs of all workers can share one file. The chaos tests check their history from it.
 struct EventLog {
     file: Option<std::fs::File>,
     token: i64,
+    slot: i64,
     worker: String,
 }
 
 impl EventLog {
-    fn open(path: Option<&str>, token: i64, worker: &str) -> Result<EventLog> {
+    fn open(path: Option<&str>, token: i64, slot: i64, worker: &str) -> Result<EventLog> {
         let file = path
             .map(|p| {
                 std::fs::OpenOptions::new()
@@ -413,6 +452,7 @@ impl EventLog {
         Ok(EventLog {
             file,
             token,
+            slot,
             worker: worker.to_string(),
         })
     }
@@ -421,11 +461,12 @@ impl EventLog {
         use std::io::Write as _;
         if let Some(mut f) = self.file.as_ref() {
             let line = format!(
-                "{} {kind} {} {} {}\n",
+                "{} {kind} {} {} {} {}\n",
                 monotonic_ns(),
                 self.token,
                 self.worker,
-                std::process::id()
+                std::process::id(),
+                self.slot
             );
             // One write(2) per line: appends from several processes never interleave.
             let _ = f.write_all(line.as_bytes());
@@ -635,15 +676,43 @@ mod tests {
     }
 
     fn put(conn: &mut Connection, token: i64, worker: &str) -> Verdict {
+        put_slot(conn, token, 0, worker)
+    }
+
+    fn put_slot(conn: &mut Connection, token: i64, slot: i64, worker: &str) -> Verdict {
         write(
             conn,
             &Write {
                 token,
+                slot,
                 worker,
                 note: "test",
             },
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_decrease_counts_only_within_a_slot() {
+        let (_dir, mut conn) = ledger();
+        put_slot(&mut conn, 9, 0, "a");
+        put_slot(&mut conn, 5, 1, "b");
+        assert_eq!(first_decrease(&settlements(&conn).unwrap()), None);
+    }
+
+    #[test]
+    fn each_slot_has_its_own_mark() {
+        let (_dir, mut conn) = ledger();
+        let accepted = |highest| Verdict::Accepted { highest };
+        let rejected = |highest| Verdict::Rejected { highest };
+        for (token, slot, verdict) in [
+            (9, 0, accepted(9)),
+            (5, 1, accepted(5)),
+            (4, 1, rejected(5)),
+            (8, 0, rejected(9)),
+        ] {
+            assert_eq!(put_slot(&mut conn, token, slot, "w"), verdict, "{token}");
+        }
     }
 
     #[test]
@@ -684,6 +753,7 @@ mod tests {
         let mut conn = open(dir.path().join("x.db").to_str().unwrap()).unwrap();
         let w = Write {
             token: 1,
+            slot: 0,
             worker: "a",
             note: "",
         };
@@ -712,6 +782,7 @@ mod tests {
     fn show_keeps_the_ends_of_long_runs() {
         let row = |token, worker: &str| Settlement {
             token,
+            slot: 0,
             worker: worker.to_string(),
             note: String::new(),
             wall: String::new(),

@@ -225,6 +225,17 @@ pub struct RunArgs {
     #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", help_heading = "Election")]
     pub run_key_ttl: Duration,
 
+    /// Run the job on at most N workers at once (an N-of-M semaphore); every candidate of the
+    /// election must give the same N.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_SLOTS",
+        default_value_t = 1,
+        value_name = "N",
+        help_heading = "Election"
+    )]
+    pub slots: u32,
+
     /// Stop the job once it has run this long in a term: SIGTERM, SIGKILL after the grace, then
     /// lead-exec resigns and exits 124 (a --run-key is not recorded as done).
     #[arg(long, env = "LEAD_EXEC_TIMEOUT", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]

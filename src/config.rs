@@ -156,6 +156,8 @@ pub struct RunConfig {
     pub run_key: Option<String>,
     pub run_key_ttl: Duration,
     pub cgroup: CgroupMode,
+    /// `--slots`: how many holders may run the job at once.
+    pub slots: u32,
     /// `--timeout`: the longest a job may run in one term.
     pub timeout: Option<Duration>,
     /// `--takeover-delay`: the wait before a job starts after an unclean end; zero for none.
@@ -187,6 +189,30 @@ const MIN_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 /// The shortest `--timeout`: below it the job could not even start.
 const MIN_JOB_TIMEOUT: Duration = Duration::from_millis(10);
 
+/// The most `--slots`: the creating transaction reads the first N candidate keys and a
+/// holder scans the N slot keys, on every term; past about a thousand that stops being cheap,
+/// and a semaphore that wide is better served by a work queue.
+pub const MAX_SLOTS: u32 = 1024;
+
+/// Refuses a slot count out of range, and slots with a run key.
+fn check_slots(slots: u32, run_key: Option<&str>) -> Result<u32> {
+    if !(1..=MAX_SLOTS).contains(&slots) {
+        return Err(fail(
+            Exit::Usage,
+            format!("--slots {slots}: must be between 1 and {MAX_SLOTS}"),
+        ));
+    }
+    if let (true, Some(k)) = (slots > 1, run_key) {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "--slots {slots} with --run-key {k}: a run key runs the job once, and {slots} slots would run it up to {slots} times at once before any of them records it done"
+            ),
+        ));
+    }
+    Ok(slots)
+}
+
 impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
         let election = Election::new(&a.election.election)?;
@@ -209,6 +235,21 @@ impl RunConfig {
         };
         if let Some(k) = &a.run_key {
             crate::election::validate_run_key(k)?;
+        }
+        let slots = check_slots(a.slots, a.run_key.as_deref())?;
+        // Both rank one holder against the others: with several holders there is no "the
+        // leader" to preempt, and no one "previous term" whose end could be judged.
+        if slots > 1 && a.priority > 0 {
+            return Err(fail(
+                Exit::Usage,
+                format!("--priority with --slots {slots}: priorities rank a single leader; use one slot"),
+            ));
+        }
+        if slots > 1 && !a.takeover_delay.is_zero() {
+            return Err(fail(
+                Exit::Usage,
+                format!("--takeover-delay with --slots {slots}: the delay judges the one previous term; use one slot"),
+            ));
         }
         if a.timeout.is_some_and(|t| t < MIN_JOB_TIMEOUT) {
             return Err(fail(
@@ -270,6 +311,7 @@ impl RunConfig {
                 cli::CgroupMode::On => CgroupMode::On,
                 cli::CgroupMode::Off => CgroupMode::Off,
             },
+            slots,
             timeout: a.timeout,
             takeover_delay: a.takeover_delay,
             health,
@@ -437,6 +479,21 @@ mod tests {
         assert_eq!(wait_of(&["--wait", "1ns"]), Wait::No);
         assert_eq!(wait_of(&["--wait", "1s"]), Wait::For(s(1)));
         assert_eq!(wait_of(&[]), Wait::Forever);
+    }
+
+    #[test]
+    fn slots_are_bounded_and_refused_with_a_run_key() {
+        assert_eq!(check_slots(1, None).unwrap(), 1);
+        assert_eq!(check_slots(MAX_SLOTS, None).unwrap(), MAX_SLOTS);
+        assert_eq!(check_slots(1, Some("nightly")).unwrap(), 1);
+        for bad in [0, MAX_SLOTS + 1] {
+            let e = check_slots(bad, None).unwrap_err();
+            assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+            assert!(e.to_string().contains("must be between 1 and"), "{e}");
+        }
+        let e = check_slots(2, Some("nightly")).unwrap_err();
+        assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+        assert!(e.to_string().contains("a run key runs the job once"), "{e}");
     }
 
     #[test]

@@ -36,6 +36,10 @@
 //! and `--priority` makes lower candidates step aside at the head of the line and asks a lower
 //! leader to hand over, with the same token-guarded request as `resign`.
 //!
+//! With `--slots N` the N oldest keys hold instead of the first alone (see
+//! [`election::campaign`]); each holder gets its own token and a slot index no other running
+//! holder has.
+//!
 //! # Layout
 //!
 //! Dependencies point down this list: each module uses only those below it.

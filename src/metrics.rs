@@ -17,6 +17,7 @@ struct Metrics {
     registry: Registry,
     is_leader: IntGauge,
     token: IntGauge,
+    slot: IntGauge,
     ttl_remaining: Gauge,
     keepalive_rtt: Histogram,
     campaigns_won: IntCounter,
@@ -50,6 +51,13 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
             IntGauge::new(
                 "lead_exec_fencing_token",
                 "Fencing token of the current (or last) term",
+            ),
+        ),
+        slot: made(
+            r,
+            IntGauge::new(
+                "lead_exec_slot",
+                "Slot (LEAD_EXEC_SLOT) of the current (or last) term; 0 with one slot",
             ),
         ),
         ttl_remaining: made(
@@ -195,10 +203,11 @@ pub fn keepalive_rtt(d: Duration) {
     M.keepalive_rtt.observe(d.as_secs_f64());
 }
 
-pub fn elected(token: i64, campaign: Duration) {
+pub fn elected(token: i64, slot: u32, campaign: Duration) {
     M.campaigns_won.inc();
     M.campaign_seconds.observe(campaign.as_secs_f64());
     M.token.set(token);
+    M.slot.set(i64::from(slot));
 }
 
 pub fn token_regressed() {

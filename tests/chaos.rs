@@ -309,7 +309,7 @@ fn compaction_past_a_watchers_revision() {
 /// A short seeded soak of mixed faults; `cargo run --release --example chaos` runs long ones.
 #[test]
 fn short_seeded_soak() {
-    let report = soak(3, 6, 7, TTL, |line| eprintln!("{line}"));
+    let report = soak(3, 1, 6, 7, TTL, |line| eprintln!("{line}"));
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert!(report.faults_injected >= 6);
 }

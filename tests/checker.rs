@@ -3,12 +3,17 @@
 use harness::chaos::*;
 
 fn ev(ns: i64, kind: &str, token: i64, worker: &str, pid: i32) -> Ev {
+    slot_ev(ns, kind, token, worker, pid, 0)
+}
+
+fn slot_ev(ns: i64, kind: &str, token: i64, worker: &str, pid: i32, slot: u32) -> Ev {
     Ev {
         ns,
         kind: kind.into(),
         token,
         worker: worker.into(),
         pid,
+        slot,
     }
 }
 
@@ -20,6 +25,7 @@ fn history(events: Vec<Ev>, deaths: &[(i32, i64)], accepted: Vec<(i64, i64)>) ->
         rejected: vec![],
         marks: vec![],
         liveness_bound_ns: 5_000_000_000,
+        slots: 1,
     }
 }
 
@@ -72,4 +78,51 @@ fn frozen_overlap_is_allowed_only_without_late_accepted_writes() {
     assert_eq!(r.fenced_overlaps, 1);
     h.accepted.push((5, 46));
     assert!(!check(&h).violations.is_empty());
+}
+
+#[test]
+fn with_slots_n_jobs_may_run_at_once_but_never_more() {
+    // Two slots: a (slot 0) and b (slot 1) overlap, and c starts in a's slot once a is gone.
+    // Tokens go down across slots, never within one.
+    let events = vec![
+        slot_ev(10, "start", 9, "a", 1, 0),
+        slot_ev(12, "start", 5, "b", 2, 1),
+        slot_ev(30, "start", 11, "c", 3, 0),
+    ];
+    let mut h = history(
+        events,
+        &[(1, 20), (2, 60), (3, 70)],
+        vec![(9, 11), (5, 13), (11, 31), (5, 40)],
+    );
+    h.slots = 2;
+    let r = check(&h);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+
+    // A third job while both slots run is flagged; so is a token reused or a stale write
+    // within a slot.
+    h.events.push(slot_ev(40, "start", 12, "d", 4, 1));
+    h.deaths.insert(4, 50);
+    h.accepted.push((9, 45));
+    let v = check(&h).violations;
+    assert!(
+        v.iter()
+            .any(|s| s.starts_with("overlap: 3 jobs at once with 2 slots")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|s| s == "stale write accepted: token 9 after 11"),
+        "{v:?}"
+    );
+    h.events.push(slot_ev(80, "start", 11, "c", 5, 0));
+    let v = check(&h).violations;
+    assert!(v.iter().any(|s| s.contains("spawned twice")), "{v:?}");
+
+    // The same history with one slot is an overlap at once.
+    h.slots = 1;
+    let v = check(&h).violations;
+    assert!(
+        v.iter().any(|s| s.starts_with("overlap: token 9 (a)")),
+        "{v:?}"
+    );
 }

@@ -1,4 +1,4 @@
-//! Scheduling controls: `--timeout`, `--takeover-delay`, `--health-cmd`, `--priority`.
+//! Scheduling controls: `--timeout`, `--takeover-delay`, `--health-cmd`, `--slots`, `--priority`.
 
 use std::time::Duration;
 
@@ -310,8 +310,16 @@ fn a_waiting_candidate_leaves_the_line_while_unhealthy_and_requeues_when_it_pass
 }
 
 #[test]
-fn bad_health_and_takeover_settings_are_refused_with_64() {
-    let cases: [(&[&str], &str); 5] = [
+fn bad_health_priority_and_takeover_settings_are_refused_with_64() {
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["--slots", "2", "--priority", "1"],
+            "--priority with --slots 2",
+        ),
+        (
+            &["--slots", "2", "--takeover-delay", "1s"],
+            "--takeover-delay with --slots 2",
+        ),
         (
             &["--health-cmd", "true", "--health-interval", "1ms"],
             "--health-interval must be at least",
@@ -429,4 +437,332 @@ fn a_negative_priority_is_refused_with_64() {
     let (code, _, err) = run(&["run", "x", "--priority", "-1", "--", "true"]);
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("--priority"), "{err}");
+}
+
+/// A job for slot tests: logs "start TOKEN SLOT ID" and, when it ends (its stop file
+/// `stop.TOKEN` appears, or SIGTERM), "end TOKEN".
+fn slot_job(dir: &std::path::Path) -> String {
+    script(
+        dir,
+        "echo start $FENCING_TOKEN $LEAD_EXEC_SLOT $LEAD_EXEC_ID >> $D/log; \
+         trap 'echo end $FENCING_TOKEN >> $D/log; exit 0' TERM; \
+         while [ ! -e $D/stop.$FENCING_TOKEN ]; do sleep 0.05; done; \
+         echo end $FENCING_TOKEN >> $D/log",
+    )
+}
+
+/// One line of [`slot_job`]'s log.
+#[derive(Debug, Clone, PartialEq)]
+enum SlotEv {
+    Start { token: i64, slot: u32, id: String },
+    End { token: i64 },
+}
+
+fn slot_log(dir: &std::path::Path) -> Vec<SlotEv> {
+    lines(&dir.join("log"))
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[0] {
+                "start" => SlotEv::Start {
+                    token: f[1].parse().unwrap(),
+                    slot: f[2].parse().unwrap(),
+                    id: f[3].to_string(),
+                },
+                _ => SlotEv::End {
+                    token: f[1].parse().unwrap(),
+                },
+            }
+        })
+        .collect()
+}
+
+/// Jobs running now, by the log: (token, slot, id).
+fn running(dir: &std::path::Path) -> Vec<(i64, u32, String)> {
+    let mut live = Vec::new();
+    for e in slot_log(dir) {
+        match e {
+            SlotEv::Start { token, slot, id } => live.push((token, slot, id)),
+            SlotEv::End { token } => live.retain(|r| r.0 != token),
+        }
+    }
+    live
+}
+
+/// The most jobs the log ever shows at once. A job logs its end before it exits, and the
+/// next holder starts only after that, so the order of lines is the order of events.
+fn most_at_once(dir: &std::path::Path) -> usize {
+    let (mut live, mut most) = (0usize, 0);
+    for e in slot_log(dir) {
+        match e {
+            SlotEv::Start { .. } => live += 1,
+            SlotEv::End { .. } => live -= 1,
+        }
+        most = most.max(live);
+    }
+    most
+}
+
+/// Starts worker `id` in election `name` with `--slots N` and [`slot_job`].
+fn slot_worker(dir: &std::path::Path, name: &str, ep: &str, n: &str, id: &str) -> Worker {
+    let job = slot_job(dir);
+    spawn(
+        dir,
+        id,
+        &run_args(name, ep, &["--slots", n, "--id", id], &job),
+    )
+}
+
+/// Waits until `n` jobs run, and returns them.
+fn wait_running(dir: &std::path::Path, n: usize) -> Vec<(i64, u32, String)> {
+    let ok = wait_until(secs(10), || running(dir).len() == n);
+    assert!(ok, "{n} jobs never ran at once: {:?}", slot_log(dir));
+    running(dir)
+}
+
+#[test]
+fn slots_run_at_most_n_jobs_each_with_its_own_token_and_slot() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let mut w: Vec<Worker> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| slot_worker(dir.path(), "sl", &ep, "2", id))
+        .collect();
+    let held = wait_running(dir.path(), 2);
+    let waiting: Vec<&Worker> = w
+        .iter()
+        .zip(["a", "b", "c", "d"])
+        .filter(|(_, id)| !held.iter().any(|h| h.2 == *id))
+        .map(|(w, _)| w)
+        .collect();
+    for x in &waiting {
+        x.wait_log("waiting for one of 2 slots (2 ahead)", secs(10));
+    }
+    assert_ne!(held[0].0, held[1].0, "tokens are distinct: {held:?}");
+    let mut slots: Vec<u32> = held.iter().map(|h| h.1).collect();
+    slots.sort();
+    assert_eq!(slots, [0, 1], "{held:?}");
+
+    // One holder's job exits: a waiting candidate takes its slot, at once and once.
+    let (token, slot, id) = held[0].clone();
+    std::fs::write(dir.path().join(format!("stop.{token}")), "").unwrap();
+    let i = ["a", "b", "c", "d"].iter().position(|x| *x == id).unwrap();
+    assert_eq!(w[i].code(secs(10)), 0, "{}", w[i].log_text());
+    let ok = wait_until(secs(10), || {
+        running(dir.path()).iter().any(|r| r.0 != held[1].0)
+    });
+    assert!(ok, "nobody took the freed slot: {:?}", slot_log(dir.path()));
+    let now = running(dir.path());
+    let next = now.iter().find(|r| r.0 != held[1].0).unwrap();
+    assert_eq!(next.1, slot, "the freed slot is taken: {now:?}");
+    assert!(next.0 > held[0].0.max(held[1].0), "{now:?}");
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert_eq!(most_at_once(dir.path()), 2, "{:?}", slot_log(dir.path()));
+    for x in &mut w {
+        x.signal(libc::SIGTERM);
+    }
+    for x in &mut w {
+        x.wait(secs(10));
+    }
+    assert_eq!(most_at_once(dir.path()), 2, "{:?}", slot_log(dir.path()));
+}
+
+#[test]
+fn status_and_check_see_every_holder_with_its_token_and_slot() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let _w: Vec<Worker> = ["a", "b", "c"]
+        .iter()
+        .map(|id| slot_worker(dir.path(), "st", &ep, "2", id))
+        .collect();
+    let held = wait_running(dir.path(), 2);
+    let (code, out, err) = run(&["status", "st", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["slots"], 2, "{out}");
+    let holders = v["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{out}");
+    for (token, slot, id) in &held {
+        let h = holders.iter().find(|h| h["token"] == *token).expect(&out);
+        assert_eq!(h["slot"], *slot, "{out}");
+        assert_eq!(h["id"], id.as_str(), "{out}");
+    }
+    assert_eq!(v["waiting"].as_array().unwrap().len(), 1, "{out}");
+
+    let (code, out, _) = run(&["status", "st", "--endpoints", &ep]);
+    assert_eq!(code, 0);
+    assert!(out.contains("slots:     2"), "{out}");
+    for (token, slot, id) in &held {
+        assert!(
+            out.contains(&format!("slot {slot}: {id} ")) && out.contains(&format!("token {token}")),
+            "{out}"
+        );
+    }
+
+    let check = |token: i64| {
+        run(&[
+            "check",
+            "--election",
+            "st",
+            "--endpoints",
+            &ep,
+            "--token",
+            &token.to_string(),
+        ])
+    };
+    for (token, slot, _) in &held {
+        let (code, out, err) = check(*token);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(&format!("a holder's (slot {slot})")), "{out}");
+    }
+    let (code, _, err) = check(held[0].0.max(held[1].0) + 1000);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("the holders' tokens are"), "{err}");
+}
+
+#[test]
+fn candidates_that_disagree_on_slots_are_refused_with_64() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let _a = slot_worker(dir.path(), "dis", &ep, "3", "a");
+    wait_running(dir.path(), 1);
+    for (flags, theirs) in [(vec!["--slots", "2"], "2"), (vec![], "1")] {
+        let (code, _, err) = run(&run_args("dis", &ep, &flags, "echo ran >> never"));
+        assert_eq!(code, 64, "{err}");
+        assert!(
+            err.contains(&format!(
+                "election dis runs with --slots 3; this worker has --slots {theirs}: all candidates of an election must agree (stop them all to change it)"
+            )),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    assert_eq!(running(dir.path()).len(), 1);
+    // The refused candidates left no key behind.
+    assert_eq!(etcd.keys("lead-exec/elections/dis/").len(), 1);
+}
+
+#[test]
+fn slots_can_be_changed_once_every_candidate_has_left() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), "echo $LEAD_EXEC_SLOT >> $D/slots");
+    for n in ["3", "2", "1", "2"] {
+        let (code, _, err) = run(&run_args("chg", &ep, &["--slots", n], &job));
+        assert_eq!(code, 0, "--slots {n}: {err}");
+        let stored = etcd.ctl(&["get", "--print-value-only", "lead-exec/meta/chg/slots"]);
+        let want = if n == "1" { "" } else { n };
+        assert_eq!(stored.trim(), want, "after --slots {n}");
+    }
+    assert_eq!(lines(&dir.path().join("slots")), ["0", "0", "0", "0"]);
+    // The slot keys went with each term.
+    assert!(etcd.keys("lead-exec/meta/chg/slot/").is_empty());
+}
+
+#[test]
+fn resign_with_a_token_moves_one_holder() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let mut w: Vec<Worker> = ["a", "b", "c"]
+        .iter()
+        .map(|id| slot_worker(dir.path(), "rs", &ep, "2", id))
+        .collect();
+    let held = wait_running(dir.path(), 2);
+    let waiter = ["a", "b", "c"]
+        .iter()
+        .position(|id| !held.iter().any(|h| h.2 == *id))
+        .unwrap();
+    w[waiter].wait_log("waiting for one of 2 slots", secs(10));
+    let (token, slot, _) = held[0].clone();
+    let (code, out, err) = run(&[
+        "resign",
+        "rs",
+        "--endpoints",
+        &ep,
+        "--token",
+        &token.to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("resigned; holders now:"), "{out}");
+    let ok = wait_until(secs(10), || {
+        running(dir.path())
+            .iter()
+            .any(|r| r.2 == ["a", "b", "c"][waiter])
+    });
+    assert!(
+        ok,
+        "the waiting candidate did not take over: {:?}",
+        slot_log(dir.path())
+    );
+    let log = slot_log(dir.path());
+    assert!(log.contains(&SlotEv::End { token }), "{log:?}");
+    assert!(
+        !log.contains(&SlotEv::End { token: held[1].0 }),
+        "the other holder keeps running: {log:?}"
+    );
+    let now = running(dir.path());
+    let next = now.iter().find(|r| r.2 == ["a", "b", "c"][waiter]).unwrap();
+    assert_eq!(next.1, slot, "{now:?}");
+    assert_eq!(most_at_once(dir.path()), 2, "{log:?}");
+    // A token that holds nothing is refused.
+    let (code, _, err) = run(&["resign", "rs", "--endpoints", &ep, "--token", "1"]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("token 1 is not a holder's"), "{err}");
+    for x in &mut w {
+        x.signal(libc::SIGTERM);
+        x.wait(secs(10));
+    }
+}
+
+#[test]
+fn resign_without_a_token_with_several_holders_is_refused() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let _w: Vec<Worker> = ["a", "b"]
+        .iter()
+        .map(|id| slot_worker(dir.path(), "rn", &ep, "2", id))
+        .collect();
+    let held = wait_running(dir.path(), 2);
+    let (code, _, err) = run(&["resign", "rn", "--endpoints", &ep]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("election rn runs with --slots 2: name the holder to resign with --token T"),
+        "{err}"
+    );
+    assert!(etcd.keys("lead-exec/meta/rn/resign").is_empty());
+    assert_eq!(running(dir.path()), held, "nothing moved");
+}
+
+#[test]
+fn bad_slot_counts_and_slots_with_a_run_key_are_refused_with_64() {
+    for (flags, says) in [
+        (
+            vec!["--slots", "0"],
+            "--slots 0: must be between 1 and 1024",
+        ),
+        (
+            vec!["--slots", "1025"],
+            "--slots 1025: must be between 1 and 1024",
+        ),
+        (vec!["--slots", "two"], "--slots"),
+        (
+            vec!["--slots", "2", "--run-key", "nightly"],
+            "a run key runs the job once",
+        ),
+    ] {
+        let mut args = vec!["run", "x"];
+        args.extend_from_slice(&flags);
+        args.extend_from_slice(&["--", "true"]);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 64, "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    let (code, _, err) = run_env(&["run", "x", "--", "true"], &[("LEAD_EXEC_SLOTS", "0")]);
+    assert_eq!(code, 64, "{err}");
 }

@@ -11,11 +11,12 @@
 //! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
 //!   (including the routine ones: a member down, a rolling restart, a lost reply)
 //! - `ops`: status, watch, resign, pause, history, check, run keys
-//! - `scheduling`: the scheduling controls (`--timeout`)
+//! - `scheduling`: the scheduling controls (`--timeout`, `--slots`)
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
 //! - `docs`: the man pages match the clap definition
-//! - `checker`: the history checker flags overlaps, stale writes and token regressions
+//! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes
+//!   and token regressions
 //!
 //! The harness (etcd clusters, the fault proxy, workers, waiting helpers, the history
 //! checker) is the `harness` crate in `tests/harness`, shared with the examples.

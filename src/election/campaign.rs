@@ -10,6 +10,23 @@
 //!    An uncontended candidate needs no separate confirmation: the transaction that creates its
 //!    key also reads the head of the line and the pause switch, atomically.
 //!
+//! # Slots
+//!
+//! With `--slots N` the N keys with the lowest create revisions hold, and a candidate holds
+//! once fewer than N older keys exist. That stays true while its key lives, as "no older key"
+//! does for N = 1: every key created later gets a larger create revision, so the set of older
+//! keys only shrinks. The creating transaction reads the first N keys, and a waiting candidate
+//! watches the whole candidate prefix for deletes and recounts on each: with N > 1 any delete
+//! may free a place, so every waiting candidate wakes on every delete. That fan-out is the
+//! cost of slots, and why N = 1 keeps watching only its predecessor.
+//!
+//! A holder then claims the lowest free slot key `lead-exec/meta/NAME/slot/<i>` on its lease,
+//! which gives the job `LEAD_EXEC_SLOT`. Every candidate must run with the same N: the
+//! creating transaction compares it with `lead-exec/meta/NAME/slots`, which only a candidate
+//! that finds no other candidate may rewrite.
+//!
+//! # Priority
+//!
 //! `--priority` changes who gets there first, never the rule itself (only the oldest key may
 //! lead, which is what makes leadership exclusive). A candidate with priority P > 0 puts
 //! `meta/NAME/priority/<lease hex>` = P beside its key and asks a lower-priority leader to hand
@@ -31,12 +48,14 @@ use tokio::time::Instant;
 use super::lease::{Lease, LeaseState, Loss};
 use super::{Candidate, Election};
 use crate::etcd::{bounded, classify};
+use crate::exit::{fail, Exit};
 
 /// How a campaign ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// We lead, confirmed. `token` is our key's create revision.
-    Elected { token: i64, key: String },
+    /// We lead, confirmed. `token` is our key's create revision; `slot` is ours among the
+    /// holders (0 when there is one slot).
+    Elected { token: i64, key: String, slot: u32 },
     /// Someone else leads and the wait policy gave up.
     NotAcquired,
     /// Our lease or key went away while we waited.
@@ -62,7 +81,9 @@ pub struct Campaign<'a> {
     /// When `--wait` gives up, if it does.
     pub give_up_at: Option<Instant>,
     pub timeout: Duration,
-    /// `--priority`.
+    /// `--slots`: how many candidates hold at once.
+    pub slots: u32,
+    /// `--priority` (only with one slot).
     pub priority: u32,
 }
 
@@ -73,6 +94,12 @@ pub enum Waiting {
         key: String,
         value: Vec<u8>,
     },
+    /// Every slot is held by an older candidate (`ahead` of them, at least N).
+    SlotsFull {
+        ahead: usize,
+    },
+    /// We hold, but every slot key is still taken (a holder whose key went is draining).
+    SlotKeysTaken,
     Paused,
     /// At the head of the line, letting a higher-priority candidate pass.
     Yielding,
@@ -93,67 +120,34 @@ impl Campaign<'_> {
     async fn queue_once(&self, on_wait: &mut impl FnMut(&Waiting)) -> Result<Option<Outcome>> {
         let mut client = self.client.clone();
         let key = self.election.candidate_key(self.lease.id);
-        // Create our key and, in the same transaction, read the head of the line and the
-        // pause switch: an uncontended candidate is confirmed by this one round trip.
-        let head = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1)
-            .with_keys_only();
-        let mut ops = vec![
-            TxnOp::put(
-                key.clone(),
-                self.value.clone(),
-                Some(PutOptions::new().with_lease(self.lease.id)),
-            ),
-            TxnOp::get(self.election.candidates(), Some(head)),
-            TxnOp::get(
-                self.election.paused_key(),
-                Some(GetOptions::new().with_count_only()),
-            ),
-        ];
-        if self.priority > 0 {
-            // Same transaction, so its mod revision is our key's create revision: others tell
-            // by it whether we are younger than they are.
-            ops.push(TxnOp::put(
-                self.election.priority_key(self.lease.id),
-                self.priority.to_string(),
-                Some(PutOptions::new().with_lease(self.lease.id)),
-            ));
-        }
-        let create = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then(ops)
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = bounded(self.timeout, "etcd", client.txn(create)).await?;
-        let ops = resp.op_responses();
-        let my_rev = if resp.succeeded() {
-            resp.header().map(|h| h.revision()).unwrap_or(0)
-        } else {
-            existing_create_revision(&ops).unwrap_or(0)
-        };
-        anyhow::ensure!(
-            my_rev > 0,
-            "etcd returned no revision for our candidate key"
-        );
+        let (created, my_rev) = self.create(&mut client, &key).await?;
         tracing::debug!(key, my_rev, "candidate key created");
-        if resp.succeeded() && first_in_line_unpaused(&ops, my_rev) {
-            return Ok(Some(Outcome::Elected { token: my_rev, key }));
+        let mut lease_rx = self.lease.subscribe();
+        if created.is_some_and(|ops| holds_unpaused(&ops, my_rev)) {
+            return self
+                .elected(&mut client, key, my_rev, &mut lease_rx, on_wait)
+                .await
+                .map(Some);
         }
         if self.priority > 0 {
             self.ask_for_handover(&mut client).await;
         }
-        let mut lease_rx = self.lease.subscribe();
 
         loop {
             if let LeaseState::Lost(r) = *lease_rx.borrow() {
                 return Ok(Some(Outcome::Lost(r)));
             }
+            // The older keys, nearest first, as many as can keep us out.
             let opts = GetOptions::new()
                 .with_prefix()
                 .with_max_create_revision(my_rev - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1);
+                .with_limit(i64::from(self.slots));
+            let opts = if self.slots > 1 {
+                opts.with_keys_only()
+            } else {
+                opts
+            };
             let resp = bounded(
                 self.timeout,
                 "etcd",
@@ -161,16 +155,25 @@ impl Campaign<'_> {
             )
             .await?;
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            if let Some(pred) = resp.kvs().first() {
+            let older = resp.kvs();
+            if !may_hold(older.len(), self.slots) {
                 if self.wait == Wait::No {
                     return Ok(Some(Outcome::NotAcquired));
                 }
-                on_wait(&Waiting::Behind {
-                    key: String::from_utf8_lossy(pred.key()).into_owned(),
-                    value: pred.value().to_vec(),
-                });
+                // One slot: wait for the predecessor only. Several: any delete may free one.
+                let (watched, prefix) = if self.slots == 1 {
+                    let pred = &older[0];
+                    on_wait(&Waiting::Behind {
+                        key: String::from_utf8_lossy(pred.key()).into_owned(),
+                        value: pred.value().to_vec(),
+                    });
+                    (pred.key().to_vec(), false)
+                } else {
+                    on_wait(&Waiting::SlotsFull { ahead: older.len() });
+                    (self.election.candidates().into_bytes(), true)
+                };
                 match self
-                    .wait_for_delete(&mut client, pred.key().to_vec(), rev, &mut lease_rx)
+                    .wait_for_delete(&mut client, watched, prefix, rev, &mut lease_rx)
                     .await?
                 {
                     Some(outcome) => return Ok(Some(outcome)),
@@ -193,10 +196,7 @@ impl Campaign<'_> {
                     TxnOp::get(self.election.paused_key(), None),
                 ]);
             let resp = bounded(self.timeout, "etcd", client.txn(confirm)).await?;
-            if resp.succeeded() {
-                if !must_yield(&resp.op_responses(), my_rev, self.priority) {
-                    return Ok(Some(Outcome::Elected { token: my_rev, key }));
-                }
+            if resp.succeeded() && must_yield(&resp.op_responses(), my_rev, self.priority) {
                 // Out of line; the next creation puts us behind the one we let pass.
                 let leave = Txn::new()
                     .when([Compare::create_revision(
@@ -207,6 +207,12 @@ impl Campaign<'_> {
                     .and_then([TxnOp::delete(key.clone(), None)]);
                 bounded(self.timeout, "etcd", client.txn(leave)).await?;
                 return Ok(None);
+            }
+            if resp.succeeded() {
+                return self
+                    .elected(&mut client, key, my_rev, &mut lease_rx, on_wait)
+                    .await
+                    .map(Some);
             }
             let ops = resp.op_responses();
             if existing_create_revision(&ops[..1]) != Some(my_rev) {
@@ -221,6 +227,7 @@ impl Campaign<'_> {
                 .wait_for_delete(
                     &mut client,
                     self.election.paused_key().into_bytes(),
+                    false,
                     rev,
                     &mut lease_rx,
                 )
@@ -228,6 +235,182 @@ impl Campaign<'_> {
             {
                 return Ok(Some(outcome));
             }
+        }
+    }
+
+    /// Creates our key, only if absent and only if the election runs with our slot count, and
+    /// reads in the same transaction the head of the line and the pause switch, so that an
+    /// uncontended candidate is confirmed by this one round trip. Returns those reads (`None`
+    /// when an earlier attempt had created the key) and our key's create revision.
+    async fn create(
+        &self,
+        client: &mut Client,
+        key: &str,
+    ) -> Result<(Option<Vec<TxnOpResponse>>, i64)> {
+        let e = self.election;
+        let head = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(i64::from(self.slots))
+            .with_keys_only();
+        let mut then = vec![
+            TxnOp::put(
+                key,
+                self.value.clone(),
+                Some(PutOptions::new().with_lease(self.lease.id)),
+            ),
+            TxnOp::get(e.candidates(), Some(head)),
+            TxnOp::get(e.paused_key(), Some(GetOptions::new().with_count_only())),
+        ];
+        if self.priority > 0 {
+            // Same transaction, so its mod revision is our key's create revision: others tell
+            // by it whether we are younger than they are.
+            then.push(TxnOp::put(
+                e.priority_key(self.lease.id),
+                self.priority.to_string(),
+                Some(PutOptions::new().with_lease(self.lease.id)),
+            ));
+        }
+        let absent = Compare::create_revision(key, CompareOp::Equal, 0);
+        let create = Txn::new()
+            .when([absent.clone(), slots_agree(e, self.slots)])
+            .and_then(then.clone())
+            .or_else([TxnOp::get(key, None), TxnOp::get(e.slots_key(), None)]);
+        // Nobody else is in the election: its slot count is ours to set, in the same
+        // transaction that makes us its first candidate.
+        let set = if self.slots > 1 {
+            TxnOp::put(e.slots_key(), self.slots.to_string(), None)
+        } else {
+            TxnOp::delete(e.slots_key(), None)
+        };
+        let empty = Compare::version(e.candidates(), CompareOp::Equal, 0).with_prefix();
+        let reset = Txn::new()
+            .when([absent, empty])
+            .and_then([vec![set], then.to_vec()].concat())
+            .or_else([TxnOp::get(e.slots_key(), None)]);
+        // A retry only follows a concurrent change: candidates that arrived together on an
+        // empty election with the same count, one of which set it first.
+        let mut attempts = 0;
+        let (resp, ops) = loop {
+            attempts += 1;
+            let resp = bounded(self.timeout, "etcd", client.txn(create.clone())).await?;
+            let ops = resp.op_responses();
+            if resp.succeeded() {
+                break (resp, ops);
+            }
+            // Created by an earlier attempt whose answer was lost: it passed the checks then.
+            if let Some(rev) = existing_create_revision(&ops[..1]) {
+                return Ok((None, rev));
+            }
+            let resp = bounded(self.timeout, "etcd", client.txn(reset.clone())).await?;
+            let ops = resp.op_responses();
+            if resp.succeeded() {
+                tracing::info!(
+                    election = e.name(),
+                    slots = self.slots,
+                    "no other candidate: the election now runs with this slot count"
+                );
+                // The rewrite went first: the rest answer as in the creating transaction.
+                break (resp, ops[1..].to_vec());
+            }
+            let stored = match ops.first() {
+                Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                _ => None,
+            };
+            let agreed = match &stored {
+                None => self.slots == 1,
+                Some(v) => *v == self.slots.to_string().into_bytes(),
+            };
+            if !agreed || attempts >= 3 {
+                return Err(disagree(e, stored.as_deref(), self.slots));
+            }
+        };
+        let my_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        anyhow::ensure!(
+            my_rev > 0,
+            "etcd returned no revision for our candidate key"
+        );
+        Ok((Some(ops), my_rev))
+    }
+
+    /// A confirmed holder: with one slot it is slot 0; with more it claims the lowest free
+    /// slot key, waiting (bounded by the lease and `--wait`) while every one is taken.
+    async fn elected(
+        &self,
+        client: &mut Client,
+        key: String,
+        token: i64,
+        lease_rx: &mut watch::Receiver<LeaseState>,
+        on_wait: &mut impl FnMut(&Waiting),
+    ) -> Result<Outcome> {
+        if self.slots == 1 {
+            return Ok(Outcome::Elected {
+                token,
+                key,
+                slot: 0,
+            });
+        }
+        let e = self.election;
+        loop {
+            if let LeaseState::Lost(r) = *lease_rx.borrow() {
+                return Ok(Outcome::Lost(r));
+            }
+            let opts = GetOptions::new().with_prefix().with_keys_only();
+            let resp = bounded(
+                self.timeout,
+                "etcd",
+                client.get(e.slot_prefix(), Some(opts)),
+            )
+            .await?;
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let prefix = e.slot_prefix();
+            let taken: Vec<u32> = resp
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    std::str::from_utf8(kv.key())
+                        .ok()?
+                        .strip_prefix(&prefix)?
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            let Some(slot) = lowest_free(&taken, self.slots) else {
+                if self.wait == Wait::No {
+                    return Ok(Outcome::NotAcquired);
+                }
+                on_wait(&Waiting::SlotKeysTaken);
+                let watched = prefix.into_bytes();
+                match self
+                    .wait_for_delete(client, watched, true, rev, lease_rx)
+                    .await?
+                {
+                    Some(outcome) => return Ok(outcome),
+                    None => continue,
+                }
+            };
+            let claim = Txn::new()
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, token),
+                    Compare::version(e.slot_key(slot), CompareOp::Equal, 0),
+                ])
+                .and_then([TxnOp::put(
+                    e.slot_key(slot),
+                    token.to_string(),
+                    Some(PutOptions::new().with_lease(self.lease.id)),
+                )])
+                .or_else([TxnOp::get(
+                    key.clone(),
+                    Some(GetOptions::new().with_keys_only()),
+                )]);
+            let resp = bounded(self.timeout, "etcd", client.txn(claim)).await?;
+            if resp.succeeded() {
+                return Ok(Outcome::Elected { token, key, slot });
+            }
+            if existing_create_revision(&resp.op_responses()) != Some(token) {
+                return Ok(Outcome::Lost(Loss::KeyDeleted));
+            }
+            // Another holder took that slot first: look again.
         }
     }
 
@@ -289,18 +472,20 @@ impl Campaign<'_> {
         }
     }
 
-    /// Waits until `key` is deleted after revision `rev`. `None` means: look again (deleted,
-    /// or the watch broke and a fresh read must decide).
+    /// Waits until `key` (every key under it, with `prefix`) is deleted after revision `rev`.
+    /// `None` means: look again (deleted, or the watch broke and a fresh read must decide).
     async fn wait_for_delete(
         &self,
         client: &mut Client,
         key: Vec<u8>,
+        prefix: bool,
         rev: i64,
         lease_rx: &mut watch::Receiver<LeaseState>,
     ) -> Result<Option<Outcome>> {
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
+        let opts = if prefix { opts.with_prefix() } else { opts };
         let mut stream =
             match tokio::time::timeout(self.timeout, client.watch(key, Some(opts))).await {
                 Ok(Ok(s)) => s,
@@ -348,17 +533,53 @@ impl Campaign<'_> {
     }
 }
 
-/// Whether the creating transaction saw our key at the head of the line and no pause.
-fn first_in_line_unpaused(ops: &[TxnOpResponse], my_rev: i64) -> bool {
-    let head = match ops.get(1) {
-        Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
-        _ => None,
+/// Whether the creating transaction saw our key among the first N of the line (the head
+/// was read with limit N) and no pause.
+fn holds_unpaused(ops: &[TxnOpResponse], my_rev: i64) -> bool {
+    let holds = match ops.get(1) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().iter().any(|kv| kv.create_revision() == my_rev),
+        _ => false,
     };
     let paused = match ops.get(2) {
         Some(TxnOpResponse::Get(g)) => g.count() > 0,
         _ => true,
     };
-    head == Some(my_rev) && !paused
+    holds && !paused
+}
+
+/// Whether a candidate with `older` keys created before its own may hold one of `slots`.
+/// Safe to act on once true: no key created later can be older, so `older` only shrinks.
+pub fn may_hold(older: usize, slots: u32) -> bool {
+    older < slots as usize
+}
+
+/// The lowest slot index below `slots` that no key in `taken` holds.
+pub fn lowest_free(taken: &[u32], slots: u32) -> Option<u32> {
+    (0..slots).find(|i| !taken.contains(i))
+}
+
+/// The compare that holds when the election runs with `slots`: the meta key is absent for
+/// one slot (as before slots existed) and holds the number otherwise.
+fn slots_agree(e: &Election, slots: u32) -> Compare {
+    if slots == 1 {
+        Compare::version(e.slots_key(), CompareOp::Equal, 0)
+    } else {
+        Compare::value(e.slots_key(), CompareOp::Equal, slots.to_string())
+    }
+}
+
+/// Refuses a candidate whose `--slots` differs from the one the election's candidates run
+/// with (`stored`, absent meaning 1): two counts at once would let more jobs run than either
+/// allows.
+fn disagree(e: &Election, stored: Option<&[u8]>, ours: u32) -> anyhow::Error {
+    let theirs = stored.map_or_else(|| "1".into(), String::from_utf8_lossy);
+    fail(
+        Exit::Usage,
+        format!(
+            "election {} runs with --slots {theirs}; this worker has --slots {ours}: all candidates of an election must agree (stop them all to change it)",
+            e.name()
+        ),
+    )
 }
 
 /// Whether a candidate younger than us (a priority key written after our key) has a higher
@@ -409,5 +630,40 @@ mod tests {
         assert!(!yields(&[(11, "garbage")], 0));
         assert!(!yields(&[], 0));
         assert!(yields(&[(9, "1"), (12, "3")], 2));
+    }
+
+    #[test]
+    fn a_candidate_holds_once_fewer_than_n_keys_are_older() {
+        assert!(may_hold(0, 1));
+        assert!(!may_hold(1, 1));
+        assert!(may_hold(2, 3));
+        assert!(!may_hold(3, 3));
+        assert!(
+            !may_hold(4, 3),
+            "a read of more keys than asked for still keeps us out"
+        );
+    }
+
+    #[test]
+    fn the_lowest_free_slot_is_claimed() {
+        assert_eq!(lowest_free(&[], 3), Some(0));
+        assert_eq!(lowest_free(&[0, 2], 3), Some(1));
+        assert_eq!(lowest_free(&[1, 0], 3), Some(2));
+        assert_eq!(lowest_free(&[0, 1, 2], 3), None);
+        assert_eq!(lowest_free(&[5, 0], 2), Some(1), "keys past N are ignored");
+    }
+
+    #[test]
+    fn a_disagreement_names_both_counts_and_is_a_usage_error() {
+        let e = Election::new("settle").unwrap();
+        let err = disagree(&e, Some(b"3"), 2);
+        assert_eq!(crate::exit::exit_of(&err), Exit::Usage);
+        assert_eq!(
+            err.to_string(),
+            "election settle runs with --slots 3; this worker has --slots 2: all candidates of an election must agree (stop them all to change it)"
+        );
+        assert!(disagree(&e, None, 2)
+            .to_string()
+            .contains("runs with --slots 1;"));
     }
 }

@@ -12,6 +12,8 @@
 //! lead-exec/meta/NAME/priority/<lease hex>    a candidate's --priority, when above 0
 //! lead-exec/meta/NAME/history/<token, 20 digits>  one record per term
 //! lead-exec/meta/NAME/runs/<run key>          completed `--run-key`s, with their own lease
+//! lead-exec/meta/NAME/slots                   `--slots N` when N > 1 (absent: 1), no lease
+//! lead-exec/meta/NAME/slot/<i>                slot i of a holder, on its lease (N > 1 only)
 //! ```
 //!
 //! Metadata lives outside `lead-exec/elections/NAME/` because every key under a candidate
@@ -115,6 +117,20 @@ impl Election {
 
     pub fn run_key(&self, key: &str) -> String {
         format!("{}/runs/{key}", self.meta())
+    }
+
+    /// The number of slots every candidate must agree on; absent means 1.
+    pub fn slots_key(&self) -> String {
+        format!("{}/slots", self.meta())
+    }
+
+    /// Range prefix of the slot keys that holders claim.
+    pub fn slot_prefix(&self) -> String {
+        format!("{}/slot/", self.meta())
+    }
+
+    pub fn slot_key(&self, slot: u32) -> String {
+        format!("{}{slot}", self.slot_prefix())
     }
 }
 
@@ -230,6 +246,8 @@ mod tests {
             e.priority_key(5),
             e.history_key(5),
             e.run_key("x"),
+            e.slots_key(),
+            e.slot_key(0),
         ] {
             assert!(!k.starts_with(&e.candidates()));
             assert!(!k.starts_with(&format!("{ROOT}/elections/")));

@@ -1,5 +1,6 @@
 //! `lead-exec check`: for use inside a job, before an external call that cannot carry the
-//! token. Exit 0 only if FENCING_TOKEN still belongs to the leader, by a linearizable read.
+//! token. Exit 0 only if FENCING_TOKEN still belongs to the leader (with `--slots`, to one of
+//! the holders), by a linearizable read.
 
 use anyhow::Result;
 
@@ -13,27 +14,34 @@ pub async fn run(a: CheckArgs) -> Result<Exit> {
         conn: a.conn.clone(),
     })
     .await?;
-    let (entries, _) = ctx.candidates().await?;
-    let paused = ctx.paused().await?;
-    match entries.first() {
-        Some(l) if l.token == a.token && paused.is_none() => {
-            println!("token {} is the leader's", a.token);
+    let line = ctx.holders().await?;
+    // The first N of the line, paused or not: a paused holder must stop, not look stale.
+    let first = &line.entries[..line.entries.len().min(line.slots as usize)];
+    let stale = |why: String| Err(fail(Exit::StaleToken, format!("token {} {why}", a.token)));
+    match first.iter().find(|e| e.token == a.token) {
+        Some(e) if line.paused.is_none() => {
+            let whose = if line.slots == 1 {
+                "the leader's".to_string()
+            } else {
+                format!("a holder's (slot {})", slot_name(e.slot))
+            };
+            println!("token {} is {whose}", a.token);
             Ok(Exit::Ok)
         }
-        Some(l) if l.token == a.token => Err(fail(
-            Exit::StaleToken,
-            format!("token {} must stop: the election is paused", a.token),
+        Some(_) => stale("must stop: the election is paused".into()),
+        None if first.is_empty() => stale("is stale: there is no leader".into()),
+        None if line.slots == 1 => stale(format!(
+            "is stale: the leader's token is {}",
+            first[0].token
         )),
-        Some(l) => Err(fail(
-            Exit::StaleToken,
-            format!(
-                "token {} is stale: the leader's token is {}",
-                a.token, l.token
-            ),
-        )),
-        None => Err(fail(
-            Exit::StaleToken,
-            format!("token {} is stale: there is no leader", a.token),
+        None => stale(format!(
+            "is stale: the holders' tokens are {}",
+            super::tokens(first)
         )),
     }
+}
+
+/// A holder's slot for people: "-" until it has claimed one.
+pub fn slot_name(slot: Option<u32>) -> String {
+    slot.map_or_else(|| "-".into(), |s| s.to_string())
 }

@@ -36,7 +36,7 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
 }
 
 /// How a term ended, marked when unclean (what `--takeover-delay` waits after).
-fn end_text(r: &history::Record) -> String {
+pub fn end_text(r: &history::Record) -> String {
     match r.end.as_deref() {
         None => "running".into(),
         Some(e) if r.ended_cleanly() => e.into(),

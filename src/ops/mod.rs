@@ -68,10 +68,58 @@ impl Ctx {
                 key: String::from_utf8_lossy(kv.key()).into_owned(),
                 token: kv.create_revision(),
                 lease: kv.lease(),
+                slot: None,
                 candidate: Candidate::parse(kv.value()),
             })
             .collect();
         Ok((entries, rev))
+    }
+
+    /// The slot count the election's candidates run with (`--slots`; absent means 1).
+    pub async fn slots(&self) -> Result<u32> {
+        let mut c = self.client.clone();
+        let resp = bounded(self.timeout, "etcd", c.get(self.election.slots_key(), None)).await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.trim().parse().ok())
+            .unwrap_or(1))
+    }
+
+    /// The holders as every view shows them (see [`holders`]), each with the slot it claimed.
+    pub async fn holders(&self) -> Result<Holders> {
+        let (mut entries, rev) = self.candidates().await?;
+        let paused = self.paused().await?;
+        let slots = self.slots().await?;
+        let held = holders(&entries, paused.as_ref(), slots).len();
+        if slots == 1 {
+            if let Some(h) = entries.first_mut().filter(|_| held == 1) {
+                h.slot = Some(0);
+            }
+        } else if held > 0 {
+            let mut c = self.client.clone();
+            let prefix = self.election.slot_prefix();
+            let opts = GetOptions::new().with_prefix();
+            let resp = bounded(self.timeout, "etcd", c.get(prefix.clone(), Some(opts))).await?;
+            for kv in resp.kvs() {
+                let slot = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.strip_prefix(&prefix)?.parse().ok());
+                let token = std::str::from_utf8(kv.value())
+                    .ok()
+                    .and_then(|v| v.parse::<i64>().ok());
+                if let Some(h) = entries[..held].iter_mut().find(|h| Some(h.token) == token) {
+                    h.slot = slot;
+                }
+            }
+        }
+        Ok(Holders {
+            entries,
+            held,
+            slots,
+            paused,
+            rev,
+        })
     }
 
     /// The pause switch, if on.
@@ -93,10 +141,40 @@ impl Ctx {
     }
 }
 
-/// The leader as every view shows it: the head of the line, unless the election is paused
-/// (then nobody runs the job, whoever is first in line).
-pub fn leader<'a>(entries: &'a [Entry], paused: Option<&Pause>) -> Option<&'a Entry> {
-    entries.first().filter(|_| paused.is_none())
+/// The holders as every view shows them: the first `slots` of the line (the head alone with
+/// one slot), unless the election is paused (then nobody runs the job, whoever is first).
+pub fn holders<'a>(entries: &'a [Entry], paused: Option<&Pause>, slots: u32) -> &'a [Entry] {
+    match paused {
+        Some(_) => &[],
+        None => &entries[..entries.len().min(slots as usize)],
+    }
+}
+
+/// The line of candidates and who of it holds, as one operator command read it.
+pub struct Holders {
+    /// Every candidate in line order; the first `held` hold.
+    pub entries: Vec<Entry>,
+    pub held: usize,
+    pub slots: u32,
+    pub paused: Option<Pause>,
+    /// The revision the line was read at.
+    pub rev: i64,
+}
+
+impl Holders {
+    pub fn holders(&self) -> &[Entry] {
+        &self.entries[..self.held]
+    }
+
+    pub fn waiting(&self) -> &[Entry] {
+        &self.entries[self.held..]
+    }
+}
+
+/// Candidates' tokens, for messages: "5, 9".
+pub fn tokens(entries: &[Entry]) -> String {
+    let t: Vec<String> = entries.iter().map(|h| h.token.to_string()).collect();
+    t.join(", ")
 }
 
 /// One candidate key.
@@ -107,6 +185,9 @@ pub struct Entry {
     pub token: i64,
     #[serde(skip)]
     pub lease: i64,
+    /// `LEAD_EXEC_SLOT` of a holder, once claimed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
     #[serde(flatten)]
     pub candidate: Candidate,
 }

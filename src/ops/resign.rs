@@ -1,4 +1,6 @@
-//! `lead-exec resign [--token T]`: a manual transfer.
+//! `lead-exec resign [--token T]`: a manual transfer. With `--slots` above 1, T names the
+//! holder to move; the one resign request key serves every holder, since each acts only on a
+//! request naming its own token and watches deliver every put in order.
 //!
 //! Writes a resign request carrying the leader's token, in a transaction that succeeds only
 //! while that key still leads with that token (compare-and-put, never blind). The leader sees
@@ -16,35 +18,27 @@ use etcd_client::{
     WatchOptions,
 };
 
-use super::Ctx;
+use super::{Ctx, Entry, Holders};
 use crate::cli::ResignArgs;
 use crate::etcd::{bounded, classify};
 use crate::exit::{fail, Exit};
 
 pub async fn run(a: ResignArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
-    let (entries, _) = ctx.candidates().await?;
-    let paused = ctx.paused().await?;
+    let line = ctx.holders().await?;
     // A paused election has no leader: its head of line runs nothing, and a request left for
     // it would stop its first job after `resume`.
-    let Some(leader) = super::leader(&entries, paused.as_ref()) else {
-        let why = if paused.is_some() { " (paused)" } else { "" };
+    let Some(leader) = pick(&line, a.token, ctx.election.name())? else {
+        let why = if line.paused.is_some() {
+            " (paused)"
+        } else {
+            ""
+        };
         return Err(fail(
             Exit::NoLeader,
             format!("{}: no leader to resign{why}", ctx.election.name()),
         ));
     };
-    if let Some(t) = a.token {
-        if t != leader.token {
-            return Err(fail(
-                Exit::StaleToken,
-                format!(
-                    "token {t} is not the leader's (the leader's token is {})",
-                    leader.token
-                ),
-            ));
-        }
-    }
     let request = ctx.election.resign_key();
     let txn = Txn::new()
         .when([
@@ -88,6 +82,10 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
     outcome?;
     let (after, _) = ctx.candidates().await?;
     match after.first() {
+        Some(_) if line.slots > 1 => println!(
+            "resigned; holders now: {}",
+            super::tokens(&after[..after.len().min(line.slots as usize)])
+        ),
         Some(n) => println!(
             "resigned; next in line: {} (token {})",
             n.candidate.id, n.token
@@ -95,6 +93,45 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         None => println!("resigned; no candidate is waiting"),
     }
     Ok(Exit::Ok)
+}
+
+/// The holder to resign: the one `token` names, or the only one. With several slots a
+/// holder must be named, since any of them could be meant.
+fn pick<'a>(line: &'a Holders, token: Option<i64>, name: &str) -> Result<Option<&'a Entry>> {
+    let holders = line.holders();
+    let Some(first) = holders.first() else {
+        return Ok(None);
+    };
+    let Some(t) = token else {
+        if line.slots > 1 {
+            return Err(fail(
+                Exit::Usage,
+                format!(
+                    "election {name} runs with --slots {}: name the holder to resign with --token T (the holders' tokens are {})",
+                    line.slots,
+                    super::tokens(holders)
+                ),
+            ));
+        }
+        return Ok(Some(first));
+    };
+    match holders.iter().find(|h| h.token == t) {
+        Some(h) => Ok(Some(h)),
+        None if line.slots == 1 => Err(fail(
+            Exit::StaleToken,
+            format!(
+                "token {t} is not the leader's (the leader's token is {})",
+                first.token
+            ),
+        )),
+        None => Err(fail(
+            Exit::StaleToken,
+            format!(
+                "token {t} is not a holder's (the holders' tokens are {})",
+                super::tokens(holders)
+            ),
+        )),
+    }
 }
 
 /// Waits until the leader's key is deleted. A watch that is cancelled or closes says nothing

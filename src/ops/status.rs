@@ -1,4 +1,5 @@
 //! `lead-exec status`: who leads, with which token, who waits, whether paused, recent terms.
+//! With `--slots` above 1: every holder, with its token and slot.
 //!
 //! Exit 0 when a leader runs the job, [`Exit::NoLeader`] when none does (no candidate, or
 //! paused), [`Exit::Unavailable`] when etcd cannot say.
@@ -6,7 +7,8 @@
 use anyhow::Result;
 use serde_json::json;
 
-use super::{fmt_ms, Ctx};
+use super::check::slot_name;
+use super::{fmt_ms, Ctx, Entry};
 use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
@@ -18,9 +20,20 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
     let name = cfg.election.name();
     let who = async {
         let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
-        let (entries, _) = ctx.candidates().await?;
-        let paused = ctx.paused().await?;
-        anyhow::Ok(match (super::leader(&entries, paused.as_ref()), &paused) {
+        let line = ctx.holders().await?;
+        let holders = line.holders();
+        anyhow::Ok(match (holders.first(), &line.paused) {
+            (Some(_), _) if line.slots > 1 => {
+                let who: Vec<String> = holders
+                    .iter()
+                    .map(|h| format!("{} (token {})", h.candidate.id, h.token))
+                    .collect();
+                format!(
+                    "{name}'s {} slots are held by {}",
+                    line.slots,
+                    who.join(", ")
+                )
+            }
             (Some(l), _) => format!(
                 "{name} is led by {} (host {}, pid {}, token {})",
                 l.candidate.id, l.candidate.host, l.candidate.pid, l.token
@@ -53,37 +66,43 @@ fn takeover_due(c: &crate::election::Candidate) -> Option<u64> {
 
 pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
-    let (entries, _) = ctx.candidates().await?;
-    let paused = ctx.paused().await?;
+    let line = ctx.holders().await?;
     let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
-    let leader = super::leader(&entries, paused.as_ref());
-    let ttl_left = match leader {
-        Some(l) if l.lease != 0 => {
-            let mut c = ctx.client.clone();
-            crate::etcd::bounded(ctx.timeout, "etcd", c.lease_time_to_live(l.lease, None))
-                .await
-                .ok()
-                .map(|r| r.ttl())
-        }
-        _ => None,
-    };
-    let since = leader.and_then(|l| {
-        recent
+    let mut holders = Vec::new();
+    for h in line.holders() {
+        let ttl_left = match h.lease {
+            0 => None,
+            lease => {
+                let mut c = ctx.client.clone();
+                crate::etcd::bounded(ctx.timeout, "etcd", c.lease_time_to_live(lease, None))
+                    .await
+                    .ok()
+                    .map(|r| r.ttl())
+            }
+        };
+        let since = recent
             .iter()
-            .find(|r| r.token == l.token)
-            .map(|r| r.started_ms)
-    });
-    let leading = leader.is_some();
+            .find(|r| r.token == h.token)
+            .map(|r| r.started_ms);
+        holders.push((h, since, ttl_left));
+    }
+    let view = |(h, since, ttl): &(&Entry, Option<u64>, Option<i64>)| {
+        json!({
+            "id": h.candidate.id, "host": h.candidate.host, "pid": h.candidate.pid,
+            "token": h.token, "key": h.key, "slot": h.slot, "since_ms": since,
+            "lease_ttl_left_s": ttl, "priority": h.candidate.priority,
+            "takeover_until_ms": takeover_due(&h.candidate),
+        })
+    };
+    let paused = &line.paused;
     match a.output {
         Output::Json => {
             let v = json!({
                 "election": ctx.election.name(),
-                "leader": leader.map(|l| json!({
-                    "id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid,
-                    "token": l.token, "key": l.key, "since_ms": since, "lease_ttl_left_s": ttl_left,
-                    "priority": l.candidate.priority, "takeover_until_ms": takeover_due(&l.candidate),
-                })),
-                "waiting": entries.iter().skip(if leading { 1 } else { 0 }).collect::<Vec<_>>(),
+                "slots": line.slots,
+                "leader": holders.first().map(view),
+                "holders": holders.iter().map(view).collect::<Vec<_>>(),
+                "waiting": line.waiting(),
                 "paused": paused,
                 "recent_terms": recent,
             });
@@ -91,32 +110,42 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
         }
         Output::Text => {
             println!("election:  {}", ctx.election.name());
-            match leader {
-                Some(l) => {
-                    println!(
-                        "leader:    {} (host {}, pid {}{}), token {}",
-                        l.candidate.id,
-                        l.candidate.host,
-                        l.candidate.pid,
-                        priority_text(&l.candidate),
-                        l.token
-                    );
-                    if let Some(s) = since {
-                        println!("since:     {}", fmt_ms(s));
-                    }
-                    if let Some(t) = ttl_left {
-                        println!("lease:     {t}s left");
-                    }
-                    if let Some(due) = takeover_due(&l.candidate) {
-                        println!(
-                            "job:       not started: takeover delay after an unclean end, until {}",
-                            fmt_ms(due)
-                        );
-                    }
-                }
-                None => println!("leader:    none"),
+            if line.slots > 1 {
+                println!("slots:     {}", line.slots);
+                println!("holders:   {}", holders.len());
             }
-            if let Some(p) = &paused {
+            for (h, since, ttl) in &holders {
+                if line.slots > 1 {
+                    print!("  slot {}: ", slot_name(h.slot));
+                } else {
+                    print!("leader:    ");
+                }
+                println!(
+                    "{} (host {}, pid {}{}), token {}",
+                    h.candidate.id,
+                    h.candidate.host,
+                    h.candidate.pid,
+                    priority_text(&h.candidate),
+                    h.token
+                );
+                let indent = if line.slots > 1 { "    " } else { "" };
+                if let Some(s) = since {
+                    println!("{indent}since:     {}", fmt_ms(*s));
+                }
+                if let Some(t) = ttl {
+                    println!("{indent}lease:     {t}s left");
+                }
+                if let Some(due) = takeover_due(&h.candidate) {
+                    println!(
+                        "{indent}job:       not started: takeover delay after an unclean end, until {}",
+                        fmt_ms(due)
+                    );
+                }
+            }
+            if holders.is_empty() && line.slots == 1 {
+                println!("leader:    none");
+            }
+            if let Some(p) = paused {
                 println!(
                     "paused:    yes, since {} by {}: {}",
                     fmt_ms(p.since_ms),
@@ -126,7 +155,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             } else {
                 println!("paused:    no");
             }
-            let waiting: Vec<_> = entries.iter().skip(if leading { 1 } else { 0 }).collect();
+            let waiting = line.waiting();
             println!("waiting:   {}", waiting.len());
             for (i, w) in waiting.iter().enumerate() {
                 println!(
@@ -147,11 +176,15 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                         r.id,
                         fmt_ms(r.started_ms),
                         r.ended_ms.map(fmt_ms).unwrap_or_else(|| "now".into()),
-                        r.end.as_deref().unwrap_or("running")
+                        super::history::end_text(r)
                     );
                 }
             }
         }
     }
-    Ok(if leading { Exit::Ok } else { Exit::NoLeader })
+    Ok(if holders.is_empty() {
+        Exit::NoLeader
+    } else {
+        Exit::Ok
+    })
 }

@@ -1,4 +1,5 @@
-//! `lead-exec watch`: one line per leader change, until interrupted.
+//! `lead-exec watch`: one line per leader change (with `--slots`, per change of the holders
+//! or their slots), until interrupted.
 //!
 //! Every wake-up (an event, or a reconnect after the watch broke) re-reads the line of
 //! candidates, so a change that happened while disconnected is still printed.
@@ -14,12 +15,15 @@ use crate::cli::{Output, WatchArgs};
 use crate::election::unix_ms;
 use crate::exit::Exit;
 
+/// A holder as a line shows it: its token and slot.
+type Shown = (i64, Option<u32>);
+
 pub async fn run(a: WatchArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
-    let mut last: Option<(Option<i64>, bool)> = None;
+    let mut last: Option<(Vec<Shown>, bool)> = None;
     let mut c = ctx.client.clone();
     loop {
-        let (entries, rev) = match ctx.candidates().await {
+        let line = match ctx.holders().await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!("watch: {e:#}; retrying");
@@ -27,17 +31,18 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
                 continue;
             }
         };
-        let pause = ctx.paused().await.ok().flatten();
-        let leader = super::leader(&entries, pause.as_ref());
-        let paused = pause.is_some();
+        let holders = line.holders();
+        let paused = line.paused.is_some();
         // What is shown, not the line behind it: while paused, candidates re-queueing change
         // nothing a reader can see.
-        let now = (leader.map(|l| l.token), paused);
-        if last != Some(now) {
-            print(&a.output, ctx.election.name(), leader, paused);
+        let now = (holders.iter().map(|h| (h.token, h.slot)).collect(), paused);
+        if last.as_ref() != Some(&now) {
+            print(&a.output, ctx.election.name(), holders, line.slots, paused);
             last = Some(now);
         }
-        // The meta prefix holds the pause switch; the candidates' prefix holds the line.
+        // The candidates' prefix holds the line; the meta keys hold the pause switch and the
+        // slots the holders claim.
+        let rev = line.rev;
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(rev + 1);
@@ -57,6 +62,18 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
         {
             continue;
         }
+        if line.slots > 1 {
+            let opts = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(rev + 1);
+            if stream
+                .watch(ctx.election.slot_prefix(), Some(opts))
+                .await
+                .is_err()
+            {
+                continue;
+            }
+        }
         // Wait for any change, then re-read.
         loop {
             match stream.message().await {
@@ -67,25 +84,63 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
     }
 }
 
-fn print(out: &Output, election: &str, leader: Option<&Entry>, paused: bool) {
+fn print(out: &Output, election: &str, holders: &[Entry], slots: u32, paused: bool) {
     let ts = super::fmt_ms(unix_ms());
+    let view = |l: &Entry| json!({"id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid, "token": l.token});
     match out {
+        Output::Json if slots > 1 => {
+            let held: Vec<_> = holders
+                .iter()
+                .map(|h| {
+                    let mut v = view(h);
+                    v["slot"] = json!(h.slot);
+                    v
+                })
+                .collect();
+            let v = json!({
+                "time": ts,
+                "election": election,
+                "paused": paused,
+                "slots": slots,
+                "leader": holders.first().map(view),
+                "holders": held,
+            });
+            println!("{v}");
+        }
         Output::Json => {
             let v = json!({
                 "time": ts,
                 "election": election,
                 "paused": paused,
-                "leader": leader.map(|l| json!({"id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid, "token": l.token})),
+                "leader": holders.first().map(view),
             });
             println!("{v}");
         }
-        Output::Text => match (leader, paused) {
+        Output::Text => match (holders, paused) {
             (_, true) => println!("{ts} {election}: paused"),
-            (Some(l), false) => println!(
+            ([], false) => println!("{ts} {election}: no leader"),
+            ([l], false) if slots == 1 => println!(
                 "{ts} {election}: leader {} token {}",
                 l.candidate.id, l.token
             ),
-            (None, false) => println!("{ts} {election}: no leader"),
+            (held, false) => {
+                let who: Vec<String> = held
+                    .iter()
+                    .map(|h| {
+                        format!(
+                            "{} token {} slot {}",
+                            h.candidate.id,
+                            h.token,
+                            super::check::slot_name(h.slot)
+                        )
+                    })
+                    .collect();
+                println!(
+                    "{ts} {election}: {} of {slots} slots: {}",
+                    held.len(),
+                    who.join(", ")
+                );
+            }
         },
     }
 }

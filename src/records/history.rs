@@ -146,12 +146,15 @@ pub async fn record_start(
 
 /// Writes the end of our term and deletes our leader key in one transaction, guarded by the
 /// key and by the start record being unchanged: one commit hands over leadership and closes
-/// the record. `Ok(false)` when the guard failed and nothing was written.
+/// the record. The same commit frees our slot key (`slot`, with `--slots` above 1), so the
+/// next holder finds it free at once. `Ok(false)` when the guard failed and nothing was
+/// written.
 pub async fn record_end_and_release(
     client: &Client,
     e: &Election,
     timeout: Duration,
     term: Term<'_>,
+    slot: Option<u32>,
     started: &Started,
     reason: TermEnd,
 ) -> Result<bool> {
@@ -166,10 +169,15 @@ pub async fn record_end_and_release(
             Compare::create_revision(term.key, CompareOp::Equal, term.token),
             Compare::mod_revision(hk.clone(), CompareOp::Equal, started.rev),
         ])
-        .and_then([
-            TxnOp::put(hk, serde_json::to_string(&rec)?, None),
-            TxnOp::delete(term.key, None),
-        ]);
+        .and_then(
+            [
+                TxnOp::put(hk, serde_json::to_string(&rec)?, None),
+                TxnOp::delete(term.key, None),
+            ]
+            .into_iter()
+            .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))
+            .collect::<Vec<_>>(),
+        );
     Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
 }
 

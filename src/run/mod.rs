@@ -86,6 +86,8 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
 struct Term {
     token: i64,
     key: String,
+    /// `LEAD_EXEC_SLOT`; its key exists only with `--slots` above 1.
+    slot: u32,
 }
 
 struct Driver {
@@ -243,6 +245,7 @@ impl Driver {
                 give_up_at: self.give_up_at,
                 timeout: self.cfg.conn.command_timeout,
                 priority: self.cfg.priority,
+                slots: self.cfg.slots,
             };
             let mut last_wait = None;
             let run = camp.run(|w| {
@@ -252,6 +255,21 @@ impl Driver {
                             let who = Candidate::parse(value).id;
                             tracing::info!(election, "waiting behind {who}");
                             notify::status(&format!("waiting behind {who}"));
+                        }
+                        Waiting::SlotsFull { ahead } => {
+                            let n = self.cfg.slots;
+                            tracing::info!(
+                                election,
+                                "waiting for one of {n} slots ({ahead} ahead)"
+                            );
+                            notify::status(&format!("waiting for one of {n} slots"));
+                        }
+                        Waiting::SlotKeysTaken => {
+                            tracing::info!(
+                                election,
+                                "holding; waiting for a draining holder to free its slot"
+                            );
+                            notify::status("waiting for a slot to be freed");
                         }
                         Waiting::Paused => {
                             tracing::info!(election, "election paused; waiting for resume");
@@ -294,7 +312,7 @@ impl Driver {
             }
         };
         let ev = match outcome {
-            Ok(Outcome::Elected { token, key }) => {
+            Ok(Outcome::Elected { token, key, slot }) => {
                 if token_regressed(self.last_token, token) {
                     tracing::error!(
                         election = self.cfg.election.name(),
@@ -305,14 +323,14 @@ impl Driver {
                     metrics::token_regressed();
                 }
                 self.last_token = Some(token);
-                metrics::elected(token, started.elapsed());
+                metrics::elected(token, slot, started.elapsed());
                 self.leader_watch = Some(LeaderWatch::new(
                     &self.client,
                     &self.cfg.election,
                     &key,
                     token,
                 ));
-                self.term = Some(Term { token, key });
+                self.term = Some(Term { token, key, slot });
                 self.delayed = None;
                 self.elected_at = Instant::now();
                 self.preempt_at = None;
@@ -327,6 +345,11 @@ impl Driver {
                     r.as_str()
                 );
                 Event::CampaignFailed { etcd: false }
+            }
+            // A refusal (a slot count the election does not run with) would only repeat.
+            Err(e) if crate::exit::exit_of(&e) == Exit::Usage => {
+                lease.revoke(self.cfg.conn.command_timeout).await;
+                return Err(e);
             }
             Err(e) => {
                 self.failure = Some(("campaign failed", e));
@@ -387,7 +410,7 @@ impl Driver {
         let term = self.term.as_ref().expect("a term was confirmed");
         let spec = JobSpec {
             command: self.cfg.command.clone(),
-            env: fencing::job_env(&self.cfg, token, &term.key, lease.id),
+            env: fencing::job_env(&self.cfg, token, term.slot, &term.key, lease.id),
             grace: self.cfg.grace,
             cgroup: self.cfg.cgroup,
         };
@@ -775,6 +798,7 @@ impl Driver {
         };
         let (cfg, client) = (&self.cfg, &self.client);
         let (e, timeout) = (&cfg.election, cfg.conn.command_timeout);
+        let slot = (cfg.slots > 1).then_some(term.slot);
         let term = records::Term {
             token: term.token,
             key: &term.key,
@@ -789,7 +813,9 @@ impl Driver {
         // One commit closes the record and hands over leadership; without the start record
         // (its write failed) the end is written on its own and the revoke hands over.
         let released = match &started {
-            Some(s) => history::record_end_and_release(client, e, timeout, term, s, reason).await,
+            Some(s) => {
+                history::record_end_and_release(client, e, timeout, term, slot, s, reason).await
+            }
             None => history::record_end(client, e, timeout, term, reason)
                 .await
                 .map(|()| false),

@@ -1,8 +1,9 @@
 //! Fault injection with a history checker, Jepsen style.
 //!
 //! A [`Cluster`] is a three-member etcd, N workers (each `lead-exec run` behind its own fault
-//! proxies, one per etcd member, in its own cgroup when possible) and a fenced SQLite ledger
-//! that every job writes to. Jobs log start, write, rejection and exit with CLOCK_MONOTONIC
+//! proxies, one per etcd member, in its own cgroup when possible, with `--slots` when the
+//! cluster has more than one) and a fenced SQLite ledger that every job writes to, fenced per
+//! slot. Jobs log start, write, rejection and exit with CLOCK_MONOTONIC
 //! timestamps; a watcher thread records when each job process dies; the harness records every
 //! fault. [`check`] then verifies the history mechanically.
 
@@ -101,6 +102,8 @@ pub struct Ev {
     pub token: i64,
     pub worker: String,
     pub pid: i32,
+    /// The job's `LEAD_EXEC_SLOT`.
+    pub slot: u32,
 }
 
 pub struct Cluster {
@@ -114,6 +117,8 @@ pub struct Cluster {
     pub marks: Vec<Mark>,
     /// Lease flags besides `--ttl` (lead-exec's defaults when empty).
     pub lease_args: Vec<String>,
+    /// `--slots`: how many jobs may run at once.
+    pub slots: u32,
     deaths: Arc<Mutex<HashMap<i32, i64>>>,
     stop: Arc<AtomicBool>,
     cg_root: Option<PathBuf>,
@@ -146,6 +151,11 @@ impl Cluster {
     }
 
     pub fn start_with(n: usize, ttl: Duration, lease_args: Vec<String>) -> Cluster {
+        Cluster::start_slots(n, ttl, lease_args, 1)
+    }
+
+    /// As [`Cluster::start_with`], with workers that run `--slots slots`.
+    pub fn start_slots(n: usize, ttl: Duration, lease_args: Vec<String>, slots: u32) -> Cluster {
         let etcd = Etcd::start3();
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("ledger.db");
@@ -177,6 +187,7 @@ impl Cluster {
             election: "chaos".into(),
             marks: Vec::new(),
             lease_args,
+            slots,
             deaths,
             stop,
             cg_root,
@@ -228,6 +239,11 @@ impl Cluster {
             &self.workers[i].name,
         ])
         .args(&self.lease_args)
+        .args(if self.slots > 1 {
+            vec!["--slots".to_string(), self.slots.to_string()]
+        } else {
+            vec![]
+        })
         .arg("--")
         .arg(&ledger)
         .args([
@@ -437,6 +453,7 @@ impl Cluster {
             rejected,
             marks: self.marks.clone(),
             liveness_bound_ns: (self.ttl + secs(2)).as_nanos() as i64,
+            slots: self.slots,
         })
     }
 
@@ -551,6 +568,7 @@ pub fn parse_events(text: &str) -> Vec<Ev> {
                 token: f.next()?.parse().ok()?,
                 worker: f.next()?.to_string(),
                 pid: f.next()?.parse().ok()?,
+                slot: f.next().and_then(|s| s.parse().ok()).unwrap_or(0),
             })
         })
         .collect()
@@ -584,12 +602,15 @@ pub struct History {
     pub rejected: Writes,
     pub marks: Vec<Mark>,
     pub liveness_bound_ns: i64,
+    /// How many jobs may run at once (`--slots`).
+    pub slots: u32,
 }
 
 /// One term as the history shows it.
 #[derive(Debug, Clone)]
 pub struct Term {
     pub token: i64,
+    pub slot: u32,
     pub worker: String,
     pub start_ns: i64,
     pub end_ns: i64,
@@ -616,12 +637,13 @@ impl Report {
     }
 }
 
-/// The checker:
-/// 1. accepted writes never go down in token;
-/// 2. every spawn's token is larger than every earlier spawn's;
-/// 3. jobs of two terms are never alive at once, except where a fault deposed the older one
-///    by force (its whole worker frozen, its key deleted): then none of its writes after the
-///    newer term's first write was accepted;
+/// The checker, for `slots` jobs at once (one: a single leader):
+/// 1. accepted writes never go down in token, within each slot (the ledger fences per slot);
+/// 2. with one slot, every spawn's token is larger than every earlier spawn's; with more,
+///    no token is spawned twice;
+/// 3. never more than `slots` jobs alive at once (with one: two terms never overlap), except
+///    where a fault deposed an older one by force (its whole worker frozen, its key deleted):
+///    then none of its writes after the first write of a newer term of its slot was accepted;
 /// 4. after a fault heals with a quorum, a job runs within TTL + 2 s.
 pub fn check(h: &History) -> Report {
     let mut r = Report {
@@ -629,12 +651,14 @@ pub fn check(h: &History) -> Report {
         rejected: h.rejected.len(),
         ..Report::default()
     };
-    for w in h.accepted.windows(2) {
-        if w[1].0 < w[0].0 {
-            r.violations.push(format!(
-                "stale write accepted: token {} after {}",
-                w[1].0, w[0].0
-            ));
+    let slot_of: HashMap<i64, u32> = h.events.iter().map(|e| (e.token, e.slot)).collect();
+    let slot = |token: i64| slot_of.get(&token).copied().unwrap_or(0);
+    let mut last: HashMap<u32, i64> = HashMap::new();
+    for &(t, _) in &h.accepted {
+        let before = last.insert(slot(t), t);
+        if let Some(b) = before.filter(|&b| t < b) {
+            r.violations
+                .push(format!("stale write accepted: token {t} after {b}"));
         }
     }
     let now = mono_ns();
@@ -644,42 +668,49 @@ pub fn check(h: &History) -> Report {
         .filter(|e| e.kind == "start")
         .map(|e| Term {
             token: e.token,
+            slot: e.slot,
             worker: e.worker.clone(),
             start_ns: e.ns,
             end_ns: *h.deaths.get(&e.pid).unwrap_or(&now),
         })
         .collect();
     terms.sort_by_key(|t| t.start_ns);
-    for w in terms.windows(2) {
-        if w[1].token <= w[0].token {
-            r.violations.push(format!(
-                "spawn token did not increase: {} after {}",
-                w[1].token, w[0].token
-            ));
+    if h.slots <= 1 {
+        for w in terms.windows(2) {
+            if w[1].token <= w[0].token {
+                r.violations.push(format!(
+                    "spawn token did not increase: {} after {}",
+                    w[1].token, w[0].token
+                ));
+            }
+        }
+    } else {
+        let mut seen = std::collections::HashSet::new();
+        for t in &terms {
+            if !seen.insert(t.token) {
+                r.violations
+                    .push(format!("spawn token {} spawned twice", t.token));
+            }
         }
     }
-    for (i, a) in terms.iter().enumerate() {
-        for b in &terms[i + 1..] {
-            if a.end_ns <= b.start_ns {
-                continue;
-            }
+    let slots = h.slots.max(1) as usize;
+    for (j, b) in terms.iter().enumerate() {
+        // The jobs still alive when b started, other than deposed ones.
+        let mut alive = Vec::new();
+        for a in terms[..j].iter().filter(|a| a.end_ns > b.start_ns) {
             let deposed = h.marks.iter().any(|m| {
                 m.deposed_worker.as_deref() == Some(a.worker.as_str())
                     && m.begin_ns <= b.start_ns
                     && m.heal_ns.is_none_or(|heal| heal >= a.start_ns)
             });
             if !deposed {
-                r.violations.push(format!(
-                    "overlap: token {} ({}) alive until {} ms after token {} ({}) started",
-                    a.token,
-                    a.worker,
-                    (a.end_ns - b.start_ns) / 1_000_000,
-                    b.token,
-                    b.worker
-                ));
+                alive.push(a);
                 continue;
             }
             r.fenced_overlaps += 1;
+            if a.slot != b.slot {
+                continue;
+            }
             let first_new = h
                 .accepted
                 .iter()
@@ -693,6 +724,30 @@ pub fn check(h: &History) -> Report {
                     a.worker, a.token, b.token
                 ));
             }
+        }
+        if alive.len() < slots {
+            continue;
+        }
+        if slots == 1 {
+            for a in alive {
+                r.violations.push(format!(
+                    "overlap: token {} ({}) alive until {} ms after token {} ({}) started",
+                    a.token,
+                    a.worker,
+                    (a.end_ns - b.start_ns) / 1_000_000,
+                    b.token,
+                    b.worker
+                ));
+            }
+        } else {
+            let others: Vec<String> = alive.iter().map(|a| a.token.to_string()).collect();
+            r.violations.push(format!(
+                "overlap: {} jobs at once with {slots} slots: token {} ({}) started while tokens {} ran",
+                alive.len() + 1,
+                b.token,
+                b.worker,
+                others.join(", ")
+            ));
         }
     }
     for m in &h.marks {
@@ -817,17 +872,21 @@ impl Cluster {
     }
 }
 
-/// Mixes faults at random (seeded) for `trials` rounds on a fresh cluster of `workers`, then
-/// runs the checker. `say` receives one progress line per trial.
+/// Mixes faults at random (seeded) for `trials` rounds on a fresh cluster of `workers` that
+/// run `--slots slots`, then runs the checker. `say` receives one progress line per trial.
 pub fn soak(
     workers: usize,
+    slots: u32,
     trials: usize,
     seed: u64,
     ttl: Duration,
     mut say: impl FnMut(&str),
 ) -> SoakReport {
     let mut rng = Rng(seed.max(1));
-    let mut c = Cluster::start(workers.max(2), ttl);
+    let lease = ["--grace", "500ms", "--safety-margin", "500ms"].map(String::from);
+    // One more worker than slots, so that a fault always has a candidate to hand over to.
+    let n = workers.max(2).max(slots as usize + 1);
+    let mut c = Cluster::start_slots(n, ttl, lease.to_vec(), slots);
     let mut rep = SoakReport {
         trials,
         ..SoakReport::default()
@@ -933,9 +992,17 @@ pub fn soak(
                 c.wait_term_after(t, recover);
             }
             _ => {
-                c.marks[m].deposed_worker = Some(c.workers[i].name.clone());
-                let keys = c.etcd.keys(&format!("lead-exec/elections/{}/", c.election));
-                if let Some(k) = keys.first() {
+                // The oldest key, a holder's: with one slot, the leader's (worker i).
+                let prefix = format!("lead-exec/elections/{}/", c.election);
+                let out = c
+                    .etcd
+                    .ctl(&["get", "--prefix", "--sort-by=CREATE", &prefix]);
+                let mut kv = out.lines().filter(|l| !l.is_empty());
+                if let (Some(k), Some(v)) = (kv.next(), kv.next()) {
+                    let id = serde_json::from_str::<serde_json::Value>(v).ok();
+                    let id = id.as_ref().and_then(|v| v["id"].as_str());
+                    c.marks[m].deposed_worker =
+                        Some(id.unwrap_or(c.workers[i].name.as_str()).to_string());
                     c.etcd.ctl(&["del", k]);
                 }
                 c.wait_term_after(t, recover);
