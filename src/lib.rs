@@ -222,7 +222,11 @@ pub fn main() -> ExitCode {
             return Exit::Software.into();
         }
     };
-    match rt.block_on(run(cli)) {
+    let result = rt.block_on(run(cli));
+    // Nothing left in it can change the outcome (the revoke of an emptied lease, idle
+    // connections): exiting without tearing it down is the last cut from a cron run's time.
+    std::mem::forget(rt);
+    match result {
         Ok(exit) => exit.into(),
         Err(err) => {
             let exit = exit_of(&err);

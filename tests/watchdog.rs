@@ -597,8 +597,8 @@ fn the_watchdog_never_starts_a_job_after_the_deadline() {
         &c.to_string(),
         &r.to_string(),
     ])
-    // Grace 0.5 s; SIGTERM and SIGKILL due 1 ns and 2 ns after boot: long past.
-    .args(["500000000", "1", "2", "off"]);
+    // Grace 0.5 s, no cgroup.
+    .args(["500000000", "off"]);
     // SAFETY: fcntl is async-signal-safe; it lets the watchdog inherit its two pipe ends.
     unsafe {
         cmd.pre_exec(move || {
@@ -613,10 +613,11 @@ fn the_watchdog_never_starts_a_job_after_the_deadline() {
     let mut child = cmd.spawn().unwrap();
     drop(rep_w);
     drop(ctl_r);
-    // The command comes over the control pipe: "A", then each argument in hex.
     let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    // The start comes over the control pipe: the deadline, SIGTERM and SIGKILL due 1 ns and
+    // 2 ns after boot (long past), then "A" and each argument in hex.
     let line = format!(
-        "A {} {} {}\n",
+        "D 1 2\nA {} {} {}\n",
         hex("sh"),
         hex("-c"),
         hex(&format!("touch {}", ran.display()))

@@ -26,7 +26,7 @@ use crate::exit::Exit;
 use crate::records::history::{self, TermEnd};
 use crate::records::{self, runkey};
 use crate::supervisor::protocol::GroupEnd;
-use crate::supervisor::{Job, JobSpec};
+use crate::supervisor::{Job, JobSpec, Standby};
 use crate::{etcd, fencing, metrics, notify};
 use health::Health;
 use lifecycle::{step, Action, Event, Phase, Policy, StopReason};
@@ -40,6 +40,9 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     // The first check runs while we connect.
     let health = cfg.health.clone().map(health::start);
     let signals = signals::listen()?;
+    // The watchdog starts while we connect and campaign: a won term then pays only for the
+    // job's own fork and exec.
+    let standby = standby(&cfg);
     let client = etcd::connect(&cfg.conn).await?;
     if let Some(done) = already_done(&client, &cfg).await? {
         tracing::info!(
@@ -62,6 +65,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         client,
         candidate,
         health,
+        standby,
         delayed: None,
         elected_at: Instant::now(),
         preempt_at: None,
@@ -97,6 +101,8 @@ struct Driver {
     candidate: Candidate,
     /// What `--health-cmd` says, if given.
     health: Option<watch::Receiver<Health>>,
+    /// A watchdog started ahead of the next job.
+    standby: Option<Standby>,
     /// The takeover delay this term waited out.
     delayed: Option<Duration>,
     /// When this term was won: `--min-term` counts from here.
@@ -216,6 +222,9 @@ impl Driver {
         }
         if let Some(ev) = self.wait_healthy().await {
             return Ok(ev);
+        }
+        if self.standby.is_none() {
+            self.standby = standby(&self.cfg);
         }
         let started = Instant::now();
         let lease = match Lease::grant(
@@ -414,7 +423,11 @@ impl Driver {
             grace: self.cfg.grace,
             cgroup: self.cfg.cgroup,
         };
-        match Job::spawn(&spec, deadline).await {
+        let standby = match self.standby.take() {
+            Some(s) => s,
+            None => Standby::start(spec.grace, spec.cgroup)?,
+        };
+        match standby.launch(&spec, deadline).await {
             Ok(Some(job)) => {
                 tracing::info!(
                     election = self.cfg.election.name(),
@@ -825,6 +838,14 @@ impl Driver {
             Err(e) => tracing::warn!("history: {e:#}"),
         }
     }
+}
+
+/// A watchdog for the next job, or none if it cannot start now (the start is tried again
+/// when the job is due, and fails there with its reason).
+fn standby(cfg: &RunConfig) -> Option<Standby> {
+    Standby::start(cfg.grace, cfg.cgroup)
+        .inspect_err(|e| tracing::debug!("watchdog not started ahead: {e:#}"))
+        .ok()
 }
 
 /// Waits for a signal that stops the run; others (USR1, USR2) have no job to go to.

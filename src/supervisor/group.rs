@@ -160,9 +160,7 @@ fn sweep_stale(parent: &Path) {
         else {
             continue;
         };
-        let gone =
-            nix::sys::signal::kill(Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH);
-        if gone {
+        if !watchdog_alive(pid) {
             if !pids_in(&e.path()).is_empty() {
                 tracing::warn!(
                     cgroup = %e.path().display(),
@@ -174,6 +172,22 @@ fn sweep_stale(parent: &Path) {
             let _ = fs::remove_dir(e.path());
         }
     }
+}
+
+/// Whether `pid` is a live watchdog. A zombie is not: a watchdog SIGKILLed with lead-exec
+/// is reparented to init, which may reap it late. Nor is a process that reused the pid: a
+/// job cgroup is only created after the watchdog took its name.
+fn watchdog_alive(pid: i32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) state ...": comm may hold spaces and parentheses, so split at the last ')'.
+    let Some((head, tail)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
+    let state = tail.split_whitespace().next().unwrap_or("");
+    comm == super::watchdog::NAME && !matches!(state, "Z" | "X" | "x")
 }
 
 fn other<E: std::fmt::Display>(e: E) -> std::io::Error {
@@ -280,4 +294,16 @@ fn read_stat(dir: &Path) -> Option<Stat> {
 
 fn live_in_pgrp(pgid: i32) -> bool {
     procs().any(|(pid, st)| pid != pgid && st.pgrp == pgid && st.state != 'Z')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_live_process_named_as_a_watchdog_counts_as_one() {
+        // This test process is alive but no watchdog: its cgroup would be swept.
+        assert!(!watchdog_alive(std::process::id() as i32));
+        assert!(!watchdog_alive(i32::MAX));
+    }
 }

@@ -104,32 +104,35 @@ pub struct Job {
 /// Variables lead-exec reads that the job must not see.
 const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
 
-impl Job {
-    /// Starts the watchdog, which starts the job; returns once the job runs, or `None` when
-    /// the watchdog found the deadline spent and started nothing. The deadline `d` is in force
-    /// before the job's first instruction.
-    pub async fn spawn(spec: &JobSpec, d: BootInstant) -> Result<Option<Job>> {
+/// A watchdog started ahead of its job, waiting on its pipe: lead-exec starts one while it
+/// campaigns, so that a won term pays only for the job's own fork and exec. Dropping it
+/// closes the pipe, and the watchdog exits without starting anything.
+pub struct Standby(Option<Waiting>);
+
+struct Waiting {
+    ctl: std::fs::File,
+    reports: Lines<BufReader<pipe::Receiver>>,
+    watchdog: std::process::Child,
+    grace: Duration,
+}
+
+impl Standby {
+    /// Starts a watchdog for a job with this grace and cgroup mode.
+    pub fn start(grace: Duration, cgroup: CgroupMode) -> Result<Standby> {
         let (ctl_r, ctl_w) = pipe2()?;
         let (rep_r, rep_w) = pipe2()?;
-        let timer = BootTimer::new().context("timerfd_create")?;
-        // SAFETY: the timer owns its descriptor and moves into the AsyncFd, which keeps it
-        // open for as long as it is registered.
-        let backstop = unsafe { AsyncFd::register(timer) }.map_err(std::io::Error::from)?;
         let args = watchdog::Args {
             parent: std::process::id() as i32,
             ctl_fd: ctl_r.as_raw_fd(),
             report_fd: rep_w.as_raw_fd(),
-            grace: spec.grace,
-            term_at: d.minus(spec.grace),
-            kill_at: d,
-            cgroup: spec.cgroup,
+            grace,
+            cgroup,
         };
         let mut cmd = std::process::Command::new(watchdog_program());
         cmd.args(args.to_argv()).arg0(watchdog::NAME);
         for k in SECRET_ENV {
             cmd.env_remove(k);
         }
-        cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
         let (cfd, rfd) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
         // SAFETY: setsid and fcntl are async-signal-safe. setsid gives the watchdog a session
         // and process group of its own before its first instruction, so that no signal to
@@ -152,9 +155,31 @@ impl Job {
         drop(ctl_r);
         drop(rep_w);
         let reports = BufReader::new(pipe::Receiver::from_owned_fd(rep_r)?).lines();
+        Ok(Standby(Some(Waiting {
+            ctl: std::fs::File::from(ctl_w),
+            reports,
+            watchdog,
+            grace,
+        })))
+    }
+
+    /// Starts the job; returns once it runs, or `None` when the watchdog found the deadline
+    /// spent and started nothing. The deadline `d` is in force before the job's first
+    /// instruction.
+    pub async fn launch(mut self, spec: &JobSpec, d: BootInstant) -> Result<Option<Job>> {
+        let timer = BootTimer::new().context("timerfd_create")?;
+        // SAFETY: the timer owns its descriptor and moves into the AsyncFd, which keeps it
+        // open for as long as it is registered.
+        let backstop = unsafe { AsyncFd::register(timer) }.map_err(std::io::Error::from)?;
+        let Waiting {
+            ctl,
+            reports,
+            watchdog,
+            grace,
+        } = self.0.take().expect("a standby is launched once");
         let mut job = Job {
             pid: 0,
-            ctl: std::fs::File::from(ctl_w),
+            ctl,
             reports,
             watchdog,
             kill_at: d,
@@ -162,14 +187,16 @@ impl Job {
             backstop_fired: false,
         };
         let argv: Vec<OsString> = spec.command.iter().map(OsString::from).collect();
-        if let Err(e) = job
-            .ctl
-            .write_all(protocol::encode_command(&argv).as_bytes())
-        {
-            // No job runs yet: the watchdog waits for this line.
+        let deadline = Command::Deadline {
+            term_at: d.minus(grace).as_nanos(),
+            kill_at: d.as_nanos(),
+        };
+        let start = protocol::encode_start(&spec.env, deadline, &argv);
+        if let Err(e) = job.ctl.write_all(start.as_bytes()) {
+            // No job runs yet: the watchdog waits for the command line.
             let _ = job.watchdog.kill();
             job.reap_watchdog();
-            return Err(e).context("sending the command to the watchdog");
+            return Err(e).context("sending the job to the watchdog");
         }
         let first = loop {
             match job.reports.next_line().await? {
@@ -200,6 +227,26 @@ impl Job {
             }
             Report::Ended { .. } => anyhow::bail!("watchdog reported an end before a start"),
         }
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        // Never used: closing the pipe is the watchdog's cue to exit; a kill makes sure, and
+        // the wait is short.
+        if let Some(w) = self.0.as_mut() {
+            let _ = w.watchdog.kill();
+            let _ = w.watchdog.wait();
+        }
+    }
+}
+
+impl Job {
+    /// Starts a watchdog and the job under it (see [`Standby::launch`]).
+    pub async fn spawn(spec: &JobSpec, d: BootInstant) -> Result<Option<Job>> {
+        Standby::start(spec.grace, spec.cgroup)?
+            .launch(spec, d)
+            .await
     }
 
     /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`. D only moves forward.

@@ -80,42 +80,93 @@ pub enum Report {
     },
 }
 
-/// The job's command line as the first message to the watchdog: `A` and each argument's
-/// bytes in hex, so that any byte but NUL survives one text line.
-pub fn encode_command(argv: &[std::ffi::OsString]) -> String {
+/// Bytes as hex, so that any byte but NUL survives one text line.
+fn hex(s: &mut String, bytes: &[u8]) {
     use std::fmt::Write;
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+}
+
+fn unhex(hex: &str) -> Option<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStringExt;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()
+        .map(std::ffi::OsString::from_vec)
+}
+
+/// The job's command line, the message that starts it: `A` and each argument in hex.
+pub fn encode_command(argv: &[std::ffi::OsString]) -> String {
     let mut s = String::from("A");
     for a in argv {
         s.push(' ');
-        for b in a.as_encoded_bytes() {
-            let _ = write!(s, "{b:02x}");
-        }
+        hex(&mut s, a.as_encoded_bytes());
     }
     s.push('\n');
     s
 }
 
 pub fn decode_command(line: &[u8]) -> Option<Vec<std::ffi::OsString>> {
-    use std::os::unix::ffi::OsStringExt;
     let line = std::str::from_utf8(line).ok()?;
     let line = line.strip_suffix('\n').unwrap_or(line);
     let mut w = line.split(' ');
     if w.next()? != "A" {
         return None;
     }
-    let argv = w
-        .map(|hex| {
-            if hex.len() % 2 != 0 {
-                return None;
-            }
-            (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-                .collect::<Option<Vec<u8>>>()
-                .map(std::ffi::OsString::from_vec)
-        })
-        .collect::<Option<Vec<_>>>()?;
+    let argv = w.map(unhex).collect::<Option<Vec<_>>>()?;
     (!argv.is_empty()).then_some(argv)
+}
+
+/// Everything a watchdog waiting on its pipe needs to start the job, as one write: the job's
+/// variables (`V name value`, hex), its deadline (`D`), then its command (`A`), which starts
+/// it. The watchdog is started before the term is won, so none of these can be in its argv.
+pub fn encode_start(
+    env: &[(String, String)],
+    deadline: Command,
+    argv: &[std::ffi::OsString],
+) -> String {
+    let mut s = String::new();
+    for (k, v) in env {
+        s.push_str("V ");
+        hex(&mut s, k.as_bytes());
+        s.push(' ');
+        hex(&mut s, v.as_bytes());
+        s.push('\n');
+    }
+    s.push_str(&deadline.encode());
+    s.push_str(&encode_command(argv));
+    s
+}
+
+/// One line of [`encode_start`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartLine {
+    Var(std::ffi::OsString, std::ffi::OsString),
+    Deadline { term_at: u64, kill_at: u64 },
+    Command(Vec<std::ffi::OsString>),
+}
+
+pub fn decode_start_line(line: &[u8]) -> Option<StartLine> {
+    match line.first()? {
+        b'A' => decode_command(line).map(StartLine::Command),
+        b'V' => {
+            let line = std::str::from_utf8(line).ok()?.trim_end();
+            let mut w = line.split(' ').skip(1);
+            let (k, v) = (unhex(w.next()?)?, unhex(w.next()?)?);
+            (!k.is_empty() && w.next().is_none()).then_some(StartLine::Var(k, v))
+        }
+        _ => match Command::decode(std::str::from_utf8(line).ok()?)? {
+            Command::Deadline { term_at, kill_at } => {
+                Some(StartLine::Deadline { term_at, kill_at })
+            }
+            _ => None,
+        },
+    }
 }
 
 impl Command {
@@ -236,6 +287,38 @@ mod tests {
         assert_eq!(decode_command(b"A\n"), None);
         assert_eq!(decode_command(b"A 6\n"), None);
         assert_eq!(decode_command(b"D 1 2\n"), None);
+    }
+
+    #[test]
+    fn a_start_carries_the_variables_the_deadline_and_the_command() {
+        let env = vec![
+            ("FENCING_TOKEN".to_string(), "42".to_string()),
+            ("X".into(), "a b\nc".into()),
+        ];
+        let deadline = Command::Deadline {
+            term_at: 5,
+            kill_at: 9,
+        };
+        let argv: Vec<std::ffi::OsString> = vec!["sh".into(), "-c".into(), "echo hi".into()];
+        let text = encode_start(&env, deadline, &argv);
+        let lines: Vec<_> = text
+            .split_inclusive('\n')
+            .map(|l| decode_start_line(l.as_bytes()))
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                Some(StartLine::Var("FENCING_TOKEN".into(), "42".into())),
+                Some(StartLine::Var("X".into(), "a b\nc".into())),
+                Some(StartLine::Deadline {
+                    term_at: 5,
+                    kill_at: 9
+                }),
+                Some(StartLine::Command(argv)),
+            ]
+        );
+        assert_eq!(decode_start_line(b"K\n"), None);
+        assert_eq!(decode_start_line(b"V zz\n"), None);
     }
 
     #[test]

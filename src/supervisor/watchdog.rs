@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 
 use super::enforcer::{may_spawn, Enforcer, GroupOp, Input};
 use super::group::{Cgroup, Group};
-use super::protocol::{decode_command, Command, GroupEnd, Report};
+use super::protocol::{decode_start_line, Command, GroupEnd, Report, StartLine};
 use super::CgroupMode;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
@@ -38,16 +38,15 @@ pub const NAME: &str = "lexec-watchdog";
 /// Signal the kernel sends us when the thread that forked us dies.
 const PARENT_DEATH: i32 = libc::SIGUSR2;
 
-/// The watchdog's arguments, in order. The job's command is not among them: it comes first
-/// over the control pipe ([`super::protocol::encode_command`]), so that the watchdog's own
+/// The watchdog's arguments, in order. The job's command, variables and deadline are not
+/// among them: they come over the control pipe ([`super::protocol::encode_start`]), because
+/// the watchdog is started while lead-exec still campaigns, and so that the watchdog's own
 /// command line never holds what the job's does (`pkill -f` matches it).
 pub struct Args {
     pub parent: i32,
     pub ctl_fd: RawFd,
     pub report_fd: RawFd,
     pub grace: Duration,
-    pub term_at: BootInstant,
-    pub kill_at: BootInstant,
     pub cgroup: CgroupMode,
 }
 
@@ -59,8 +58,6 @@ impl Args {
             self.ctl_fd.to_string(),
             self.report_fd.to_string(),
             self.grace.as_nanos().to_string(),
-            self.term_at.as_nanos().to_string(),
-            self.kill_at.as_nanos().to_string(),
             self.cgroup.as_str().to_string(),
         ]
         .into_iter()
@@ -75,7 +72,7 @@ impl Args {
                 .with_context(|| format!("watchdog argument {i} missing"))
         };
         let n = |i: usize| -> Result<u64> { Ok(s(i)?.parse()?) };
-        if s(1)? != ARG || argv.len() != 9 {
+        if s(1)? != ARG || argv.len() != 7 {
             bail!("bad watchdog arguments");
         }
         Ok(Args {
@@ -83,32 +80,53 @@ impl Args {
             ctl_fd: s(3)?.parse()?,
             report_fd: s(4)?.parse()?,
             grace: Duration::from_nanos(n(5)?),
-            term_at: BootInstant::from_nanos(n(6)?),
-            kill_at: BootInstant::from_nanos(n(7)?),
             // An unknown word is a version mismatch, not a wish for the default.
-            cgroup: CgroupMode::parse(s(8)?)
-                .with_context(|| format!("unknown cgroup mode '{}'", s(8).unwrap_or("")))?,
+            cgroup: CgroupMode::parse(s(6)?)
+                .with_context(|| format!("unknown cgroup mode '{}'", s(6).unwrap_or("")))?,
         })
     }
 }
 
-/// Reads the job's command, the first line on the control pipe (blocking: nothing else can
-/// happen before it). Returns it and whatever was read past it; `None` on EOF (lead-exec
-/// went away before sending it).
-fn read_command(ctl: &mut File) -> Result<Option<(Vec<OsString>, Vec<u8>)>> {
+/// What starts the job, as lead-exec sends it.
+struct Start {
+    command: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    term_at: BootInstant,
+    kill_at: BootInstant,
+    /// Whatever was read past the command: commands already.
+    rest: Vec<u8>,
+}
+
+/// Reads the job's start from the control pipe (blocking: nothing else can happen before
+/// it). `None` on EOF: lead-exec went away, or never won a term.
+fn read_start(ctl: &mut File) -> Result<Option<Start>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
+    let (mut env, mut deadline) = (Vec::new(), None);
     loop {
-        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
             let rest = buf.split_off(i + 1);
-            let command = decode_command(&buf).context("bad command from lead-exec")?;
-            return Ok(Some((command, rest)));
+            let line = std::mem::replace(&mut buf, rest);
+            match decode_start_line(&line).context("bad start from lead-exec")? {
+                StartLine::Var(k, v) => env.push((k, v)),
+                StartLine::Deadline { term_at, kill_at } => deadline = Some((term_at, kill_at)),
+                StartLine::Command(command) => {
+                    let (t, k) = deadline.context("no deadline before the command")?;
+                    return Ok(Some(Start {
+                        command,
+                        env,
+                        term_at: BootInstant::from_nanos(t),
+                        kill_at: BootInstant::from_nanos(k),
+                        rest: buf,
+                    }));
+                }
+            }
         }
         match ctl.read(&mut chunk) {
             Ok(0) => return Ok(None),
             Ok(k) => buf.extend_from_slice(&chunk[..k]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).context("reading the command"),
+            Err(e) => return Err(e).context("reading the start"),
         }
     }
 }
@@ -135,9 +153,15 @@ fn run(argv: &[OsString]) -> Result<()> {
     // SAFETY: lead-exec handed us these two descriptors and nothing else owns them.
     let mut ctl = unsafe { File::from_raw_fd(a.ctl_fd) };
     let mut report = unsafe { File::from_raw_fd(a.report_fd) };
-    let Some((command, pending)) = read_command(&mut ctl)? else {
+    let Some(start) = read_start(&mut ctl)? else {
         return Ok(());
     };
+    // Single-threaded here, so changing the environment races with nothing; the job
+    // inherits it.
+    for (k, v) in &start.env {
+        std::env::set_var(k, v);
+    }
+    let (command, pending) = (start.command, start.rest);
     set_nonblocking(ctl.as_raw_fd())?;
 
     // Orphaned grandchildren come to us, so that we can reap them and see the group empty.
@@ -187,7 +211,7 @@ fn run(argv: &[OsString]) -> Result<()> {
 
     // Right before the fork: lead-exec checked the deadline too, but it may have been frozen
     // or starved since, and the deadline it passed may be spent by now.
-    if !may_spawn(BootInstant::now(), a.term_at) {
+    if !may_spawn(BootInstant::now(), start.term_at) {
         send(&mut report, &Report::TooLate);
         if let Some(cg) = &cgroup {
             cg.remove();
@@ -220,7 +244,7 @@ fn run(argv: &[OsString]) -> Result<()> {
             leader: Pid::from_raw(pid),
             cgroup,
         },
-        enforcer: Enforcer::new(a.grace, a.term_at, a.kill_at),
+        enforcer: Enforcer::new(a.grace, start.term_at, start.kill_at),
         exited: None,
     };
     let io = Io {
@@ -276,6 +300,10 @@ fn supervise(
             if !w.group.has_live_members() {
                 let end = w.finish(status);
                 send(&mut io.report, &end);
+                // Empty by now; its removal need not hold up lead-exec's handover.
+                if let Some(cg) = &w.group.cgroup {
+                    cg.remove();
+                }
                 return Ok(());
             }
             w.on(now, Input::LeaderExited);
@@ -398,9 +426,6 @@ impl Supervision {
                 Ok(_) => continue,
                 Err(_) => break,
             }
-        }
-        if let Some(cg) = &self.group.cgroup {
-            cg.remove();
         }
         Report::Ended {
             status,
@@ -532,7 +557,7 @@ mod tests {
     #[test]
     fn an_unknown_cgroup_mode_is_refused_not_taken_for_auto() {
         let args = |mode: &str| -> Vec<OsString> {
-            [ARG, ARG, "1", "3", "4", "5", "6", "7", mode]
+            [ARG, ARG, "1", "3", "4", "5", mode]
                 .iter()
                 .map(OsString::from)
                 .collect()
