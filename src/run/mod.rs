@@ -41,9 +41,15 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     let health = cfg.health.clone().map(health::start);
     let signals = signals::listen()?;
     // The watchdog starts while we connect and campaign: a won term then pays only for the
-    // job's own fork and exec.
+    // job's own fork and exec. The connection goes first, so that the fork (on this thread,
+    // see `supervisor`) overlaps its round trips instead of preceding them.
+    let conn = cfg.conn.clone();
+    let connecting = tokio::spawn(async move { etcd::connect(&conn).await });
+    for _ in 0..CONNECT_POLLS {
+        tokio::task::yield_now().await;
+    }
     let standby = standby(&cfg);
-    let client = etcd::connect(&cfg.conn).await?;
+    let client = connecting.await??;
     if let Some(done) = already_done(&client, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
@@ -839,6 +845,10 @@ impl Driver {
         }
     }
 }
+
+/// Turns of the scheduler the connection gets before the watchdog's fork: enough for it to
+/// send its first bytes and wait on the network.
+const CONNECT_POLLS: usize = 4;
 
 /// A watchdog for the next job, or none if it cannot start now (the start is tried again
 /// when the job is due, and fails there with its reason).

@@ -328,7 +328,13 @@ impl Job {
                 }
             }
         };
-        self.reap_watchdog();
+        if ended.cause == GroupEnd::WatchdogLost {
+            self.reap_watchdog();
+        } else {
+            // It reported the group gone and only exits now: nothing waits on that.
+            let pid = nix::unistd::Pid::from_raw(self.watchdog.id() as i32);
+            tokio::task::spawn_blocking(move || nix::sys::wait::waitpid(pid, None));
+        }
         ended
     }
 
