@@ -11,7 +11,8 @@
 //! `FENCING_TOKEN`: assigned by etcd, strictly larger every term.
 //!
 //! The job does not run inside lead-exec. A watchdog process (the small `lead-exec-watchdog`
-//! binary, or lead-exec re-executed in a hidden mode) forks it into its own process group,
+//! binary, or lead-exec re-executed in a hidden mode), started while lead-exec connects and
+//! campaigns and waiting on its pipe until the term is won, forks it into its own process group,
 //! and cgroup when possible, and enforces the lease deadline D = send time of the last renewed
 //! keepalive + TTL − safety margin on CLOCK_BOOTTIME: SIGTERM to the group at D − grace,
 //! SIGKILL just before D. lead-exec only ever moves D forward, over a pipe. If lead-exec dies,

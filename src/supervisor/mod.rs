@@ -6,6 +6,11 @@
 //!           ◀──report pipe (spawned, ended)───
 //! ```
 //!
+//! The watchdog starts before its job exists ([`Standby`]): lead-exec starts one while it
+//! connects and campaigns, and sends the job's variables, deadline and command in one write
+//! once the term is won, so that a won term pays only for the job's own fork and exec. A
+//! standby that is never used exits when its pipe closes.
+//!
 //! The watchdog is spawned from the main thread (the runtime is single-threaded), so
 //! `PR_SET_PDEATHSIG` fires only when lead-exec itself exits, never when a worker thread does.
 //! It is the small `lead-exec-watchdog` binary when that is installed beside lead-exec, and
