@@ -127,16 +127,24 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
         )
         .await?;
         // The channel is lazy: one cheap linearizable read proves the cluster is there and
-        // has a quorum.
-        bounded(
-            conn.dial_timeout,
-            &what,
-            client.get(
+        // has a quorum. Members that answer "no leader" are electing one (a member restarted,
+        // the raft leader lost): that takes a second or two, so it is asked again within the
+        // dial timeout rather than reported at once.
+        let until = tokio::time::Instant::now() + conn.dial_timeout;
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let probe = client.get(
                 format!("{ROOT}/"),
                 Some(etcd_client::GetOptions::new().with_count_only()),
-            ),
-        )
-        .await?;
+            );
+            match bounded(left.max(MIN_ATTEMPT), &what, probe).await {
+                Ok(_) => break,
+                Err(e) if format!("{e:#}").contains("no leader") && left > NO_LEADER_RETRY => {
+                    tokio::time::sleep(NO_LEADER_RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         Ok::<_, anyhow::Error>(client)
     };
     match probe.await {
@@ -158,6 +166,9 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
         }
     }
 }
+
+/// How long to wait before asking again a cluster that has no leader at start-up.
+const NO_LEADER_RETRY: Duration = Duration::from_millis(100);
 
 /// Runs one etcd request, bounded by `timeout`, and classifies its failure.
 pub async fn bounded<T>(

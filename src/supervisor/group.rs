@@ -88,12 +88,6 @@ impl Cgroup {
         pids_in(&self.dir)
     }
 
-    pub fn signal(&self, sig: Signal) {
-        for pid in self.pids() {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
-        }
-    }
-
     /// Kills every member at once, setsid escapees included.
     pub fn kill(&self) {
         kill_dir(&self.dir);
@@ -215,11 +209,18 @@ pub struct Group {
 }
 
 impl Group {
-    /// Signals every member: the process group, and the cgroup's escapees.
+    /// Signals every member once: the process group, and the cgroup's escapees (members
+    /// that left the group). Signalling the group's members through the cgroup as well would
+    /// deliver a second SIGTERM, and a shell with a trap would run it twice.
     pub fn signal(&self, sig: Signal) {
         let _ = killpg(self.leader, sig);
         if let Some(cg) = &self.cgroup {
-            cg.signal(sig);
+            for pid in cg.pids() {
+                let pid = Pid::from_raw(pid);
+                if nix::unistd::getpgid(Some(pid)) != Ok(self.leader) {
+                    let _ = nix::sys::signal::kill(pid, sig);
+                }
+            }
         }
     }
 
