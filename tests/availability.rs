@@ -89,3 +89,48 @@ fn wait_counts_from_each_campaign_not_from_process_start() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
+
+/// A worker that starts while etcd elects a leader (a member restarted, the raft leader
+/// lost) waits for it within `--dial-timeout` instead of exiting 69 at the first "no leader".
+#[test]
+fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeout() {
+    let etcd = Etcd::start3();
+    let dir = tempfile::tempdir().unwrap();
+    let one = etcd.members[0].endpoint();
+    etcd.members[1].stop();
+    etcd.members[2].stop();
+    // The member left alone says "no leader" once it notices: an operator command says so.
+    let noticed = wait_until(secs(20), || {
+        let (code, _, err) = run(&[
+            "status",
+            "x",
+            "--endpoints",
+            &one,
+            "--dial-timeout",
+            "200ms",
+        ]);
+        code == 69 && err.contains("no leader")
+    });
+    assert!(noticed, "the lone member never said \"no leader\"");
+    let job = script(dir.path(), "echo ran > $D/ran");
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("x", &one, &["--dial-timeout", "20s"], &job),
+    );
+    // Still waiting for a leader, not failed.
+    let (code, _, err) = run(&[
+        "status",
+        "x",
+        "--endpoints",
+        &one,
+        "--dial-timeout",
+        "200ms",
+    ]);
+    assert_eq!(code, 69, "{err}");
+    assert!(w.child.try_wait().unwrap().is_none(), "{}", w.log_text());
+    etcd.members[1].cont();
+    etcd.members[2].cont();
+    assert_eq!(w.code(secs(30)), 0, "{}", w.log_text());
+    assert_eq!(lines(&dir.path().join("ran")), vec!["ran"]);
+}
