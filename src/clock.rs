@@ -124,6 +124,15 @@ impl AsRawFd for BootTimer {
 }
 
 /// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
+/// Sleeps until `t` (a tokio instant), or forever without one: an optional deadline such as
+/// `--wait`'s, as one arm of a `select!`.
+pub async fn until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 pub fn human(d: Duration) -> humantime::FormattedDuration {
     let ms = if d < Duration::from_millis(1) {
         d

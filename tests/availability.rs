@@ -99,16 +99,19 @@ fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeo
     let one = etcd.members[0].endpoint();
     etcd.members[1].stop();
     etcd.members[2].stop();
-    // The member left alone says "no leader" once it notices: an operator command says so.
-    let noticed = wait_until(secs(20), || {
-        let (code, _, err) = run(&[
+    let status = || {
+        run(&[
             "status",
             "x",
             "--endpoints",
             &one,
             "--dial-timeout",
             "200ms",
-        ]);
+        ])
+    };
+    // The member left alone says "no leader" once it notices: an operator command says so.
+    let noticed = wait_until(secs(20), || {
+        let (code, _, err) = status();
         code == 69 && err.contains("no leader")
     });
     assert!(noticed, "the lone member never said \"no leader\"");
@@ -119,14 +122,7 @@ fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeo
         &run_args("x", &one, &["--dial-timeout", "20s"], &job),
     );
     // Still waiting for a leader, not failed.
-    let (code, _, err) = run(&[
-        "status",
-        "x",
-        "--endpoints",
-        &one,
-        "--dial-timeout",
-        "200ms",
-    ]);
+    let (code, _, err) = status();
     assert_eq!(code, 69, "{err}");
     assert!(w.child.try_wait().unwrap().is_none(), "{}", w.log_text());
     etcd.members[1].cont();

@@ -492,12 +492,7 @@ impl Campaign<'_> {
                 Ok(Err(e)) => return Err(classify(e)),
                 Err(_) => return Ok(None),
             };
-        let give_up = async {
-            match self.give_up_at {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let give_up = crate::clock::until(self.give_up_at);
         tokio::pin!(give_up);
         let mut moves = crate::etcd::failover::moves();
         loop {

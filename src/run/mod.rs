@@ -300,21 +300,14 @@ impl Driver {
                     last_wait = Some(w.clone());
                 }
             });
-            tokio::pin!(run);
             let mut health = self.health.clone();
             let checked = health.is_some();
-            loop {
-                tokio::select! {
-                    out = &mut run => break Ok(out),
-                    Some(sig) = self.signals.recv() => {
-                        if signals::is_stopping(sig) {
-                            break Err(Event::Interrupted { signal: sig });
-                        }
-                    }
-                    _ = async { health::failing(health.as_mut().expect("checked")).await }, if checked => {
-                        tracing::warn!(election, "the health check is failing; leaving the line until it passes");
-                        break Err(Event::Unhealthy);
-                    }
+            tokio::select! {
+                out = run => Ok(out),
+                ev = stopping(&mut self.signals) => Err(ev),
+                _ = async { health::failing(health.as_mut().expect("checked")).await }, if checked => {
+                    tracing::warn!(election, "the health check is failing; leaving the line until it passes");
+                    Err(Event::Unhealthy)
                 }
             }
         };
@@ -540,12 +533,7 @@ impl Driver {
         }
         tracing::warn!(election, "not campaigning until the health check passes");
         notify::status("unhealthy: waiting for the health check to pass");
-        let give_up = async {
-            match give_up_at {
-                Some(t) => tokio::time::sleep_until(*t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let give_up = crate::clock::until(*give_up_at);
         tokio::select! {
             passed = rx.wait_for(|h| *h == Health::Healthy) => {
                 if passed.is_err() {
@@ -791,17 +779,9 @@ impl Driver {
         if let Some(t) = self.give_up_at {
             until = until.min(t);
         }
-        let sleep = tokio::time::sleep_until(until);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                _ = &mut sleep => return Event::BackoffDone,
-                Some(sig) = self.signals.recv() => {
-                    if signals::is_stopping(sig) {
-                        return Event::Interrupted { signal: sig };
-                    }
-                }
-            }
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => Event::BackoffDone,
+            ev = stopping(&mut self.signals) => ev,
         }
     }
 

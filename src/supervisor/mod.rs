@@ -247,13 +247,6 @@ impl Drop for Standby {
 }
 
 impl Job {
-    /// Starts a watchdog and the job under it (see [`Standby::launch`]).
-    pub async fn spawn(spec: &JobSpec, d: BootInstant) -> Result<Option<Job>> {
-        Standby::start(spec.grace, spec.cgroup)?
-            .launch(spec, d)
-            .await
-    }
-
     /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`. D only moves forward.
     pub fn extend(&mut self, d: BootInstant, grace: Duration) {
         if d <= self.kill_at {
