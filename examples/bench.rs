@@ -1153,8 +1153,8 @@ fn floor(cx: &Cx) -> Result<Report> {
     let notes = vec![
         "floor: the bare client is etcd-client in the bench process, connected once; each sample \
          is a lease grant then a transaction creating a key on it, the two raft commits every \
-         acquire needs. lead-exec's acquire also starts a process, connects, reads once to \
-         check the cluster, starts its watchdog and the job."
+         acquire needs. lead-exec's acquire also starts a process, connects (reading once to \
+         check the cluster, beside the lease grant), starts its watchdog and the job."
             .to_string(),
     ];
     Ok(Report { rows, notes })
@@ -1496,16 +1496,22 @@ impl Worker {
         }
     }
 
-    /// Waits for a normal exit; kills the worker if it does not come.
+    /// Waits for a normal exit; kills the worker if it does not come. A blocking wait, so that
+    /// a timed run ends at the exit itself, not at the next turn of a polling loop.
     fn wait_exit(&mut self, limit: Duration) {
-        let until = Instant::now() + limit;
-        while Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+        let pgids: Vec<i32> = std::iter::once(self.pgid).chain(self.job_pgid).collect();
+        let (done, timer) = std::sync::mpsc::channel::<()>();
+        let killer = thread::spawn(move || {
+            if timer.recv_timeout(limit).is_err() {
+                for pg in pgids {
+                    // SAFETY: kill(2) on a process group we created; never 0 or our own.
+                    unsafe { libc::kill(-pg, libc::SIGKILL) };
+                }
             }
-            thread::sleep(Duration::from_millis(1));
-        }
-        self.kill_all();
+        });
+        let _ = self.child.wait();
+        let _ = done.send(());
+        let _ = killer.join();
     }
 }
 

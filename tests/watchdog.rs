@@ -669,3 +669,77 @@ fn a_stale_job_cgroup_is_killed_by_the_next_start() {
         "grandchild {gc} survived in its stale cgroup"
     );
 }
+
+/// The watchdog a worker started ahead of its job: its only child while it waits in line.
+fn standby_watchdog(worker: i32) -> i32 {
+    let mut found = 0;
+    assert!(
+        wait_until(secs(10), || {
+            let kids = std::fs::read_to_string(format!("/proc/{worker}/task/{worker}/children"))
+                .unwrap_or_default();
+            found = kids
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .find(|&p| comm(p) == "lexec-watchdog")
+                .unwrap_or(0);
+            found != 0
+        }),
+        "worker {worker} has no watchdog waiting"
+    );
+    found
+}
+
+/// A waiting candidate's watchdog makes the job's cgroup ahead, so that a won term spends
+/// nothing on it; a candidate that leaves without leading (its --wait ran out, or it was
+/// SIGKILLed) takes that cgroup with it.
+#[test]
+fn a_waiting_candidates_prepared_cgroup_goes_when_it_leaves() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "cat /proc/self/cgroup > $D/cgroup; echo $$ > $D/pid; exec sleep 120",
+    );
+    let mut a = spawn(dir.path(), "a", &run_args("prep", &ep, &[], &job));
+    wait_int(&dir.path().join("pid"), secs(10));
+    if !lines(&dir.path().join("cgroup"))
+        .join("")
+        .contains("lead-exec-job-")
+    {
+        eprintln!("no cgroup v2 for jobs here; nothing to check");
+        return;
+    }
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args("prep", &ep, &["--wait", "3s"], "true"),
+    );
+    let mut c = spawn(dir.path(), "c", &run_args("prep", &ep, &[], "true"));
+    let cgroup_of = |worker: &Worker| {
+        let wd = standby_watchdog(worker.pid());
+        lead_exec::supervisor::group::Cgroup::path_for(wd as u32).unwrap()
+    };
+    let (cb, cc) = (cgroup_of(&b), cgroup_of(&c));
+    assert!(
+        wait_until(secs(5), || cb.exists() && cc.exists()),
+        "no job cgroup made ahead: {} {}",
+        cb.display(),
+        cc.display()
+    );
+    c.signal(libc::SIGKILL);
+    c.wait(secs(5));
+    assert!(
+        wait_until(secs(5), || !cc.exists()),
+        "{} outlived its SIGKILLed worker",
+        cc.display()
+    );
+    assert_eq!(b.code(secs(15)), 75, "{}", b.log_text());
+    assert!(
+        wait_until(secs(5), || !cb.exists()),
+        "{} outlived its worker's exit",
+        cb.display()
+    );
+    a.signal(libc::SIGTERM);
+    a.wait(secs(15));
+}

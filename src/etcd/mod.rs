@@ -64,6 +64,14 @@ impl std::fmt::Debug for Secret {
 
 /// Connects and proves the cluster answers, within the dial timeout.
 pub async fn connect(conn: &Conn) -> Result<Client> {
+    let client = open(conn).await?;
+    probe(&client, conn).await?;
+    Ok(client)
+}
+
+/// Builds the client. Its channel connects lazily, on the first request: without
+/// credentials to exchange, nothing is sent yet, so what goes first is the caller's choice.
+pub async fn open(conn: &Conn) -> Result<Client> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(conn.dial_timeout)
         // HTTP/2 pings close a connection that went silent. etcd refuses pings more often
@@ -110,61 +118,60 @@ pub async fn connect(conn: &Conn) -> Result<Client> {
             }
         })
         .collect();
-    let what = format!("etcd at {}", conn.endpoints.join(","));
-    let probe = async {
-        // A healthy member answers in milliseconds: half the shorter timeout per attempt lets
-        // a request (the probe below included) reach a second endpoint in time.
-        let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
-        let router = failover::Router::new(attempt);
-        let mut client = bounded(
-            conn.dial_timeout,
-            &what,
-            Client::connect_with_balanced_channel(
-                &endpoints,
-                Some(opts),
-                failover::Builder(router),
-            ),
-        )
-        .await?;
-        // The channel is lazy: one cheap linearizable read proves the cluster is there and
-        // has a quorum. Members that answer "no leader" are electing one (a member restarted,
-        // the raft leader lost): that takes a second or two, so it is asked again within the
-        // dial timeout rather than reported at once.
-        let until = tokio::time::Instant::now() + conn.dial_timeout;
-        loop {
-            let left = until.saturating_duration_since(tokio::time::Instant::now());
-            let probe = client.get(
-                format!("{ROOT}/"),
-                Some(etcd_client::GetOptions::new().with_count_only()),
-            );
-            match bounded(left.max(MIN_ATTEMPT), &what, probe).await {
-                Ok(_) => break,
-                Err(e) if format!("{e:#}").contains("no leader") && left > NO_LEADER_RETRY => {
-                    tokio::time::sleep(NO_LEADER_RETRY).await;
-                }
-                Err(e) => return Err(e),
+    // A healthy member answers in milliseconds: half the shorter timeout per attempt lets
+    // a request (the probe below included) reach a second endpoint in time.
+    let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
+    let router = failover::Router::new(attempt);
+    bounded(
+        conn.dial_timeout,
+        &what(conn),
+        Client::connect_with_balanced_channel(&endpoints, Some(opts), failover::Builder(router)),
+    )
+    .await
+    .map_err(|e| explain(conn, e))
+}
+
+/// Proves, within the dial timeout, that the cluster answers and has a quorum: one cheap
+/// linearizable read. Members that answer "no leader" are electing one (a member restarted,
+/// the raft leader lost): that takes a second or two, so it is asked again within the dial
+/// timeout rather than reported at once.
+pub async fn probe(client: &Client, conn: &Conn) -> Result<()> {
+    let mut client = client.clone();
+    let what = what(conn);
+    let until = tokio::time::Instant::now() + conn.dial_timeout;
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let probe = client.get(
+            format!("{ROOT}/"),
+            Some(etcd_client::GetOptions::new().with_count_only()),
+        );
+        match bounded(left.max(MIN_ATTEMPT), &what, probe).await {
+            Ok(_) => return Ok(()),
+            Err(e) if format!("{e:#}").contains("no leader") && left > NO_LEADER_RETRY => {
+                tokio::time::sleep(NO_LEADER_RETRY).await;
             }
-        }
-        Ok::<_, anyhow::Error>(client)
-    };
-    match probe.await {
-        Ok(c) => Ok(c),
-        // A server that refuses our client certificate just drops the handshake: say where
-        // to look.
-        Err(e) => {
-            let text = format!("{e:#}");
-            let vague = text.ends_with("canceled") || text.ends_with("transport error");
-            if conn.tls.is_some() && vague {
-                return Err(fail(
-                    crate::exit::exit_of(&e),
-                    format!(
-                        "{text} (the TLS handshake failed: is --cert signed by a CA the server trusts?)"
-                    ),
-                ));
-            }
-            Err(e)
+            Err(e) => return Err(explain(conn, e)),
         }
     }
+}
+
+fn what(conn: &Conn) -> String {
+    format!("etcd at {}", conn.endpoints.join(","))
+}
+
+/// A server that refuses our client certificate just drops the handshake: say where to look.
+fn explain(conn: &Conn, e: anyhow::Error) -> anyhow::Error {
+    let text = format!("{e:#}");
+    let vague = text.ends_with("canceled") || text.ends_with("transport error");
+    if conn.tls.is_some() && vague {
+        return fail(
+            crate::exit::exit_of(&e),
+            format!(
+                "{text} (the TLS handshake failed: is --cert signed by a CA the server trusts?)"
+            ),
+        );
+    }
+    e
 }
 
 /// How long to wait before asking again a cluster that has no leader at start-up.

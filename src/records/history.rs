@@ -90,9 +90,12 @@ pub struct Started {
     pub record: Record,
     /// The record's mod revision: the end record is written only if it is unchanged.
     pub rev: i64,
+    /// Where the end record's transaction stops deleting old records (see [`trim_end`]).
+    pub trim: Option<Vec<u8>>,
 }
 
-/// Writes the start of a term and trims old records, guarded by our key.
+/// Writes the start of a term, guarded by our key, and reads beside it which old records the
+/// end of the term trims: a round trip the start would otherwise wait for.
 pub async fn record_start(
     client: &Client,
     e: &Election,
@@ -101,7 +104,7 @@ pub async fn record_start(
     keep: u32,
     takeover_delay: Option<Duration>,
 ) -> Result<Started> {
-    let mut c = client.clone();
+    let (mut c, mut r) = (client.clone(), client.clone());
     let Term { token, key, id } = term;
     let rec = Record {
         token,
@@ -114,41 +117,42 @@ pub async fn record_start(
         clean: None,
         takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
     };
-    let existing = get_all(
-        &mut c,
-        e,
-        timeout,
-        GetOptions::new()
-            .with_keys_only()
-            .with_sort(SortTarget::Key, SortOrder::Ascend),
-    )
-    .await?;
-    let keys: Vec<Vec<u8>> = existing.kvs().iter().map(|kv| kv.key().to_vec()).collect();
-    let mut ops = vec![TxnOp::put(
-        e.history_key(token),
-        serde_json::to_string(&rec)?,
-        None,
-    )];
-    if let Some(end) = trim_end(&keys, keep as usize, &e.history_key(token)) {
-        ops.push(TxnOp::delete(
-            e.history_prefix(),
-            Some(DeleteOptions::new().with_range(end)),
-        ));
-    }
+    let hk = e.history_key(token);
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, token)])
-        .and_then(ops);
-    let resp = bounded(timeout, "etcd", c.txn(txn)).await?;
+        .and_then([TxnOp::put(hk.clone(), serde_json::to_string(&rec)?, None)]);
+    let keys_only = GetOptions::new()
+        .with_keys_only()
+        .with_sort(SortTarget::Key, SortOrder::Ascend);
+    let (resp, existing) = tokio::join!(
+        bounded(timeout, "etcd", c.txn(txn)),
+        get_all(&mut r, e, timeout, keys_only),
+    );
+    let resp = resp?;
     anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
     let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-    Ok(Started { record: rec, rev })
+    // Without the list, nothing is trimmed this term; the next one does it.
+    let trim = existing.ok().and_then(|r| {
+        let keys: Vec<Vec<u8>> = r
+            .kvs()
+            .iter()
+            .map(|kv| kv.key().to_vec())
+            .filter(|k| *k != hk.as_bytes())
+            .collect();
+        trim_end(&keys, keep as usize, &hk)
+    });
+    Ok(Started {
+        record: rec,
+        rev,
+        trim,
+    })
 }
 
 /// Writes the end of our term and deletes our leader key in one transaction, guarded by the
 /// key and by the start record being unchanged: one commit hands over leadership and closes
 /// the record. The same commit frees our slot key (`slot`, with `--slots` above 1), so the
-/// next holder finds it free at once. `Ok(false)` when the guard failed and nothing was
-/// written.
+/// next holder finds it free at once, and trims the records beyond `--history-keep`.
+/// `Ok(false)` when the guard failed and nothing was written.
 pub async fn record_end_and_release(
     client: &Client,
     e: &Election,
@@ -176,6 +180,12 @@ pub async fn record_end_and_release(
             ]
             .into_iter()
             .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))
+            .chain(started.trim.clone().map(|end| {
+                TxnOp::delete(
+                    e.history_prefix(),
+                    Some(DeleteOptions::new().with_range(end)),
+                )
+            }))
             .collect::<Vec<_>>(),
         );
     Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())

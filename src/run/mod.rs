@@ -41,15 +41,35 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     let health = cfg.health.clone().map(health::start);
     let signals = signals::listen()?;
     // The watchdog starts while we connect and campaign: a won term then pays only for the
-    // job's own fork and exec. The connection goes first, so that the fork (on this thread,
-    // see `supervisor`) overlaps its round trips instead of preceding them.
-    let conn = cfg.conn.clone();
-    let connecting = tokio::spawn(async move { etcd::connect(&conn).await });
+    // job's own fork and exec. The requests go first, so that the fork (on this thread, see
+    // `supervisor`) overlaps their round trips instead of preceding them.
+    let client = etcd::open(&cfg.conn).await?;
+    let candidate = Candidate {
+        priority: cfg.priority,
+        ..Candidate::this_process(&cfg.id)
+    };
+    let probe = {
+        let (c, conn) = (client.clone(), cfg.conn.clone());
+        tokio::spawn(async move { etcd::probe(&c, &conn).await })
+    };
+    // Without a health check or a run key to consult first, the first campaign's lease grant
+    // goes out beside the probe, on the connection it opens.
+    let fast = cfg.health.is_none() && cfg.run_key.is_none();
+    let first_lease = fast.then(|| {
+        let (c, cfg) = (client.clone(), cfg.clone());
+        tokio::spawn(async move { grant(&c, &cfg).await })
+    });
     for _ in 0..CONNECT_POLLS {
         tokio::task::yield_now().await;
     }
     let standby = standby(&cfg);
-    let client = connecting.await??;
+    let probe = if fast {
+        Some(probe)
+    } else {
+        probe.await??;
+        notify::ready();
+        None
+    };
     if let Some(done) = already_done(&client, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
@@ -62,16 +82,14 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         Wait::For(d) => Some(Instant::now() + d),
         _ => None,
     };
-    let candidate = Candidate {
-        priority: cfg.priority,
-        ..Candidate::this_process(&cfg.id)
-    };
     let mut d = Driver {
         cfg,
         client,
         candidate,
         health,
         standby,
+        probe,
+        first_lease,
         delayed: None,
         elected_at: Instant::now(),
         preempt_at: None,
@@ -88,7 +106,6 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         last_token: None,
         failure: None,
     };
-    notify::ready();
     d.drive().await
 }
 
@@ -109,6 +126,10 @@ struct Driver {
     health: Option<watch::Receiver<Health>>,
     /// A watchdog started ahead of the next job.
     standby: Option<Standby>,
+    /// The start-up probe, while the first lease grant is in flight beside it.
+    probe: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// The first campaign's lease grant, sent at start-up.
+    first_lease: Option<tokio::task::JoinHandle<Result<Lease>>>,
     /// The takeover delay this term waited out.
     delayed: Option<Duration>,
     /// When this term was won: `--min-term` counts from here.
@@ -233,15 +254,11 @@ impl Driver {
             self.standby = standby(&self.cfg);
         }
         let started = Instant::now();
-        let lease = match Lease::grant(
-            &self.client,
-            self.cfg.ttl,
-            self.cfg.grace,
-            self.cfg.safety_margin,
-            self.cfg.conn.command_timeout,
-        )
-        .await
-        {
+        let granted = match self.first_lease.take() {
+            Some(first) => self.first_grant(first).await?,
+            None => grant(&self.client, &self.cfg).await,
+        };
+        let lease = match granted {
             Ok(l) => l,
             Err(e) => {
                 self.failure = Some(("cannot grant a lease", e));
@@ -366,6 +383,27 @@ impl Driver {
         };
         self.lease = Some(lease);
         Ok(ev)
+    }
+
+    /// The first campaign's lease, granted at start-up beside the probe. What etcd says to
+    /// the probe still decides the start: unreachable or refusing us (exit 69 or 77; a lease
+    /// grant may succeed where reading our keys is not allowed), or, if it answers and the
+    /// grant did not (a leader election that the probe waited out), a grant again at once.
+    /// The candidate key is created only after both, so a worker that gives up at start may
+    /// leave an empty lease behind, never a key in line.
+    async fn first_grant(
+        &mut self,
+        first: tokio::task::JoinHandle<Result<Lease>>,
+    ) -> Result<Result<Lease>> {
+        let lease = first.await?;
+        if let Some(probe) = self.probe.take() {
+            probe.await??;
+        }
+        notify::ready();
+        Ok(match lease {
+            Ok(l) => Ok(l),
+            Err(_) => grant(&self.client, &self.cfg).await,
+        })
     }
 
     /// Starts the job for a confirmed term.
@@ -829,6 +867,12 @@ impl Driver {
 /// Turns of the scheduler the connection gets before the watchdog's fork: enough for it to
 /// send its first bytes and wait on the network.
 const CONNECT_POLLS: usize = 4;
+
+/// A lease for one campaign, kept alive from now on.
+async fn grant(client: &Client, cfg: &RunConfig) -> Result<Lease> {
+    let timeout = cfg.conn.command_timeout;
+    Lease::grant(client, cfg.ttl, cfg.grace, cfg.safety_margin, timeout).await
+}
 
 /// A watchdog for the next job, or none if it cannot start now (the start is tried again
 /// when the job is due, and fails there with its reason).

@@ -153,16 +153,8 @@ fn run(argv: &[OsString]) -> Result<()> {
     // SAFETY: lead-exec handed us these two descriptors and nothing else owns them.
     let mut ctl = unsafe { File::from_raw_fd(a.ctl_fd) };
     let mut report = unsafe { File::from_raw_fd(a.report_fd) };
-    let Some(start) = read_start(&mut ctl)? else {
-        return Ok(());
-    };
-    // Single-threaded here, so changing the environment races with nothing; the job
-    // inherits it.
-    for (k, v) in &start.env {
-        std::env::set_var(k, v);
-    }
-    let (command, pending) = (start.command, start.rest);
-    set_nonblocking(ctl.as_raw_fd())?;
+    // Everything that does not depend on the job is set up while lead-exec campaigns, so a
+    // won term pays only for the job's own fork and exec.
 
     // Orphaned grandchildren come to us, so that we can reap them and see the group empty.
     prctl(libc::PR_SET_CHILD_SUBREAPER, 1)?;
@@ -195,19 +187,36 @@ fn run(argv: &[OsString]) -> Result<()> {
     }
     // Everything that can fail is set up before the fork, so that no job runs unsupervised.
     let timer = BootTimer::new().context("timerfd_create")?;
-
     let cgroup = match a.cgroup {
-        CgroupMode::Off => None,
-        CgroupMode::Auto => Cgroup::create().ok(),
-        CgroupMode::On => match Cgroup::create() {
-            Ok(c) => Some(c),
-            Err(e) => {
-                let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
-                send(&mut report, &Report::SetupFailed { message });
-                return Ok(());
-            }
-        },
+        CgroupMode::Off => Ok(None),
+        CgroupMode::Auto => Ok(Cgroup::create().ok()),
+        CgroupMode::On => Cgroup::create().map(Some),
     };
+    // No job after all (lead-exec exited, or gave up leading): its cgroup goes with us.
+    let start = match read_start(&mut ctl) {
+        Ok(Some(start)) => start,
+        other => {
+            if let Ok(Some(cg)) = &cgroup {
+                cg.remove();
+            }
+            return other.map(|_| ());
+        }
+    };
+    let cgroup = match cgroup {
+        Ok(c) => c,
+        Err(e) => {
+            let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
+            send(&mut report, &Report::SetupFailed { message });
+            return Ok(());
+        }
+    };
+    // Single-threaded here, so changing the environment races with nothing; the job
+    // inherits it.
+    for (k, v) in &start.env {
+        std::env::set_var(k, v);
+    }
+    let (command, pending) = (start.command, start.rest);
+    set_nonblocking(ctl.as_raw_fd())?;
 
     // Right before the fork: lead-exec checked the deadline too, but it may have been frozen
     // or starved since, and the deadline it passed may be spent by now.
