@@ -12,8 +12,8 @@
 //!
 //! The job does not run inside lead-exec. A watchdog process (the small `lead-exec-watchdog`
 //! binary, or lead-exec re-executed in a hidden mode), started while lead-exec connects and
-//! campaigns, makes the job's cgroup and waits on its pipe until the term is won. It forks the
-//! job into its own process group, and that cgroup when there is one, and enforces the lease deadline D = send time of the last renewed
+//! campaigns and waiting on its pipe until the term is won, forks it into its own process group,
+//! and cgroup when possible, and enforces the lease deadline D = send time of the last renewed
 //! keepalive + TTL − safety margin on CLOCK_BOOTTIME: SIGTERM to the group at D − grace,
 //! SIGKILL just before D. lead-exec only ever moves D forward, over a pipe. If lead-exec dies,
 //! the pipe closes and the group is killed at once; if it freezes, the deadline fires anyway.
@@ -29,8 +29,8 @@
 //!
 //! When the job exits, one transaction closes the term's history record and deletes
 //! lead-exec's key, so the next candidate takes over at once; lead-exec then revokes the
-//! emptied lease and exits with the job's code. When leadership is lost, it stops the job and campaigns
-//! again on a fresh lease (or exits with `--on-loss exit`).
+//! emptied lease and exits with the job's code. When leadership is lost, it stops the job and
+//! campaigns again on a fresh lease (or exits with `--on-loss exit`).
 //!
 //! The scheduling controls change when and where the job runs, never that rule: `--timeout`
 //! ends a term, `--takeover-delay` holds a new leader's start after an unclean end (judged by

@@ -110,9 +110,8 @@ pub struct Job {
 const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
 
 /// A watchdog started ahead of its job, waiting on its pipe: lead-exec starts one while it
-/// campaigns, so that a won term pays only for the job's own fork and exec (its signal
-/// handling, timer and job cgroup are ready before the term is won). Dropping it closes the
-/// pipe, and the watchdog removes that cgroup and exits without starting anything.
+/// campaigns, so that a won term pays only for the job's own fork and exec. Dropping it
+/// closes the pipe, and the watchdog exits without starting anything.
 pub struct Standby(Option<Waiting>);
 
 struct Waiting {
@@ -238,28 +237,14 @@ impl Standby {
 
 impl Drop for Standby {
     fn drop(&mut self) {
-        // Never used: closing the pipe is the watchdog's cue to remove the job cgroup it made
-        // ahead and exit. A kill would leave that cgroup behind, so it comes only if the
-        // watchdog has not gone within a moment (stopped by an operator, say).
-        if let Some(Waiting {
-            ctl, mut watchdog, ..
-        }) = self.0.take()
-        {
-            drop(ctl);
-            for _ in 0..STANDBY_EXIT_POLLS {
-                if let Ok(Some(_)) = watchdog.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
+        // Never used: closing the pipe is the watchdog's cue to exit; a kill makes sure, and
+        // the wait is short.
+        if let Some(w) = self.0.as_mut() {
+            let _ = w.watchdog.kill();
+            let _ = w.watchdog.wait();
         }
     }
 }
-
-/// A tenth of a second, in steps of 100 µs: an idle watchdog exits in well under one.
-const STANDBY_EXIT_POLLS: u32 = 1000;
 
 impl Job {
     /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`. D only moves forward.

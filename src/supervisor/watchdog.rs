@@ -187,28 +187,23 @@ fn run(argv: &[OsString]) -> Result<()> {
     }
     // Everything that can fail is set up before the fork, so that no job runs unsupervised.
     let timer = BootTimer::new().context("timerfd_create")?;
+    let Some(start) = read_start(&mut ctl)? else {
+        return Ok(());
+    };
+    // Made now, not ahead: a waiting candidate's cgroup would lengthen every other
+    // watchdog's sweep of stale ones (see `Cgroup::create`), which with a thousand candidates
+    // costs more than the mkdir saves.
     let cgroup = match a.cgroup {
-        CgroupMode::Off => Ok(None),
-        CgroupMode::Auto => Ok(Cgroup::create().ok()),
-        CgroupMode::On => Cgroup::create().map(Some),
-    };
-    // No job after all (lead-exec exited, or gave up leading): its cgroup goes with us.
-    let start = match read_start(&mut ctl) {
-        Ok(Some(start)) => start,
-        other => {
-            if let Ok(Some(cg)) = &cgroup {
-                cg.remove();
+        CgroupMode::Off => None,
+        CgroupMode::Auto => Cgroup::create().ok(),
+        CgroupMode::On => match Cgroup::create() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
+                send(&mut report, &Report::SetupFailed { message });
+                return Ok(());
             }
-            return other.map(|_| ());
-        }
-    };
-    let cgroup = match cgroup {
-        Ok(c) => c,
-        Err(e) => {
-            let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
-            send(&mut report, &Report::SetupFailed { message });
-            return Ok(());
-        }
+        },
     };
     // Single-threaded here, so changing the environment races with nothing; the job
     // inherits it.
