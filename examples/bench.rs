@@ -1490,28 +1490,34 @@ impl Worker {
 
     /// SIGKILL to the wrapper's group (wrapper, watchdog, etcdctl's job) and the job's group.
     fn kill_all(&mut self) {
-        for pg in std::iter::once(self.pgid).chain(self.job_pgid) {
-            // SAFETY: kill(2) on a process group we created; never 0 or our own.
-            unsafe { libc::kill(-pg, libc::SIGKILL) };
-        }
+        kill_groups(self.groups());
+    }
+
+    /// The worker's process group, and its job's once known.
+    fn groups(&self) -> Vec<i32> {
+        std::iter::once(self.pgid).chain(self.job_pgid).collect()
     }
 
     /// Waits for a normal exit; kills the worker if it does not come. A blocking wait, so that
     /// a timed run ends at the exit itself, not at the next turn of a polling loop.
     fn wait_exit(&mut self, limit: Duration) {
-        let pgids: Vec<i32> = std::iter::once(self.pgid).chain(self.job_pgid).collect();
+        let groups = self.groups();
         let (done, timer) = std::sync::mpsc::channel::<()>();
         let killer = thread::spawn(move || {
             if timer.recv_timeout(limit).is_err() {
-                for pg in pgids {
-                    // SAFETY: kill(2) on a process group we created; never 0 or our own.
-                    unsafe { libc::kill(-pg, libc::SIGKILL) };
-                }
+                kill_groups(groups);
             }
         });
         let _ = self.child.wait();
         let _ = done.send(());
         let _ = killer.join();
+    }
+}
+
+fn kill_groups(groups: Vec<i32>) {
+    for pg in groups {
+        // SAFETY: kill(2) on a process group we created; never 0 or our own.
+        unsafe { libc::kill(-pg, libc::SIGKILL) };
     }
 }
 

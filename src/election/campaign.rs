@@ -439,16 +439,13 @@ impl Campaign<'_> {
             }
             let me = Candidate::parse(self.value.as_bytes());
             let token = leader.create_revision();
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(leader.key(), CompareOp::Equal, token),
-                    Compare::version(self.election.paused_key(), CompareOp::Equal, 0),
-                ])
-                .and_then([TxnOp::put(
-                    self.election.resign_key(),
-                    super::leader::preempt_request(token, self.priority, &me.id),
-                    Some(PutOptions::new().with_lease(leader.lease())),
-                )]);
+            let txn = super::leader::request_txn(
+                self.election,
+                leader.key(),
+                token,
+                leader.lease(),
+                super::leader::preempt_request(token, self.priority, &me.id),
+            );
             if bounded(self.timeout, "etcd", client.txn(txn))
                 .await?
                 .succeeded()

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
+    WatchOptions, WatchStream,
+};
 
 use super::Election;
 
@@ -22,6 +25,28 @@ pub enum LeaderEvent {
 /// request has, so that a leader reading only the token still acts on it.
 pub fn preempt_request(token: i64, priority: u32, id: &str) -> String {
     format!("{token} preempt priority {priority} by {id}")
+}
+
+/// Writes a request (`value`: the leader's token first) for the term `token` of the leader
+/// key `key`, only while that term leads and the election is not paused. It lives on the
+/// leader's `lease`, so it goes with the term it was meant for.
+pub fn request_txn(
+    e: &Election,
+    key: impl Into<Vec<u8>>,
+    token: i64,
+    lease: i64,
+    value: String,
+) -> Txn {
+    Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, token),
+            Compare::version(e.paused_key(), CompareOp::Equal, 0),
+        ])
+        .and_then([TxnOp::put(
+            e.resign_key(),
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )])
 }
 
 pub struct LeaderWatch {

@@ -14,12 +14,12 @@ use anyhow::Result;
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
-    WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
 
 use super::{Ctx, Entry, Holders};
 use crate::cli::ResignArgs;
+use crate::election::leader::request_txn;
 use crate::etcd::{bounded, classify};
 use crate::exit::{fail, Exit};
 
@@ -40,16 +40,13 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         ));
     };
     let request = ctx.election.resign_key();
-    let txn = Txn::new()
-        .when([
-            Compare::create_revision(leader.key.clone(), CompareOp::Equal, leader.token),
-            Compare::version(ctx.election.paused_key(), CompareOp::Equal, 0),
-        ])
-        .and_then([TxnOp::put(
-            request.clone(),
-            leader.token.to_string(),
-            Some(PutOptions::new().with_lease(leader.lease)),
-        )]);
+    let txn = request_txn(
+        &ctx.election,
+        leader.key.clone(),
+        leader.token,
+        leader.lease,
+        leader.token.to_string(),
+    );
     let mut c = ctx.client.clone();
     let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
     if !resp.succeeded() {

@@ -74,6 +74,13 @@ pub struct Record {
 }
 
 impl Record {
+    /// Marks the term ended now, for `reason`.
+    fn close(&mut self, reason: TermEnd) {
+        self.ended_ms = Some(unix_ms());
+        self.end = Some(reason.to_string());
+        self.clean = Some(reason.is_clean());
+    }
+
     /// Whether this term ended cleanly. An open record is not: its worker died, froze or lost
     /// its key before it could close it. Records from before the `clean` field say so by
     /// their end.
@@ -165,9 +172,7 @@ pub async fn record_end_and_release(
     let mut c = client.clone();
     let hk = e.history_key(term.token);
     let mut rec = started.record.clone();
-    rec.ended_ms = Some(unix_ms());
-    rec.end = Some(reason.to_string());
-    rec.clean = Some(reason.is_clean());
+    rec.close(reason);
     let txn = Txn::new()
         .when([
             Compare::create_revision(term.key, CompareOp::Equal, term.token),
@@ -252,9 +257,7 @@ pub async fn finish(
         return Ok(false);
     };
     let mut rec: Record = serde_json::from_slice(kv.value())?;
-    rec.ended_ms = Some(unix_ms());
-    rec.end = Some(reason.to_string());
-    rec.clean = Some(reason.is_clean());
+    rec.close(reason);
     let txn = Txn::new()
         .when([
             guard,

@@ -154,8 +154,8 @@ fn run(argv: &[OsString]) -> Result<()> {
     let mut ctl = unsafe { File::from_raw_fd(a.ctl_fd) };
     let mut report = unsafe { File::from_raw_fd(a.report_fd) };
     // Everything that does not depend on the job is set up while lead-exec campaigns, so a
-    // won term pays only for the job's own fork and exec.
-
+    // won term pays only for the job's cgroup and its fork and exec.
+    //
     // Orphaned grandchildren come to us, so that we can reap them and see the group empty.
     prctl(libc::PR_SET_CHILD_SUBREAPER, 1)?;
     // We run in a session of our own (lead-exec calls setsid before exec), so no group signal
