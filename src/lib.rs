@@ -62,8 +62,8 @@
 //! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
 //! - [`supervisor`]: the job under its watchdog. [`supervisor::enforcer`] decides, without
 //!   I/O, what the group gets and when; [`supervisor::watchdog`] is the process that carries it
-//!   out; [`supervisor::group`] the process group and cgroup. `src/bin/lead-exec-watchdog.rs`
-//!   is the same watchdog as a small binary of its own.
+//!   out, started by [`supervisor::detach`]; [`supervisor::group`] the process group and
+//!   cgroup. `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
 //! - [`exit`], [`clock`], [`metrics`], [`notify`]: exit codes as a type, CLOCK_BOOTTIME,
 //!   Prometheus, systemd.
 //!

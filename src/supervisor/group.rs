@@ -37,12 +37,10 @@ impl Cgroup {
         Ok(parent.join(format!("lead-exec-job-{watchdog}")))
     }
 
-    /// Creates this watchdog's job cgroup, if cgroup v2 is mounted and writable.
+    /// Creates this watchdog's job cgroup, if cgroup v2 is mounted and writable. The stale
+    /// ones beside it are left to [`Cgroup::sweep_stale`], once the job runs.
     pub fn create() -> std::io::Result<Cgroup> {
         let dir = Cgroup::path_for(std::process::id())?;
-        if let Some(parent) = dir.parent() {
-            sweep_stale(parent);
-        }
         fs::create_dir(&dir)?;
         let procs = dir.join("cgroup.procs");
         let fd = fs::File::open(&dir)?.into();
@@ -74,6 +72,16 @@ impl Cgroup {
             }
         }
         Ok(())
+    }
+
+    /// Kills and removes the job cgroups beside this one whose watchdogs are gone. Run by a
+    /// watchdog whose job has started, not while it waits: every waiting candidate's
+    /// watchdog holds a cgroup, and a sweep by each of a thousand of them on its way in would
+    /// read `/proc` a million times.
+    pub fn sweep_stale(&self) {
+        if let Some(parent) = self.dir.parent() {
+            sweep_stale(parent);
+        }
     }
 
     pub fn procs_path(&self) -> &CString {

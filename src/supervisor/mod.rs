@@ -22,6 +22,7 @@
 //! both; and [`Job::wait`] kills the group at D itself when the watchdog has not reported it
 //! gone.
 
+pub mod detach;
 pub mod enforcer;
 pub mod group;
 pub mod protocol;
@@ -31,7 +32,6 @@ pub mod watchdog;
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -98,7 +98,7 @@ pub struct Job {
     pub pid: i32,
     ctl: std::fs::File,
     reports: Lines<BufReader<pipe::Receiver>>,
-    watchdog: std::process::Child,
+    watchdog: detach::Detached,
     /// The lease deadline D last handed to the watchdog.
     kill_at: BootInstant,
     /// lead-exec's own timer at D: the second enforcer, for a watchdog that is frozen.
@@ -117,7 +117,7 @@ pub struct Standby(Option<Waiting>);
 struct Waiting {
     ctl: std::fs::File,
     reports: Lines<BufReader<pipe::Receiver>>,
-    watchdog: std::process::Child,
+    watchdog: detach::Detached,
     grace: Duration,
 }
 
@@ -133,30 +133,19 @@ impl Standby {
             grace,
             cgroup,
         };
-        let mut cmd = std::process::Command::new(watchdog_program());
-        cmd.args(args.to_argv()).arg0(watchdog::NAME);
-        for k in SECRET_ENV {
-            cmd.env_remove(k);
-        }
-        let (cfd, rfd) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
-        // SAFETY: setsid and fcntl are async-signal-safe. setsid gives the watchdog a session
-        // and process group of its own before its first instruction, so that no signal to
-        // lead-exec's group (job control, a supervisor) stops or kills both enforcers at once.
-        // fcntl clears close-on-exec on the two pipe ends the watchdog must inherit.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                for fd in [cfd, rfd] {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        let watchdog = cmd.spawn().context("starting the watchdog")?;
+        let argv: Vec<OsString> = std::iter::once(OsString::from(watchdog::NAME))
+            .chain(args.to_argv())
+            .collect();
+        // A session (and so a process group) of its own from its first instruction, so that
+        // no signal to lead-exec's group (job control, a supervisor) stops or kills both
+        // enforcers at once; of our descriptors, only its two pipe ends.
+        let watchdog = detach::spawn(
+            &watchdog_program(),
+            &argv,
+            &SECRET_ENV,
+            &[ctl_r.as_raw_fd(), rep_w.as_raw_fd()],
+        )
+        .context("starting the watchdog")?;
         drop(ctl_r);
         drop(rep_w);
         let reports = BufReader::new(pipe::Receiver::from_owned_fd(rep_r)?).lines();
@@ -199,7 +188,7 @@ impl Standby {
         let start = protocol::encode_start(&spec.env, deadline, &argv);
         if let Err(e) = job.ctl.write_all(start.as_bytes()) {
             // No job runs yet: the watchdog waits for the command line.
-            let _ = job.watchdog.kill();
+            job.watchdog.kill();
             job.reap_watchdog();
             return Err(e).context("sending the job to the watchdog");
         }
@@ -240,8 +229,8 @@ impl Drop for Standby {
         // Never used: closing the pipe is the watchdog's cue to exit; a kill makes sure, and
         // the wait is short.
         if let Some(w) = self.0.as_mut() {
-            let _ = w.watchdog.kill();
-            let _ = w.watchdog.wait();
+            w.watchdog.kill();
+            w.watchdog.wait();
         }
     }
 }
@@ -373,7 +362,7 @@ impl Job {
 
     fn reap_watchdog(&mut self) {
         // It exits right after its last report.
-        let _ = self.watchdog.wait();
+        self.watchdog.wait();
     }
 }
 

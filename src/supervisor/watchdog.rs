@@ -187,23 +187,28 @@ fn run(argv: &[OsString]) -> Result<()> {
     }
     // Everything that can fail is set up before the fork, so that no job runs unsupervised.
     let timer = BootTimer::new().context("timerfd_create")?;
-    let Some(start) = read_start(&mut ctl)? else {
-        return Ok(());
-    };
-    // Made now, not ahead: a waiting candidate's cgroup would lengthen every other
-    // watchdog's sweep of stale ones (see `Cgroup::create`), which with a thousand candidates
-    // costs more than the mkdir saves.
-    let cgroup = match a.cgroup {
-        CgroupMode::Off => None,
-        CgroupMode::Auto => Cgroup::create().ok(),
-        CgroupMode::On => match Cgroup::create() {
-            Ok(c) => Some(c),
-            Err(e) => {
-                let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
-                send(&mut report, &Report::SetupFailed { message });
-                return Ok(());
+    // The job's cgroup too, while lead-exec campaigns: a won term then pays only for the
+    // job's fork and exec.
+    let prepared = (a.cgroup != CgroupMode::Off).then(Cgroup::create);
+    let start = match read_start(&mut ctl) {
+        Ok(Some(start)) => start,
+        // Never used (lead-exec gave up, or exited).
+        other => {
+            if let Some(Ok(cg)) = &prepared {
+                cg.remove();
             }
-        },
+            return other.map(|_| ());
+        }
+    };
+    let cgroup = match prepared {
+        None => None,
+        Some(Ok(cg)) => Some(cg),
+        Some(Err(_)) if a.cgroup == CgroupMode::Auto => None,
+        Some(Err(e)) => {
+            let message = format!("--cgroup on: cannot create a cgroup v2 for the job: {e}");
+            send(&mut report, &Report::SetupFailed { message });
+            return Ok(());
+        }
     };
     // Single-threaded here, so changing the environment races with nothing; the job
     // inherits it.
@@ -243,6 +248,9 @@ fn run(argv: &[OsString]) -> Result<()> {
     };
     let pid = spawned.pid;
     send(&mut report, &Report::Spawned { pid });
+    if let Some(cg) = &cgroup {
+        cg.sweep_stale();
+    }
     let mut w = Supervision {
         group: Group {
             leader: Pid::from_raw(pid),
