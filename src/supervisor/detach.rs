@@ -162,9 +162,13 @@ mod tests {
     fn keeps_only_the_named_descriptors_in_a_new_session() {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         let (other_r, _other_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        std::env::set_var("DETACH_TEST_HIDDEN", "secret");
+        // A variable this process has (setting one here would race with other tests).
+        let hidden = std::env::vars()
+            .map(|(k, _)| k)
+            .find(|k| k != "PATH" && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .expect("some environment variable");
         let script = format!(
-            "echo \"$(cut -d' ' -f6 /proc/$$/stat) $$ ${{DETACH_TEST_HIDDEN:-none}}\" >&{w}; \
+            "echo \"$(cut -d' ' -f6 /proc/$$/stat) $$ ${{{hidden}:-none}}\" >&{w}; \
              [ -e /proc/self/fd/{o} ] && echo leaked >&{w}; exit 0",
             w = w.as_raw_fd(),
             o = other_r.as_raw_fd()
@@ -173,7 +177,7 @@ mod tests {
         let child = spawn(
             Path::new("/bin/sh"),
             &argv,
-            &["DETACH_TEST_HIDDEN"],
+            &[hidden.as_str()],
             &[w.as_raw_fd()],
         )
         .expect("spawned");
