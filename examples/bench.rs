@@ -22,7 +22,10 @@
 //!   candidate, from etcd's own `/metrics`), etcd's write capacity here, and how many candidates
 //!   one etcd serves before keepalives take a tenth of it.
 //! - `floor`: the physical limit of an acquire on this etcd: a bare client's lease grant and
-//!   creating transaction (two raft commits) plus a fork+exec, against lead-exec's acquire.
+//!   creating transaction (two raft commits) plus a fork+exec, against lead-exec's acquire;
+//!   and, to show where the rest goes, the same commits on a fresh connection and a bare
+//!   client process (this binary re-executed) that starts, connects, commits both and starts
+//!   the job.
 //!
 //! Every job writes to a FIFO that the harness polls, so "job running" is the moment the job's
 //! first write arrives and "job dead" is the EOF seen once the last process of the job has

@@ -41,7 +41,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     let health = cfg.health.clone().map(health::start);
     let signals = signals::listen()?;
     // The watchdog starts while we connect and campaign: a won term then pays only for the
-    // job's own fork and exec. The requests go first, so that the fork (on this thread, see
+    // job's own fork and exec. The requests go first, so that the spawn (on this thread, see
     // `supervisor`) overlaps their round trips instead of preceding them.
     let client = etcd::open(&cfg.conn).await?;
     let candidate = Candidate {
@@ -864,8 +864,9 @@ impl Driver {
     }
 }
 
-/// Turns of the scheduler the connection gets before the watchdog's fork: enough for it to
-/// send its first bytes and wait on the network.
+/// Turns of the scheduler the connection gets before the watchdog is spawned (which holds
+/// this thread for the watchdog's exec): enough for it to send its first bytes and wait on
+/// the network.
 const CONNECT_POLLS: usize = 4;
 
 /// A lease for one campaign, kept alive from now on.
