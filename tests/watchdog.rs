@@ -669,3 +669,57 @@ fn a_stale_job_cgroup_is_killed_by_the_next_start() {
         "grandchild {gc} survived in its stale cgroup"
     );
 }
+
+/// A waiting candidate's watchdog makes the job's cgroup ahead; the cgroup goes with the
+/// candidate, whether lead-exec exits on SIGTERM or is SIGKILLed.
+#[test]
+fn a_waiting_candidates_cgroup_goes_with_it() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "cat /proc/self/cgroup > $D/cgroup; exec sleep 120",
+    );
+    let _a = spawn(dir.path(), "a", &run_args("ahead", &ep, &[], &job));
+    let own = wait_line(&dir.path().join("cgroup"), secs(10), |l| {
+        l.starts_with("0::")
+    });
+    let Some(rel) = own
+        .strip_prefix("0::")
+        .filter(|p| p.contains("lead-exec-job-"))
+    else {
+        eprintln!("no cgroup v2 for jobs here; nothing to check");
+        return;
+    };
+    let job_dir = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(|m| std::path::PathBuf::from(format!("{m}{rel}")))
+        .find(|p| p.is_dir())
+        .expect("the job's cgroup directory");
+    let parent = job_dir.parent().unwrap().to_path_buf();
+    for (name, sig) in [("b", libc::SIGTERM), ("c", libc::SIGKILL)] {
+        let mut w = spawn(dir.path(), name, &run_args("ahead", &ep, &[], "true"));
+        // lead-exec's one child is its watchdog.
+        let children = format!("/proc/{0}/task/{0}/children", w.pid());
+        let mut wd = 0;
+        assert!(
+            wait_until(secs(10), || {
+                wd = std::fs::read_to_string(&children)
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                    .unwrap_or(0);
+                wd > 0 && parent.join(format!("lead-exec-job-{wd}")).is_dir()
+            }),
+            "{name}: no cgroup made ahead by its watchdog"
+        );
+        let cg = parent.join(format!("lead-exec-job-{wd}"));
+        w.signal(sig);
+        w.wait(secs(5));
+        assert!(
+            wait_until(secs(5), || !cg.exists() && !alive(wd)),
+            "{name}: {} outlived the candidate (signal {sig})",
+            cg.display()
+        );
+    }
+}

@@ -11,9 +11,10 @@ use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::waitpid;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// A started watchdog, by pid; lead-exec reaps it.
@@ -31,6 +32,20 @@ impl Detached {
 
     pub fn wait(&self) {
         let _ = waitpid(self.0, None);
+    }
+
+    /// Reaps it if it exits within `limit`; `false` if it is still running then.
+    pub fn exits_within(&self, limit: Duration) -> bool {
+        let until = std::time::Instant::now() + limit;
+        loop {
+            match waitpid(self.0, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) if std::time::Instant::now() < until => {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Ok(WaitStatus::StillAlive) => return false,
+                _ => return true,
+            }
+        }
     }
 }
 

@@ -226,14 +226,21 @@ impl Standby {
 
 impl Drop for Standby {
     fn drop(&mut self) {
-        // Never used: closing the pipe is the watchdog's cue to exit; a kill makes sure, and
-        // the wait is short.
-        if let Some(w) = self.0.as_mut() {
-            w.watchdog.kill();
-            w.watchdog.wait();
+        // Never used: closing the pipe is the watchdog's cue to remove the cgroup it made
+        // ahead and exit, which takes it a fraction of a millisecond. A kill would leave the
+        // cgroup to the next job's sweep; it is only for a watchdog that does not go.
+        if let Some(Waiting { ctl, watchdog, .. }) = self.0.take() {
+            drop(ctl);
+            if !watchdog.exits_within(STANDBY_EXIT) {
+                watchdog.kill();
+                watchdog.wait();
+            }
         }
     }
 }
+
+/// How long an unused watchdog gets to go on its own.
+const STANDBY_EXIT: Duration = Duration::from_millis(200);
 
 impl Job {
     /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`. D only moves forward.
