@@ -97,7 +97,7 @@ pub struct Started {
     pub record: Record,
     /// The record's mod revision: the end record is written only if it is unchanged.
     pub rev: i64,
-    /// Where the end record's transaction stops deleting old records (see [`trim_end`]).
+    /// Where the end record's transaction stops deleting old records (see `trim_end`).
     pub trim: Option<Vec<u8>>,
 }
 

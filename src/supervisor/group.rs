@@ -213,7 +213,7 @@ fn watchdog_alive(pid: i32) -> bool {
     };
     let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
     let state = tail.split_whitespace().next().unwrap_or("");
-    comm == super::watchdog::NAME && !matches!(state, "Z" | "X" | "x")
+    comm == super::protocol::NAME && !matches!(state, "Z" | "X" | "x")
 }
 
 fn other<E: std::fmt::Display>(e: E) -> std::io::Error {

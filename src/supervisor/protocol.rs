@@ -5,6 +5,11 @@
 
 use crate::exit::JobStatus;
 
+/// The watchdog's process name (comm) and `argv[0]`. It must not contain "lead-exec", so that
+/// one `pkill lead-exec` or `killall lead-exec` cannot take out both enforcers. The sweep of
+/// stale job cgroups knows a live watchdog by it.
+pub const NAME: &str = "lexec-watchdog";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     /// New deadlines on CLOCK_BOOTTIME (ns): SIGTERM at `term_at`, SIGKILL at `kill_at`.

@@ -31,9 +31,7 @@ use crate::exit::JobStatus;
 /// `argv[1]` that selects this mode.
 pub const ARG: &str = "__watchdog";
 
-/// The watchdog's process name (comm) and `argv[0]`. It must not contain "lead-exec", so that
-/// one `pkill lead-exec` or `killall lead-exec` cannot take out both enforcers.
-pub const NAME: &str = "lexec-watchdog";
+pub use super::protocol::NAME;
 
 /// Signal the kernel sends us when the thread that forked us dies.
 const PARENT_DEATH: i32 = libc::SIGUSR2;
