@@ -80,12 +80,15 @@ pub fn spawn(
             .collect()
     };
     let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
-    let mut actions = Actions::new()?;
+    let mut actions = Initialised::new(
+        libc::posix_spawn_file_actions_init,
+        libc::posix_spawn_file_actions_destroy,
+    )?;
     for &fd in keep {
         // dup2 onto itself clears close-on-exec (POSIX.1-2024; glibc 2.29 and later).
-        errno(unsafe { libc::posix_spawn_file_actions_adddup2(&mut actions.0, fd, fd) })?;
+        errno(unsafe { libc::posix_spawn_file_actions_adddup2(&mut actions.obj, fd, fd) })?;
     }
-    let mut attr = Attr::new()?;
+    let mut attr = Initialised::new(libc::posix_spawnattr_init, libc::posix_spawnattr_destroy)?;
     // SAFETY: plain calls on initialised attribute objects and sets owned here.
     unsafe {
         let mut none: libc::sigset_t = std::mem::zeroed();
@@ -94,13 +97,13 @@ pub fn spawn(
         libc::sigemptyset(&mut pipe);
         // Rust ignores SIGPIPE in lead-exec; an ignored signal would survive the exec.
         libc::sigaddset(&mut pipe, libc::SIGPIPE);
-        errno(libc::posix_spawnattr_setsigmask(&mut attr.0, &none))?;
-        errno(libc::posix_spawnattr_setsigdefault(&mut attr.0, &pipe))?;
+        errno(libc::posix_spawnattr_setsigmask(&mut attr.obj, &none))?;
+        errno(libc::posix_spawnattr_setsigdefault(&mut attr.obj, &pipe))?;
         let flags = libc::POSIX_SPAWN_SETSID as libc::c_int
             | libc::POSIX_SPAWN_SETSIGMASK
             | libc::POSIX_SPAWN_SETSIGDEF;
         errno(libc::posix_spawnattr_setflags(
-            &mut attr.0,
+            &mut attr.obj,
             flags as libc::c_short,
         ))?;
     }
@@ -110,8 +113,8 @@ pub fn spawn(
         libc::posix_spawn(
             &mut pid,
             path.as_ptr(),
-            &actions.0,
-            &attr.0,
+            &actions.obj,
+            &attr.obj,
             argv_p.as_ptr(),
             envp_p.as_ptr(),
         )
@@ -122,39 +125,30 @@ pub fn spawn(
     Ok(Detached(Pid::from_raw(pid)))
 }
 
-struct Actions(libc::posix_spawn_file_actions_t);
+/// A libc object that `init` fills in place and `destroy` frees: posix_spawn's attributes
+/// and file actions.
+struct Initialised<T> {
+    obj: T,
+    destroy: unsafe extern "C" fn(*mut T) -> libc::c_int,
+}
 
-impl Actions {
-    fn new() -> io::Result<Actions> {
-        // SAFETY: init fills the zeroed object in place; Drop destroys it.
-        let mut a = Actions(unsafe { std::mem::zeroed() });
-        errno(unsafe { libc::posix_spawn_file_actions_init(&mut a.0) })?;
-        Ok(a)
+impl<T> Initialised<T> {
+    fn new(
+        init: unsafe extern "C" fn(*mut T) -> libc::c_int,
+        destroy: unsafe extern "C" fn(*mut T) -> libc::c_int,
+    ) -> io::Result<Initialised<T>> {
+        // SAFETY: both are plain C structs, valid zeroed, that `init` fills in place and that
+        // hold no pointer to themselves, so they may move; Drop destroys them.
+        let mut obj = unsafe { std::mem::zeroed() };
+        errno(unsafe { init(&mut obj) })?;
+        Ok(Initialised { obj, destroy })
     }
 }
 
-impl Drop for Actions {
+impl<T> Drop for Initialised<T> {
     fn drop(&mut self) {
         // SAFETY: initialised in `new`.
-        unsafe { libc::posix_spawn_file_actions_destroy(&mut self.0) };
-    }
-}
-
-struct Attr(libc::posix_spawnattr_t);
-
-impl Attr {
-    fn new() -> io::Result<Attr> {
-        // SAFETY: init fills the zeroed object in place; Drop destroys it.
-        let mut a = Attr(unsafe { std::mem::zeroed() });
-        errno(unsafe { libc::posix_spawnattr_init(&mut a.0) })?;
-        Ok(a)
-    }
-}
-
-impl Drop for Attr {
-    fn drop(&mut self) {
-        // SAFETY: initialised in `new`.
-        unsafe { libc::posix_spawnattr_destroy(&mut self.0) };
+        unsafe { (self.destroy)(&mut self.obj) };
     }
 }
 

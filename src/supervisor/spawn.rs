@@ -60,11 +60,8 @@ pub fn spawn(command: &[OsString], cgroup: Option<&Cgroup>, required: bool) -> i
         Err(e) if unsupported(&e) => plain(command, cgroup),
         other => other,
     };
-    if cgroup.is_none() {
-        return first;
-    }
     match first {
-        Err(_) if !required => plain(command, None),
+        Err(_) if cgroup.is_some() && !required => plain(command, None),
         other => other,
     }
 }

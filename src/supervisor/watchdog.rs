@@ -151,8 +151,8 @@ fn run(argv: &[OsString]) -> Result<()> {
     // SAFETY: lead-exec handed us these two descriptors and nothing else owns them.
     let mut ctl = unsafe { File::from_raw_fd(a.ctl_fd) };
     let mut report = unsafe { File::from_raw_fd(a.report_fd) };
-    // Everything that does not depend on the job is set up while lead-exec campaigns, so a
-    // won term pays only for the job's cgroup and its fork and exec.
+    // Everything that does not depend on the job is set up while lead-exec campaigns, its
+    // cgroup included (below), so a won term pays only for the job's fork and exec.
     //
     // Orphaned grandchildren come to us, so that we can reap them and see the group empty.
     prctl(libc::PR_SET_CHILD_SUBREAPER, 1)?;
@@ -185,8 +185,6 @@ fn run(argv: &[OsString]) -> Result<()> {
     }
     // Everything that can fail is set up before the fork, so that no job runs unsupervised.
     let timer = BootTimer::new().context("timerfd_create")?;
-    // The job's cgroup too, while lead-exec campaigns: a won term then pays only for the
-    // job's fork and exec.
     let prepared = (a.cgroup != CgroupMode::Off).then(Cgroup::create);
     let start = match read_start(&mut ctl) {
         Ok(Some(start)) => start,
