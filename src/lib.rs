@@ -17,9 +17,10 @@
 //! keepalive + TTL − safety margin on CLOCK_BOOTTIME: SIGTERM to the group at D − grace,
 //! SIGKILL just before D. lead-exec only ever moves D forward, over a pipe. If lead-exec dies,
 //! the pipe closes and the group is killed at once; if it freezes, the deadline fires anyway.
-//! The watchdog has a session and a name (`lexec-watchdog`) of its own, so no group signal or
-//! name match stops both; and lead-exec enforces D as well, SIGKILLing the group and cgroup
-//! itself if the watchdog has not reported them gone by then. So the job never outlives the
+//! The watchdog has a session and a name (`ldx-warden`, no three letters in a row of
+//! `lead-exec`) of its own, so no group signal or name match stops both; and lead-exec
+//! enforces D as well, SIGKILLing the group and cgroup itself if the watchdog has not
+//! reported them gone by then, and never blocks on the watchdog's pipe. So the job never outlives the
 //! lease on the server, and a frozen old leader's late writes carry a token the resource
 //! already rejects.
 //!

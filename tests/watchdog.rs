@@ -223,15 +223,28 @@ fn the_job_starts_with_default_signals_and_an_empty_mask() {
         dir.path(),
         "exec grep -E '^Sig(Ign|Blk)' /proc/self/status > $D/sig",
     );
-    let (code, _, err) = run(&run_args("sigmask", &etcd.endpoints(), &[], &job));
-    assert_eq!(code, 0, "{err}");
+    // lead-exec itself starts with signals ignored, real-time ones too, as `nohup` or a
+    // shell's `trap ''` leave them: none may reach the job.
+    let ep = etcd.endpoints();
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "trap '' HUP INT USR1 40 50 64; exec \"$@\"",
+            "sh",
+            bin(),
+        ])
+        .args(run_args("sigmask", &ep, &[], &job))
+        .env_remove("LEAD_EXEC_ENDPOINTS")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
     let sig = lines(&dir.path().join("sig"));
     assert_eq!(sig.len(), 2, "{sig:?}");
     for l in sig {
         let (name, mask) = l.split_once(':').unwrap();
-        // Signals 1..31; 32 and up belong to the C library (glibc reserves 32 and 33).
-        let standard = u64::from_str_radix(mask.trim(), 16).unwrap() & 0x7fff_ffff;
-        assert_eq!(standard, 0, "{name} is {mask}");
+        // All 64 signals, glibc's own 32 and 33 included.
+        let all = u64::from_str_radix(mask.trim(), 16).unwrap();
+        assert_eq!(all, 0, "{name} is {mask}");
     }
 }
 
@@ -433,17 +446,26 @@ fn a_stop_to_lead_exec_s_group_does_not_keep_the_job_past_the_deadline() {
 /// too, which PR_SET_PDEATHSIG alone would leave running.
 #[test]
 fn pkill_by_name_kills_lead_exec_only_and_the_watchdog_kills_the_job() {
-    pkill_lead_exec(&[], "pkill");
+    pkill_lead_exec(&[], "lead-exec", "pkill");
+}
+
+/// Any part of lead-exec's name (three letters or more) that `pkill` is given matches one
+/// enforcer only: "exec" or "lead" kills lead-exec, and its watchdog kills the job.
+#[test]
+fn pkill_by_part_of_the_name_spares_the_watchdog() {
+    for (pattern, election) in [("exec", "pkexec"), ("lead", "pklead")] {
+        pkill_lead_exec(&[], pattern, election);
+    }
 }
 
 /// The same with `pkill -f`, while the job's own command line contains "lead-exec": it kills
 /// lead-exec and the job's main process, and the watchdog the rest.
 #[test]
 fn pkill_f_by_command_line_spares_the_watchdog() {
-    pkill_lead_exec(&["-f"], "pkillf");
+    pkill_lead_exec(&["-f"], "lead-exec", "pkillf");
 }
 
-fn pkill_lead_exec(flags: &[&str], election: &str) {
+fn pkill_lead_exec(flags: &[&str], pattern: &str, election: &str) {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
@@ -454,18 +476,18 @@ fn pkill_lead_exec(flags: &[&str], election: &str) {
     let out = std::process::Command::new("pkill")
         .arg("-9")
         .args(flags)
-        .args(["-s", &format!("{lead_sid},{wd_sid}"), "lead-exec"])
+        .args(["-s", &format!("{lead_sid},{wd_sid}"), pattern])
         .output()
         .unwrap();
     assert!(out.status.success(), "pkill matched nothing: {out:?}");
     w.wait(secs(5));
     assert!(
         wait_until(secs(3), || !alive(pid) && !alive(gc)),
-        "job {pid} or grandchild {gc} survived pkill -9 {flags:?} lead-exec"
+        "job {pid} or grandchild {gc} survived pkill -9 {flags:?} {pattern}"
     );
     let last = last_heartbeat(dir.path());
     eprintln!(
-        "pkill -9 {flags:?}: job's last heartbeat {} ms after the kill",
+        "pkill -9 {flags:?} {pattern}: job's last heartbeat {} ms after the kill",
         (last - killed) / 1_000_000
     );
     assert!(
@@ -670,6 +692,16 @@ fn a_stale_job_cgroup_is_killed_by_the_next_start() {
     );
 }
 
+/// The job cgroup of watchdog `wd` in `parent`: `lead-exec-job-<wd>-<random>`.
+fn job_cgroup_of(parent: &std::path::Path, wd: i32) -> Option<std::path::PathBuf> {
+    let prefix = format!("lead-exec-job-{wd}-");
+    std::fs::read_dir(parent)
+        .ok()?
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+}
+
 /// A waiting candidate's watchdog makes the job's cgroup ahead; the cgroup goes with the
 /// candidate, whether lead-exec exits on SIGTERM or is SIGKILLed.
 #[test]
@@ -709,11 +741,11 @@ fn a_waiting_candidates_cgroup_goes_with_it() {
                     .ok()
                     .and_then(|s| s.split_whitespace().next()?.parse().ok())
                     .unwrap_or(0);
-                wd > 0 && parent.join(format!("lead-exec-job-{wd}")).is_dir()
+                wd > 0 && job_cgroup_of(&parent, wd).is_some()
             }),
             "{name}: no cgroup made ahead by its watchdog"
         );
-        let cg = parent.join(format!("lead-exec-job-{wd}"));
+        let cg = job_cgroup_of(&parent, wd).unwrap();
         w.signal(sig);
         w.wait(secs(5));
         assert!(
@@ -722,4 +754,339 @@ fn a_waiting_candidates_cgroup_goes_with_it() {
             cg.display()
         );
     }
+}
+
+/// SIGSTOP to the watchdog, then a flood of signals for it to pass on (far more than its
+/// 64 KiB pipe holds): lead-exec never blocks on the pipe, so it keeps renewing, and when etcd
+/// goes out of reach it still kills the job itself by D.
+#[test]
+fn a_frozen_watchdog_with_a_full_pipe_does_not_block_lead_exec() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, pid, gc, wd, key) =
+        start_heartbeat(dir.path(), &etcd, "wdflood", &proxy.endpoint());
+    signal(wd, libc::SIGSTOP);
+    // 20,000 forwards of 5 bytes: 100 KB, past the pipe's 64 KiB.
+    let flood = Instant::now();
+    for _ in 0..20_000 {
+        signal(w.pid(), libc::SIGUSR1);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    eprintln!("flood of 20000 SIGUSR1 took {:?}", flood.elapsed());
+    let gone = KeyGone::watch(&etcd.endpoints(), &key);
+    let cut = now_ns();
+    proxy.set(Mode::Blackhole);
+    let expired = gone.wait(secs(30));
+    let last = last_heartbeat(dir.path());
+    let dead = !alive(pid) && !alive(gc);
+    signal(wd, libc::SIGCONT);
+    eprintln!(
+        "watchdog frozen with a full pipe, etcd cut: job's last heartbeat {} ms after the cut, {} ms before etcd deleted the key",
+        (last - cut) / 1_000_000,
+        (expired - last) / 1_000_000
+    );
+    assert!(
+        dead,
+        "job {pid} or grandchild {gc} alive when the key expired: lead-exec blocked on the pipe\n{}",
+        w.log_text()
+    );
+    assert!(last <= expired);
+    proxy.set(Mode::Pass);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(15));
+}
+
+/// A cgroup v2 directory of the test's own, removed with everything in it: the workers of a
+/// test that sweeps job cgroups run in it, so that their sweeps see no other test's jobs.
+struct TestCgroup(std::path::PathBuf);
+
+impl TestCgroup {
+    fn new(name: &str) -> Option<TestCgroup> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mount = info.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| left.split_whitespace().nth(4).map(std::path::PathBuf::from))?
+        })?;
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let own = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let dir = mount
+            .join(own.trim_start_matches('/'))
+            .join(format!("test-{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(TestCgroup(dir))
+    }
+
+    /// `sh -c 'join the cgroup; exec PROGRAM ARGS'` as a worker.
+    fn spawn(&self, dir: &std::path::Path, name: &str, program: &[&str], args: &[&str]) -> Worker {
+        let procs = self.0.join("cgroup.procs");
+        let mut all = vec![
+            "-c",
+            "echo $$ > \"$0\" && exec \"$@\"",
+            procs.to_str().unwrap(),
+        ];
+        all.extend_from_slice(program);
+        all.extend_from_slice(args);
+        spawn_program(std::path::Path::new("/bin/sh"), dir, name, &all, &[])
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+        for _ in 0..200 {
+            for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// `unshare` into a new PID namespace, the forked lead-exec killed when unshare dies.
+const NEW_PID_NS: [&str; 4] = ["unshare", "--kill-child", "-pf", "--mount-proc"];
+
+/// Whether a job's heartbeats (see [`heartbeat_job`]) go on: one newer than `after` comes.
+fn beats_after(dir: &std::path::Path, after: i128) -> bool {
+    wait_until(secs(3), || {
+        lines(&dir.join("hb"))
+            .iter()
+            .filter_map(|l| l.trim().parse::<i128>().ok())
+            .any(|t| t > after)
+    })
+}
+
+/// A job started in another PID namespace sweeps stale job cgroups too: it must not take a
+/// live job of the host, whose watchdog's pid means nothing in its namespace, for a stale one.
+#[test]
+fn a_job_start_in_another_pid_namespace_leaves_a_host_job_alone() {
+    let Some(cg) = TestCgroup::new("nshost") else {
+        eprintln!("no writable cgroup v2 here; nothing to check");
+        return;
+    };
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = format!(
+        "cat /proc/self/cgroup > $D/cgroup; {}",
+        heartbeat_job(dir.path())
+    );
+    let job = script(dir.path(), &job);
+    let mut host = cg.spawn(
+        dir.path(),
+        "host",
+        &[bin()],
+        &run_args("nshost", &ep, &[], &job),
+    );
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    if !lines(&dir.path().join("cgroup"))
+        .join("")
+        .contains("lead-exec-job-")
+    {
+        eprintln!("no cgroup v2 for jobs here; nothing to check");
+        return;
+    }
+    let mut other = NEW_PID_NS.to_vec();
+    other.push(bin());
+    let mut ns = cg.spawn(
+        dir.path(),
+        "ns",
+        &other,
+        &run_args("nsother", &ep, &[], "true"),
+    );
+    assert_eq!(ns.code(secs(20)), 0, "{}", ns.log_text());
+    let done = now_ns();
+    assert!(
+        alive(pid) && alive(gc) && beats_after(dir.path(), done),
+        "the host job was killed by a start in another PID namespace:\n{}",
+        host.log_text()
+    );
+    assert!(
+        !host.log_text().contains("watchdog died"),
+        "{}",
+        host.log_text()
+    );
+    host.signal(libc::SIGTERM);
+    host.wait(secs(10));
+}
+
+/// The reverse: a job in a PID namespace has a watchdog with a small pid (2, 3...), which on
+/// the host is some other process; a job start on the host must leave it alone.
+#[test]
+fn a_job_start_on_the_host_leaves_a_job_in_a_pid_namespace_alone() {
+    let Some(cg) = TestCgroup::new("nsjob") else {
+        eprintln!("no writable cgroup v2 here; nothing to check");
+        return;
+    };
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = format!(
+        "cat /proc/self/cgroup > $D/cgroup; {}",
+        heartbeat_job(dir.path())
+    );
+    let job = script(dir.path(), &job);
+    let mut program = NEW_PID_NS.to_vec();
+    program.push(bin());
+    let ns = cg.spawn(
+        dir.path(),
+        "ns",
+        &program,
+        &run_args("nsjob", &ep, &[], &job),
+    );
+    let nspid = wait_int(&dir.path().join("pid"), secs(10));
+    let wd = wait_int(&dir.path().join("watchdog"), secs(10));
+    eprintln!("in its namespace: job {nspid}, watchdog {wd}");
+    if !lines(&dir.path().join("cgroup"))
+        .join("")
+        .contains("lead-exec-job-")
+    {
+        eprintln!("no cgroup v2 for jobs here; nothing to check");
+        return;
+    }
+    let mut host = cg.spawn(
+        dir.path(),
+        "host",
+        &[bin()],
+        &run_args("nshost2", &ep, &[], "true"),
+    );
+    assert_eq!(host.code(secs(20)), 0, "{}", host.log_text());
+    let done = now_ns();
+    assert!(
+        beats_after(dir.path(), done),
+        "the job in the PID namespace was killed by a start on the host:\n{}",
+        ns.log_text()
+    );
+    assert!(
+        !ns.log_text().contains("watchdog died"),
+        "{}",
+        ns.log_text()
+    );
+}
+
+/// A leftover directory with the name a watchdog would pick (here: every small pid, in a
+/// fresh PID namespace where the watchdog gets one) neither leaves the job without a cgroup
+/// nor stops lead-exec from killing the job's group when the watchdog is SIGKILLed.
+#[test]
+fn a_leftover_cgroup_by_the_same_name_neither_uncontains_nor_spares_the_job() {
+    let Some(cg) = TestCgroup::new("leftover") else {
+        eprintln!("no writable cgroup v2 here; nothing to check");
+        return;
+    };
+    for pid in 1..=300 {
+        std::fs::create_dir(cg.0.join(format!("lead-exec-job-{pid}"))).unwrap();
+    }
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // The job (its first term only) kills its own watchdog when told to: its pid is one of
+    // the namespace's. Each term's member writes heartbeats to a file of its own.
+    let job = script(
+        dir.path(),
+        "cat /proc/self/cgroup > $D/cgroup; echo $FENCING_TOKEN >> $D/terms; \
+         sh -c 'while :; do date +%s%N >> $D/hb-$FENCING_TOKEN; sleep 0.05; done' & \
+         while ! mv $D/go $D/went 2>/dev/null; do sleep 0.05; done; kill -9 $PPID; wait",
+    );
+    let mut program = NEW_PID_NS.to_vec();
+    program.push(bin());
+    let w = cg.spawn(
+        dir.path(),
+        "w",
+        &program,
+        &run_args("leftover", &ep, &[], &job),
+    );
+    let own = wait_line(&dir.path().join("cgroup"), secs(10), |l| {
+        l.starts_with("0::")
+    });
+    assert!(
+        own.contains("lead-exec-job-"),
+        "the job runs outside a job cgroup: {own}\n{}",
+        w.log_text()
+    );
+    let first = wait_int(&dir.path().join("terms"), secs(10));
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    w.wait_log("the watchdog died", secs(10));
+    let killed = now_ns();
+    let hb = dir.path().join(format!("hb-{first}"));
+    let beats = || -> Option<i128> {
+        lines(&hb)
+            .iter()
+            .filter_map(|l| l.trim().parse().ok())
+            .max()
+    };
+    assert!(
+        !wait_until(secs(2), || beats()
+            .is_some_and(|t| t > killed + 200_000_000)),
+        "a member of the job's group outlived its SIGKILLed watchdog:\n{}",
+        w.log_text()
+    );
+    w.signal(libc::SIGKILL);
+}
+
+/// A waiting candidate's watchdog (the one started ahead), once it has made its cgroup.
+fn standby_watchdog(w: &Worker) -> i32 {
+    let children = format!("/proc/{0}/task/{0}/children", w.pid());
+    let mut wd = 0;
+    assert!(
+        wait_until(secs(10), || {
+            wd = std::fs::read_to_string(&children)
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+            wd > 0 && comm(wd) != comm(w.pid())
+        }),
+        "no watchdog started ahead"
+    );
+    wd
+}
+
+/// A waiting candidate whose watchdog, started ahead, is stopped or SIGKILLed when its term
+/// comes: the term must neither hang on it nor fail, the job runs under a new watchdog.
+fn a_broken_standby_is_replaced(sig: i32, election: &str) {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let first = script(dir.path(), "echo $$ > $D/a; exec sleep 120");
+    let mut a = spawn(dir.path(), "a", &run_args(election, &ep, &[], &first));
+    wait_int(&dir.path().join("a"), secs(10));
+    let second = script(dir.path(), "echo $PPID > $D/b; exec sleep 120");
+    let extra = ["--command-timeout", "1s"];
+    let mut b = spawn(dir.path(), "b", &run_args(election, &ep, &extra, &second));
+    let wd = standby_watchdog(&b);
+    signal(wd, sig);
+    let handed = Instant::now();
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    let runs_under = wait_int(&dir.path().join("b"), secs(15)) as i32;
+    eprintln!(
+        "standby watchdog {wd} got signal {sig}; the job ran {:?} after the handover, under watchdog {runs_under}",
+        handed.elapsed()
+    );
+    assert_ne!(runs_under, wd);
+    assert!(
+        wait_until(secs(2), || !alive(wd)),
+        "the broken watchdog {wd} was left"
+    );
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.code(secs(10)), 143, "{}", b.log_text());
+}
+
+/// A stopped one does not answer: the term is given up after `--command-timeout`, and the
+/// next term (on a fresh watchdog) runs the job.
+#[test]
+fn a_stopped_standby_watchdog_is_given_up_not_waited_for() {
+    a_broken_standby_is_replaced(libc::SIGSTOP, "sbstop");
+}
+
+#[test]
+fn a_killed_standby_watchdog_is_replaced_when_the_term_comes() {
+    a_broken_standby_is_replaced(libc::SIGKILL, "sbkill");
 }

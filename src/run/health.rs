@@ -100,14 +100,22 @@ pub async fn failing(rx: &mut watch::Receiver<Health>) {
 
 /// One check: whether it exited 0 within the interval.
 async fn run_once(check: &HealthCheck) -> bool {
-    let child = std::process::Command::new("/bin/sh")
-        .arg("-c")
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.arg("-c")
         .arg(&check.command)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn();
+        .process_group(0);
+    // SAFETY: reset_signals makes async-signal-safe system calls only. Signals ignored by
+    // lead-exec's caller must not stay ignored in the check, as they do not in the job.
+    unsafe {
+        cmd.pre_exec(|| {
+            crate::supervisor::spawn::reset_signals();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn();
     let child = match child {
         Ok(c) => c,
         Err(e) => {

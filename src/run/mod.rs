@@ -26,7 +26,7 @@ use crate::exit::Exit;
 use crate::records::history::{self, TermEnd};
 use crate::records::{self, runkey};
 use crate::supervisor::protocol::GroupEnd;
-use crate::supervisor::{Job, JobSpec, Standby};
+use crate::supervisor::{Job, JobSpec, Launch, Standby};
 use crate::{etcd, fencing, metrics, notify};
 use health::Health;
 use lifecycle::{step, Action, Event, Phase, Policy, StopReason};
@@ -184,7 +184,7 @@ impl Driver {
                     Action::Delay(d) => event = Some(self.delay(d).await),
                     Action::StopJob { signal } => {
                         if let Some(j) = self.job.as_mut() {
-                            j.stop(signal);
+                            j.stop(signal, self.cfg.grace);
                         }
                     }
                     Action::KillJob => {
@@ -460,12 +460,29 @@ impl Driver {
             grace: self.cfg.grace,
             cgroup: self.cfg.cgroup,
         };
-        let standby = match self.standby.take() {
-            Some(s) => s,
-            None => Standby::start(spec.grace, spec.cgroup)?,
+        let answer_within = self.cfg.conn.command_timeout;
+        let launched = match self.standby.take() {
+            Some(s) => match s.launch(&spec, deadline, answer_within).await {
+                // Killed while it waited: a fresh one takes its place, as if none had been
+                // started ahead.
+                Ok(Launch::Gone) => {
+                    tracing::warn!("the watchdog started ahead is gone; starting another");
+                    None
+                }
+                other => Some(other),
+            },
+            None => None,
         };
-        match standby.launch(&spec, deadline).await {
-            Ok(Some(job)) => {
+        let launched = match launched {
+            Some(l) => l,
+            None => {
+                Standby::start(spec.grace, spec.cgroup)?
+                    .launch(&spec, deadline, answer_within)
+                    .await
+            }
+        };
+        match launched {
+            Ok(Launch::Started(job)) => {
                 tracing::info!(
                     election = self.cfg.election.name(),
                     id = self.cfg.id,
@@ -476,7 +493,7 @@ impl Driver {
                 metrics::leading(true);
                 metrics::job_started();
                 notify::status(&format!("leading, token {token}"));
-                self.job = Some(job);
+                self.job = Some(*job);
                 self.led = true;
                 self.timeout_at = self.cfg.timeout.map(|t| Instant::now() + t);
                 // Beside the job, not before it or in the driver's path: the audit record must
@@ -487,11 +504,19 @@ impl Driver {
                 });
                 Ok(Event::Spawned)
             }
-            Ok(None) => {
+            Ok(Launch::TooLate) => {
                 tracing::warn!(
                     election = self.cfg.election.name(),
                     token,
                     "not starting the job: the lease deadline was spent when the watchdog was about to start it"
+                );
+                Ok(lost)
+            }
+            Ok(Launch::Gone | Launch::NoAnswer) => {
+                tracing::warn!(
+                    election = self.cfg.election.name(),
+                    token,
+                    "not starting the job: its watchdog did not answer within --command-timeout; giving up this term"
                 );
                 Ok(lost)
             }

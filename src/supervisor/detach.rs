@@ -93,12 +93,12 @@ pub fn spawn(
     unsafe {
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
-        let mut pipe: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut pipe);
-        // Rust ignores SIGPIPE in lead-exec; an ignored signal would survive the exec.
-        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        // Rust ignores SIGPIPE in lead-exec, lead-exec's own caller may have ignored others
+        // (`nohup`, `trap ''`), and glibc ignores its own 32 and 33 in the child unless told
+        // otherwise: an ignored signal would survive the exec, into the watchdog and its job.
+        let all = super::spawn::every_signal();
         errno(libc::posix_spawnattr_setsigmask(&mut attr.obj, &none))?;
-        errno(libc::posix_spawnattr_setsigdefault(&mut attr.obj, &pipe))?;
+        errno(libc::posix_spawnattr_setsigdefault(&mut attr.obj, &all))?;
         let flags = libc::POSIX_SPAWN_SETSID as libc::c_int
             | libc::POSIX_SPAWN_SETSIGMASK
             | libc::POSIX_SPAWN_SETSIGDEF;

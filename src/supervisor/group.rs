@@ -10,53 +10,79 @@ use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 /// A cgroup v2 directory that holds only the job's processes.
+///
+/// Its watchdog holds an exclusive `flock` on the open directory for as long as it lives: that
+/// lock, not a pid, is what tells a live job cgroup from a stale one. Pids say nothing across
+/// PID namespaces (which share the cgroup tree) and get reused; a lock is released by the
+/// kernel when its holder dies, whatever namespace it ran in.
 #[derive(Debug)]
 pub struct Cgroup {
     dir: PathBuf,
-    /// The directory, open: clone3 creates the job inside it.
+    /// The directory, open and locked: clone3 creates the job inside it.
     fd: OwnedFd,
     /// `DIR/cgroup.procs` as a C string, so the child can join without allocating.
     procs: CString,
 }
 
 impl Cgroup {
-    /// The job cgroup a watchdog with pid `watchdog` uses: `lead-exec-job-<pid>` beside the
-    /// caller's own cgroup (lead-exec and its watchdog share one).
-    pub fn path_for(watchdog: u32) -> std::io::Result<PathBuf> {
-        let mount = cgroup2_mount()?;
-        let own = fs::read_to_string("/proc/self/cgroup")?
-            .lines()
-            .find_map(|l| l.strip_prefix("0::").map(str::to_string))
-            .ok_or_else(|| other("this process is in no cgroup v2"))?;
-        let parent = mount.join(own.trim_start_matches('/'));
-        Ok(parent.join(format!("{JOB}{watchdog}")))
+    /// Creates this watchdog's job cgroup inside the caller's own cgroup (lead-exec and its
+    /// watchdog share one), if cgroup v2 is mounted and writable. A waiting candidate's
+    /// watchdog makes it ahead, so that a won term pays only for the job's fork and exec; the
+    /// stale ones beside it are left to [`Cgroup::sweep_stale`], once the job runs.
+    pub fn create() -> std::io::Result<Cgroup> {
+        Cgroup::create_in(&own_cgroup()?)
     }
 
-    /// Creates this watchdog's job cgroup, if cgroup v2 is mounted and writable. A waiting
-    /// candidate's watchdog makes it ahead, so that a won term pays only for the job's fork
-    /// and exec; the stale ones beside it are left to [`Cgroup::sweep_stale`], once the job
-    /// runs.
-    pub fn create() -> std::io::Result<Cgroup> {
-        let dir = Cgroup::path_for(std::process::id())?;
-        fs::create_dir(&dir)?;
-        let procs = dir.join("cgroup.procs");
-        let fd = fs::File::open(&dir)?.into();
-        let cg = Cgroup {
-            procs: CString::new(procs.as_os_str().as_encoded_bytes()).map_err(other)?,
-            fd,
-            dir,
-        };
-        // A cgroup we cannot move a process into (the "no internal processes" rule, or
-        // delegation) is no use: find out now rather than in the child.
-        fs::OpenOptions::new()
-            .write(true)
-            .open(cg.dir.join("cgroup.procs"))?;
-        Ok(cg)
+    /// Creates a job cgroup under a name no other process uses (our pid and 64 random bits),
+    /// and locks it. A name that is taken all the same is never used: the directory may hold
+    /// someone else's job, so another name is drawn.
+    pub fn create_in(parent: &Path) -> std::io::Result<Cgroup> {
+        let mut last = None;
+        for _ in 0..8 {
+            let dir = parent.join(unique_name()?);
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            let file = fs::File::open(&dir)?;
+            // Between mkdir and the lock, a sweep may take the empty directory for a stale
+            // one and remove it: then the lock is on a removed cgroup, and we start over.
+            if !try_lock(&file)? || !same_file(&file, &dir) {
+                last = Some(other("a sweep took the new job cgroup"));
+                continue;
+            }
+            let procs = dir.join("cgroup.procs");
+            let cg = Cgroup {
+                procs: CString::new(procs.as_os_str().as_encoded_bytes()).map_err(other)?,
+                fd: file.into(),
+                dir,
+            };
+            // A cgroup we cannot move a process into (the "no internal processes" rule, or
+            // delegation) is no use: find out now rather than in the child.
+            if let Err(e) = fs::OpenOptions::new()
+                .write(true)
+                .open(cg.dir.join("cgroup.procs"))
+            {
+                cg.remove();
+                return Err(e);
+            }
+            return Ok(cg);
+        }
+        Err(last.unwrap_or_else(|| other("no job cgroup could be made")))
+    }
+
+    /// The directory, as the watchdog reports it to lead-exec.
+    pub fn path(&self) -> &Path {
+        &self.dir
     }
 
     /// For the child between fork and exec: joins this cgroup. Only async-signal-safe calls.
@@ -77,9 +103,8 @@ impl Cgroup {
     }
 
     /// Kills and removes the job cgroups beside this one whose watchdogs are gone. Run by a
-    /// watchdog whose job has started, not while it waits: every waiting candidate's
-    /// watchdog holds a cgroup, and a sweep by each of a thousand of them on its way in would
-    /// read `/proc` a million times.
+    /// watchdog whose job has started, not while it waits: a sweep by each of a thousand
+    /// waiting candidates on its way in would try a million locks.
     pub fn sweep_stale(&self) {
         if let Some(parent) = self.dir.parent() {
             sweep_stale(parent);
@@ -107,31 +132,23 @@ impl Cgroup {
         let _ = fs::remove_dir(&self.dir);
     }
 
-    /// SIGKILLs every member of the job cgroup of watchdog `watchdog`, if there is one.
-    /// Returns the cgroup's directory when there was one.
-    pub fn kill_by_watchdog(watchdog: u32) -> Option<PathBuf> {
-        let dir = Cgroup::path_for(watchdog).ok()?;
-        kill_dir(&dir).then_some(dir)
-    }
-
-    /// Kills whatever is left in a dead watchdog's job cgroup, then removes it. Returns
-    /// whether there was such a cgroup.
-    pub fn kill_orphaned(watchdog: u32) -> bool {
-        let Some(dir) = Cgroup::kill_by_watchdog(watchdog) else {
-            return false;
-        };
+    /// Kills whatever is left in a dead watchdog's job cgroup `dir`, then removes it.
+    pub fn kill_orphaned(dir: &Path) {
+        if !kill_dir(dir) {
+            return;
+        }
         for _ in 0..200 {
-            if fs::remove_dir(&dir).is_ok() {
+            if fs::remove_dir(dir).is_ok() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        true
     }
 }
 
-/// Writes `cgroup.kill` in `dir`; false when there is no such cgroup.
-fn kill_dir(dir: &Path) -> bool {
+/// SIGKILLs every member of the job cgroup `dir`: lead-exec's own kill, by the path its
+/// watchdog reported. False when there is no such cgroup.
+pub fn kill_dir(dir: &Path) -> bool {
     match fs::write(dir.join("cgroup.kill"), "1") {
         Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => dir.exists(),
@@ -151,69 +168,100 @@ fn pids_in(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// `flock(LOCK_EX | LOCK_NB)`: whether we got it.
+fn try_lock(f: &fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Whether `path` still names the directory `f` has open.
+fn same_file(f: &fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// `lead-exec-job-<pid>-<16 hex digits>`: the pid for people reading `ps` and cgroup trees,
+/// the random part because a pid is unique neither over time nor across PID namespaces.
+fn unique_name() -> std::io::Result<String> {
+    let mut r = [0u8; 8];
+    // SAFETY: getrandom fills the buffer we own.
+    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+    if n != r.len() as isize {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(format!(
+        "{JOB}{}-{:016x}",
+        std::process::id(),
+        u64::from_ne_bytes(r)
+    ))
+}
+
+/// Whether a directory name is one [`unique_name`] makes. Others are left alone: they are no
+/// job cgroups of ours to judge.
+fn is_job_name(name: &str) -> bool {
+    let Some((pid, random)) = name.strip_prefix(JOB).and_then(|r| r.split_once('-')) else {
+        return false;
+    };
+    !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && random.len() == 16
+        && random.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Kills and removes the job cgroups of watchdogs that are gone. A watchdog SIGKILLed
 /// together with lead-exec leaves its job's main process to PR_SET_PDEATHSIG, but any other
 /// member runs on: nothing is left to stop it at the deadline, so it is killed here.
 ///
-/// Every waiting candidate's watchdog holds a cgroup here, so the sweep is bounded: a pid
-/// that no longer exists is stale at the cost of one syscall, and of the pids that do, at
-/// most [`SWEEP_READS`] are read in `/proc` to tell a live watchdog from a zombie or a
-/// stranger that reused the pid. With a thousand candidates waiting on the host, reading
-/// every one took 5 ms of CPU beside each new job's start.
+/// A job cgroup is stale exactly when its lock can be taken: a live watchdog holds it from
+/// the cgroup's creation to its own exit, in whatever PID namespace it runs. We hold the lock
+/// while we kill and remove, so no watchdog can take the directory meanwhile.
 fn sweep_stale(parent: &Path) {
-    let entries: Vec<(PathBuf, i32)> = fs::read_dir(parent)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_str()?.strip_prefix(JOB)?.parse().ok()?;
-            Some((e.path(), pid))
-        })
-        .collect();
-    let exists = |pid: i32| kill(Pid::from_raw(pid), None) != Err(nix::errno::Errno::ESRCH);
-    let (live, gone): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(_, pid)| exists(*pid));
-    // A different window of the live ones for each watchdog (by its pid), so that repeated
-    // sweeps come round to every entry.
-    let from = std::process::id() as usize % live.len().max(1);
-    let suspects = live
-        .iter()
-        .cycle()
-        .skip(from)
-        .take(live.len().min(SWEEP_READS))
-        .filter(|(_, pid)| !watchdog_alive(*pid));
-    for (dir, _) in gone.iter().chain(suspects) {
-        if !pids_in(dir).is_empty() {
+    let entries = fs::read_dir(parent).into_iter().flatten().flatten();
+    for e in entries {
+        if !e.file_name().to_str().is_some_and(is_job_name) {
+            continue;
+        }
+        let dir = e.path();
+        let Ok(f) = fs::File::open(&dir) else {
+            continue;
+        };
+        if !matches!(try_lock(&f), Ok(true)) {
+            continue;
+        }
+        if !pids_in(&dir).is_empty() {
             tracing::warn!(
                 cgroup = %dir.display(),
                 "killing the rest of a job whose watchdog is gone"
             );
-            kill_dir(dir);
+            kill_dir(&dir);
         }
         // Succeeds once the killed members are gone; else the next sweep removes it.
-        let _ = fs::remove_dir(dir);
+        let _ = fs::remove_dir(&dir);
     }
 }
-
-/// How many existing pids one sweep checks in `/proc`.
-const SWEEP_READS: usize = 16;
 
 /// Name prefix of a job cgroup.
 const JOB: &str = "lead-exec-job-";
 
-/// Whether `pid` is a live watchdog. A zombie is not: a watchdog SIGKILLed with lead-exec
-/// is reparented to init, which may reap it late. Nor is a process that reused the pid: a
-/// job cgroup is only created after the watchdog took its name.
-fn watchdog_alive(pid: i32) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // "pid (comm) state ...": comm may hold spaces and parentheses, so split at the last ')'.
-    let Some((head, tail)) = stat.rsplit_once(')') else {
-        return false;
-    };
-    let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
-    let state = tail.split_whitespace().next().unwrap_or("");
-    comm == super::protocol::NAME && !matches!(state, "Z" | "X" | "x")
+/// The cgroup v2 directory this process is in.
+fn own_cgroup() -> std::io::Result<PathBuf> {
+    let mount = cgroup2_mount()?;
+    let own = fs::read_to_string("/proc/self/cgroup")?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        .ok_or_else(|| other("this process is in no cgroup v2"))?;
+    Ok(mount.join(own.trim_start_matches('/')))
 }
 
 fn other<E: std::fmt::Display>(e: E) -> std::io::Error {
@@ -333,34 +381,71 @@ fn live_in_pgrp(pgid: i32) -> bool {
 mod tests {
     use super::*;
 
-    /// A cgroup whose pid is gone is swept; one whose pid lives is read in `/proc`, and a
-    /// process that is not a watchdog (init) does not keep it.
+    /// A parent cgroup of the test's own, so that its sweeps see no other job.
+    fn parent(name: &str) -> Option<PathBuf> {
+        let dir = own_cgroup()
+            .ok()?
+            .join(format!("unit-{name}-{}", std::process::id()));
+        fs::create_dir(&dir).ok().map(|()| dir)
+    }
+
+    /// A job cgroup whose lock is free is swept; one whose watchdog holds it is not,
+    /// whatever pid its name carries; a directory named otherwise is not ours to judge.
     #[test]
-    fn the_sweep_removes_cgroups_of_gone_pids_and_of_strangers() {
-        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
-        let gone = Cgroup::path_for(child.id());
-        child.wait().unwrap();
-        let Ok(gone) = gone else {
-            eprintln!("no cgroup v2 here; nothing to check");
-            return;
-        };
-        if fs::create_dir(&gone).is_err() {
+    fn the_sweep_removes_unlocked_job_cgroups_only() {
+        let Some(parent) = parent("sweep") else {
             eprintln!("no writable cgroup v2 here; nothing to check");
             return;
-        }
-        let stranger = Cgroup::path_for(1).unwrap();
-        fs::create_dir(&stranger).unwrap();
-        sweep_stale(gone.parent().unwrap());
-        let left = [&gone, &stranger].map(|d| d.exists());
-        let _ = fs::remove_dir(&gone);
-        let _ = fs::remove_dir(&stranger);
-        assert_eq!(left, [false, false], "left: the gone pid's, init's");
+        };
+        let live = Cgroup::create_in(&parent).unwrap();
+        let stale = parent.join(format!("{JOB}1-0123456789abcdef"));
+        fs::create_dir(&stale).unwrap();
+        let foreign = parent.join(format!("{JOB}1"));
+        fs::create_dir(&foreign).unwrap();
+        sweep_stale(&parent);
+        let left = [live.path(), &stale, &foreign].map(|d| d.exists());
+        live.remove();
+        let _ = fs::remove_dir(&stale);
+        let _ = fs::remove_dir(&foreign);
+        let _ = fs::remove_dir(&parent);
+        assert_eq!(left, [true, false, true], "left: live, stale, foreign");
+    }
+
+    /// Two job cgroups made by one process get different names, each locked.
+    #[test]
+    fn each_job_cgroup_gets_a_name_of_its_own() {
+        let Some(parent) = parent("names") else {
+            eprintln!("no writable cgroup v2 here; nothing to check");
+            return;
+        };
+        let (a, b) = (
+            Cgroup::create_in(&parent).unwrap(),
+            Cgroup::create_in(&parent).unwrap(),
+        );
+        let names = [a.path(), b.path()].map(|p| p.file_name().unwrap().to_owned());
+        let locked = [a.path(), b.path()].map(|p| try_lock(&fs::File::open(p).unwrap()).unwrap());
+        a.remove();
+        b.remove();
+        let _ = fs::remove_dir(&parent);
+        assert_ne!(names[0], names[1]);
+        assert!(
+            names.iter().all(|n| is_job_name(n.to_str().unwrap())),
+            "{names:?}"
+        );
+        assert_eq!(locked, [false, false], "a job cgroup's lock was free");
     }
 
     #[test]
-    fn only_a_live_process_named_as_a_watchdog_counts_as_one() {
-        // This test process is alive but no watchdog: its cgroup would be swept.
-        assert!(!watchdog_alive(std::process::id() as i32));
-        assert!(!watchdog_alive(i32::MAX));
+    fn job_cgroup_names_are_told_from_others() {
+        assert!(is_job_name("lead-exec-job-12-00ff00ff00ff00ff"));
+        for n in [
+            "lead-exec-job-12",
+            "lead-exec-job--00ff00ff00ff00ff",
+            "lead-exec-job-12-00ff",
+            "lead-exec-job-x-00ff00ff00ff00ff",
+            "other",
+        ] {
+            assert!(!is_job_name(n), "{n}");
+        }
     }
 }

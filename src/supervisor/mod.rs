@@ -18,9 +18,11 @@
 //!
 //! lead-exec and the watchdog are two enforcers of the deadline, and must not fail together:
 //! the watchdog gets a session (and so a process group) of its own before exec, and a name
-//! without "lead-exec" in it, so that no group signal and no `pkill`/`killall` by name reaches
-//! both; and [`Job::wait`] kills the group at D itself when the watchdog has not reported it
-//! gone.
+//! that shares no three letters in a row with "lead-exec", so that no group signal and no
+//! `pkill`/`killall` by name reaches both; and [`Job::wait`] kills the group at D itself when
+//! the watchdog has not reported it gone. Nothing lead-exec does waits on the watchdog: its
+//! pipe is non-blocking, and what a frozen watchdog cannot take yet waits in [`Ctl`], the
+//! newest deadline in place of older ones.
 
 pub mod detach;
 pub mod enforcer;
@@ -29,14 +31,16 @@ pub mod protocol;
 pub mod spawn;
 pub mod watchdog;
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 
 use crate::clock::{BootInstant, BootTimer};
@@ -96,14 +100,125 @@ pub const KILL_LEAD: Duration = Duration::from_millis(25);
 /// A running job under its watchdog.
 pub struct Job {
     pub pid: i32,
-    ctl: std::fs::File,
+    /// Whether the job runs in a cgroup of its own, not only in its process group.
+    pub contained: bool,
+    ctl: Ctl,
     reports: Lines<BufReader<pipe::Receiver>>,
     watchdog: detach::Detached,
+    /// The job's cgroup, as the watchdog reported it.
+    cgroup: Option<PathBuf>,
     /// The lease deadline D last handed to the watchdog.
     kill_at: BootInstant,
+    /// When a stop lead-exec asked for is due to be complete: the grace after it.
+    stop_by: Option<BootInstant>,
     /// lead-exec's own timer at D: the second enforcer, for a watchdog that is frozen.
     backstop: AsyncFd<BootTimer>,
     backstop_fired: bool,
+}
+
+/// lead-exec's end of the control pipe. It never blocks: a watchdog that does not read (it is
+/// stopped, or starved) fills the pipe at 64 KiB, and a blocking write would then stop
+/// lead-exec's only thread, its keepalives and its own timer at D with it. What the pipe
+/// cannot take waits here, in order, and goes when the pipe is writable again: the newest
+/// deadline stands for all older ones, a kill makes everything before it moot, and of the
+/// signals to pass on only the first [`MAX_QUEUED`] are kept.
+struct Ctl {
+    tx: pipe::Sender,
+    deadline: Option<Command>,
+    queue: VecDeque<Command>,
+    /// Forwarded signals dropped because the queue was full.
+    dropped: u64,
+}
+
+/// Commands (other than deadlines) that wait for a watchdog that does not read.
+const MAX_QUEUED: usize = 64;
+
+impl Ctl {
+    fn new(tx: pipe::Sender) -> Ctl {
+        Ctl {
+            tx,
+            deadline: None,
+            queue: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, c: Command) {
+        if self.queue.contains(&Command::Kill) {
+            return;
+        }
+        match c {
+            Command::Deadline { .. } => self.deadline = Some(c),
+            Command::Kill => {
+                self.deadline = None;
+                self.queue.clear();
+                self.queue.push_back(c);
+            }
+            Command::Forward(_) if self.queue.len() >= MAX_QUEUED => {
+                self.dropped += 1;
+                if self.dropped == 1 {
+                    tracing::warn!(
+                        "the watchdog does not read its pipe; signals for the job are dropped"
+                    );
+                }
+            }
+            _ => self.queue.push_back(c),
+        }
+        self.flush();
+    }
+
+    fn pending(&self) -> bool {
+        self.deadline.is_some() || !self.queue.is_empty()
+    }
+
+    /// Writes what waits, as far as the pipe takes it. Each message is one write of less
+    /// than `PIPE_BUF`: all of it or nothing.
+    fn flush(&mut self) {
+        loop {
+            let (c, from_queue) = match self.queue.front() {
+                Some(c) => (*c, true),
+                None => match self.deadline {
+                    Some(d) => (d, false),
+                    None => return,
+                },
+            };
+            match self.tx.try_write(c.encode().as_bytes()) {
+                Ok(_) => {
+                    if from_queue {
+                        self.queue.pop_front();
+                    } else {
+                        self.deadline = None;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // The watchdog exits right after the group is gone; its report is on
+                    // its way.
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        tracing::debug!("watchdog already gone: {c:?} not sent");
+                    } else {
+                        tracing::warn!("watchdog pipe: {e}");
+                    }
+                    self.deadline = None;
+                    self.queue.clear();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// What became of a term's start.
+pub enum Launch {
+    /// The job runs.
+    Started(Box<Job>),
+    /// The watchdog found the deadline spent and started nothing.
+    TooLate,
+    /// The watchdog was gone before it got the job: nothing was started, another may be.
+    Gone,
+    /// The watchdog did not answer in time (stopped, starved) or died on the way: it has
+    /// been killed, with whatever it may have started.
+    NoAnswer,
 }
 
 /// Variables lead-exec reads that the job must not see.
@@ -115,7 +230,7 @@ const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
 pub struct Standby(Option<Waiting>);
 
 struct Waiting {
-    ctl: std::fs::File,
+    ctl: pipe::Sender,
     reports: Lines<BufReader<pipe::Receiver>>,
     watchdog: detach::Detached,
     grace: Duration,
@@ -150,17 +265,23 @@ impl Standby {
         drop(rep_w);
         let reports = BufReader::new(pipe::Receiver::from_owned_fd(rep_r)?).lines();
         Ok(Standby(Some(Waiting {
-            ctl: std::fs::File::from(ctl_w),
+            ctl: pipe::Sender::from_owned_fd(ctl_w)?,
             reports,
             watchdog,
             grace,
         })))
     }
 
-    /// Starts the job; returns once it runs, or `None` when the watchdog found the deadline
-    /// spent and started nothing. The deadline `d` is in force before the job's first
-    /// instruction.
-    pub async fn launch(mut self, spec: &JobSpec, d: BootInstant) -> Result<Option<Job>> {
+    /// Starts the job; returns once it runs. The deadline `d` is in force before the job's
+    /// first instruction. A watchdog that does not answer within `answer_within` is killed,
+    /// and the job is not started: a stopped watchdog would otherwise hold the term with no
+    /// job for as long as it stays stopped.
+    pub async fn launch(
+        mut self,
+        spec: &JobSpec,
+        d: BootInstant,
+        answer_within: Duration,
+    ) -> Result<Launch> {
         let timer = BootTimer::new().context("timerfd_create")?;
         // SAFETY: the timer owns its descriptor and moves into the AsyncFd, which keeps it
         // open for as long as it is registered.
@@ -171,45 +292,70 @@ impl Standby {
             watchdog,
             grace,
         } = self.0.take().expect("a standby is launched once");
-        let mut job = Job {
-            pid: 0,
-            ctl,
-            reports,
-            watchdog,
-            kill_at: d,
-            backstop,
-            backstop_fired: false,
-        };
         let argv: Vec<OsString> = spec.command.iter().map(OsString::from).collect();
         let deadline = Command::Deadline {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
         };
         let start = protocol::encode_start(&spec.env, deadline, &argv);
-        if let Err(e) = job.ctl.write_all(start.as_bytes()) {
-            // No job runs yet: the watchdog waits for the command line.
-            job.watchdog.kill();
-            job.reap_watchdog();
-            return Err(e).context("sending the job to the watchdog");
-        }
-        let first = loop {
-            match job.reports.next_line().await? {
-                None => anyhow::bail!("the watchdog closed its pipe before starting the job"),
-                Some(line) => {
-                    if let Some(r) = Report::decode(&line) {
-                        break r;
-                    }
+        let mut job = Job {
+            pid: 0,
+            contained: false,
+            ctl: Ctl::new(ctl),
+            reports,
+            watchdog,
+            cgroup: None,
+            kill_at: d,
+            stop_by: None,
+            backstop,
+            backstop_fired: false,
+        };
+        let answer = tokio::time::timeout(answer_within, async {
+            if let Err(e) = job.ctl.tx.write_all(start.as_bytes()).await {
+                return Err(Some(e));
+            }
+            loop {
+                match job.reports.next_line().await {
+                    Ok(Some(line)) => match Report::decode(&line) {
+                        Some(Report::Cgroup { path }) => job.cgroup = Some(path.into()),
+                        Some(r) => return Ok(r),
+                        None => {}
+                    },
+                    Ok(None) | Err(_) => return Err(None),
                 }
+            }
+        })
+        .await;
+        let first = match answer {
+            Ok(Ok(r)) => r,
+            // No job runs yet: the watchdog never got the command line.
+            Ok(Err(Some(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                job.reap_watchdog();
+                return Ok(Launch::Gone);
+            }
+            other => {
+                let why = match other {
+                    Err(_) => "it did not answer in time".to_string(),
+                    Ok(Err(Some(e))) => format!("its pipe failed: {e}"),
+                    _ => "it closed its pipe".to_string(),
+                };
+                tracing::warn!("giving up the watchdog before the job started: {why}");
+                job.abandon();
+                return Ok(Launch::NoAnswer);
             }
         };
         match first {
-            Report::Spawned { pid } => {
+            Report::Spawned { pid, contained } => {
                 job.pid = pid;
-                Ok(Some(job))
+                job.contained = contained;
+                if !contained && spec.cgroup == CgroupMode::Auto {
+                    warn_uncontained();
+                }
+                Ok(Launch::Started(Box::new(job)))
             }
             Report::TooLate => {
                 job.reap_watchdog();
-                Ok(None)
+                Ok(Launch::TooLate)
             }
             Report::ExecFailed { errno } => {
                 job.reap_watchdog();
@@ -219,8 +365,22 @@ impl Standby {
                 job.reap_watchdog();
                 Err(fail(Exit::Software, message))
             }
-            Report::Ended { .. } => anyhow::bail!("watchdog reported an end before a start"),
+            Report::Ended { .. } | Report::Cgroup { .. } => {
+                job.abandon();
+                anyhow::bail!("watchdog reported an end before a start")
+            }
         }
+    }
+}
+
+/// Says once per process that `--cgroup auto` found no cgroup for the job: escapees from its
+/// process group (a daemon that calls setsid) are then out of reach.
+fn warn_uncontained() {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "the job runs without a cgroup of its own (none could be made here: cgroup v2 not mounted or not writable); only its process group is killed"
+        );
     }
 }
 
@@ -249,34 +409,27 @@ impl Job {
             return;
         }
         self.kill_at = d;
-        self.send(Command::Deadline {
+        self.ctl.push(Command::Deadline {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
         });
     }
 
     pub fn forward(&mut self, sig: i32) {
-        self.send(Command::Forward(sig));
+        self.ctl.push(Command::Forward(sig));
     }
 
-    /// `sig` now, SIGKILL after the grace.
-    pub fn stop(&mut self, sig: i32) {
-        self.send(Command::Stop(sig));
+    /// `sig` now, SIGKILL after the grace. lead-exec kills the group itself once the grace
+    /// is over, should the watchdog not have done it by then.
+    pub fn stop(&mut self, sig: i32, grace: Duration) {
+        let by = BootInstant::now().plus(grace);
+        self.stop_by = Some(self.stop_by.map_or(by, |t| t.min(by)));
+        self.ctl.push(Command::Stop(sig));
     }
 
     pub fn kill(&mut self) {
-        self.send(Command::Kill);
-    }
-
-    fn send(&mut self, c: Command) {
-        match self.ctl.write_all(c.encode().as_bytes()) {
-            Ok(()) => {}
-            // The watchdog exits right after the group is gone; its report is on its way.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                tracing::debug!("watchdog already gone: {c:?} not sent")
-            }
-            Err(e) => tracing::warn!("watchdog pipe: {e}"),
-        }
+        self.stop_by = Some(BootInstant::now());
+        self.ctl.push(Command::Kill);
     }
 
     /// Waits until the whole group is gone. Cancel-safe.
@@ -288,6 +441,9 @@ impl Job {
     pub async fn wait(&mut self) -> Ended {
         let ended = loop {
             let due = self.kill_at.minus(KILL_LEAD);
+            // A stop is the watchdog's to carry out: lead-exec steps in a little later, only
+            // for one that has not.
+            let due = self.stop_by.map_or(due, |s| due.min(s.plus(KILL_LEAD)));
             if let Err(e) = self
                 .backstop
                 .get_ref()
@@ -309,6 +465,8 @@ impl Job {
                     Ok(None) => break self.watchdog_lost("it closed its pipe"),
                     Err(e) => break self.watchdog_lost(&format!("{e:#}")),
                 },
+                // What a busy watchdog could not take yet goes as soon as it can.
+                _ = self.ctl.tx.writable(), if self.ctl.pending() => self.ctl.flush(),
                 ready = self.backstop.readable() => {
                     if let Ok(mut guard) = ready {
                         self.backstop.get_ref().drain();
@@ -336,7 +494,9 @@ impl Job {
     /// group leader unreaped until the group is empty, so the pgid belongs to the job unless
     /// the group ended in the instant before this, with its report still in the pipe.
     fn kill_directly(&self) {
-        group::Cgroup::kill_by_watchdog(self.watchdog.id());
+        if let Some(cg) = &self.cgroup {
+            group::kill_dir(cg);
+        }
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(self.pid),
             nix::sys::signal::Signal::SIGKILL,
@@ -351,15 +511,17 @@ impl Job {
             "the watchdog died ({why}); killing what is left of the job"
         );
         // The job's main process dies with its parent (PR_SET_PDEATHSIG); the rest of its
-        // cgroup is ours to kill now. Without a cgroup, signal the group: nobody holds its
-        // leader unreaped any more, so this is the one place a reused pid could be hit, and
-        // only in the instant after the watchdog itself was killed.
-        if !group::Cgroup::kill_orphaned(self.watchdog.id()) {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(self.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        // cgroup and of its group is ours to kill now. The group too, cgroup or not: a member
+        // the cgroup does not hold must not run on. Nobody holds the group's leader unreaped
+        // any more, so this is the one place a reused pgid could be hit, and only in the
+        // instant after the watchdog itself was killed.
+        if let Some(cg) = &self.cgroup {
+            group::Cgroup::kill_orphaned(cg);
         }
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         Ended {
             status: JobStatus::Signaled(libc::SIGKILL),
             cause: GroupEnd::WatchdogLost,
@@ -370,6 +532,17 @@ impl Job {
     fn reap_watchdog(&mut self) {
         // It exits right after its last report.
         self.watchdog.wait();
+    }
+
+    /// Kills a watchdog that did not start the job in time, and whatever it may have
+    /// started: its job's main process dies with it (PR_SET_PDEATHSIG), the rest of the
+    /// cgroup here.
+    fn abandon(&mut self) {
+        self.watchdog.kill();
+        self.watchdog.wait();
+        if let Some(cg) = &self.cgroup {
+            group::Cgroup::kill_orphaned(cg);
+        }
     }
 }
 

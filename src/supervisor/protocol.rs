@@ -5,10 +5,10 @@
 
 use crate::exit::JobStatus;
 
-/// The watchdog's process name (comm) and `argv[0]`. It must not contain "lead-exec", so that
-/// one `pkill lead-exec` or `killall lead-exec` cannot take out both enforcers. The sweep of
-/// stale job cgroups knows a live watchdog by it.
-pub const NAME: &str = "lexec-watchdog";
+/// The watchdog's process name (comm) and `argv[0]`. It shares no three letters in a row with
+/// "lead-exec", so that no `pkill`/`killall` pattern of three letters or more that matches
+/// one enforcer's name (`exec`, `lead`, `lead-exec`) matches the other's too.
+pub const NAME: &str = "ldx-warden";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -64,19 +64,17 @@ impl GroupEnd {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
-    Spawned {
-        pid: i32,
-    },
+    /// The job cgroup the watchdog made (ahead, while it waits): lead-exec kills it by this
+    /// path when the watchdog cannot.
+    Cgroup { path: std::ffi::OsString },
+    /// The job runs; `contained` says whether in its cgroup or in its process group only.
+    Spawned { pid: i32, contained: bool },
     /// exec failed with this errno (ENOENT → 127, EACCES → 126).
-    ExecFailed {
-        errno: i32,
-    },
+    ExecFailed { errno: i32 },
     /// The deadline was spent when the watchdog was about to fork: no job was started.
     TooLate,
     /// The watchdog could not set up (e.g. `--cgroup on` without cgroup v2).
-    SetupFailed {
-        message: String,
-    },
+    SetupFailed { message: String },
     /// The whole group is gone and reaped. `slack_ms` = lease deadline − time of death.
     Ended {
         status: JobStatus,
@@ -203,7 +201,13 @@ impl Command {
 impl Report {
     pub fn encode(&self) -> String {
         match self {
-            Report::Spawned { pid } => format!("P {pid}\n"),
+            Report::Cgroup { path } => {
+                let mut s = String::from("C ");
+                hex(&mut s, path.as_encoded_bytes());
+                s.push('\n');
+                s
+            }
+            Report::Spawned { pid, contained } => format!("P {pid} {}\n", u8::from(*contained)),
             Report::ExecFailed { errno } => format!("E {errno}\n"),
             Report::TooLate => "L\n".to_string(),
             Report::SetupFailed { message } => format!("F {}\n", message.replace('\n', " ")),
@@ -226,8 +230,12 @@ impl Report {
         let (tag, rest) = line.split_once(' ').unwrap_or((line, ""));
         let mut w = rest.split_whitespace();
         Some(match tag {
+            "C" => Report::Cgroup {
+                path: unhex(w.next()?).filter(|p| !p.is_empty())?,
+            },
             "P" => Report::Spawned {
                 pid: w.next()?.parse().ok()?,
+                contained: w.next()? == "1",
             },
             "E" => Report::ExecFailed {
                 errno: w.next()?.parse().ok()?,
@@ -258,6 +266,28 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No pattern of three letters or more matches both enforcers' names.
+    #[test]
+    fn the_watchdog_shares_no_three_letters_with_lead_exec() {
+        let parts = |s: &str| -> Vec<String> {
+            let b = s.as_bytes();
+            (3..=b.len())
+                .flat_map(|n| {
+                    b.windows(n)
+                        .map(|w| String::from_utf8_lossy(w).into_owned())
+                })
+                .collect()
+        };
+        for p in parts("lead-exec") {
+            assert!(!NAME.contains(&p), "{NAME} contains {p:?}");
+        }
+        for p in parts(NAME) {
+            assert!(!"lead-exec".contains(&p), "lead-exec contains {p:?}");
+        }
+        // The kernel keeps 15 bytes of a process name.
+        assert!(NAME.len() <= 15);
+    }
 
     #[test]
     fn commands_round_trip() {
@@ -329,7 +359,17 @@ mod tests {
     #[test]
     fn reports_round_trip() {
         for r in [
-            Report::Spawned { pid: 42 },
+            Report::Spawned {
+                pid: 42,
+                contained: true,
+            },
+            Report::Spawned {
+                pid: 42,
+                contained: false,
+            },
+            Report::Cgroup {
+                path: "/sys/fs/cgroup/a b/lead-exec-job-1-00".into(),
+            },
             Report::ExecFailed { errno: 2 },
             Report::TooLate,
             Report::SetupFailed {
