@@ -1090,3 +1090,47 @@ fn a_stopped_standby_watchdog_is_given_up_not_waited_for() {
 fn a_killed_standby_watchdog_is_replaced_when_the_term_comes() {
     a_broken_standby_is_replaced(libc::SIGKILL, "sbkill");
 }
+
+/// As a user who may not make cgroups, `--cgroup auto` runs the job in its process group
+/// only: lead-exec says so once in its log, and `status` shows it.
+#[test]
+fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let mut args = vec!["--reuid=nobody", "--regid=nogroup", "--clear-groups", bin()];
+    args.extend(run_args(
+        "nocg",
+        &ep,
+        &["--cgroup", "auto"],
+        "exec sleep 60",
+    ));
+    let mut w = spawn_program(std::path::Path::new("setpriv"), dir.path(), "w", &args, &[]);
+    w.wait_log("leading: job started", secs(10));
+    let log = w.log_text();
+    assert_eq!(
+        log.matches("the job runs without a cgroup of its own")
+            .count(),
+        1,
+        "{log}"
+    );
+    // The start record, which `status` reads, is written beside the job.
+    let mut out = String::new();
+    assert!(
+        wait_until(secs(5), || {
+            out = run(&["status", "nocg", "--endpoints", &ep]).1;
+            out.contains("job:       no cgroup (process group only)")
+        }),
+        "{out}"
+    );
+    let (code, json, err) = run(&["status", "nocg", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        v["leader"]["job_cgroup"],
+        serde_json::json!(false),
+        "{json}"
+    );
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}

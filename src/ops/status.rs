@@ -80,18 +80,17 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                     .map(|r| r.ttl())
             }
         };
-        let since = recent
-            .iter()
-            .find(|r| r.token == h.token)
-            .map(|r| r.started_ms);
-        holders.push((h, since, ttl_left));
+        let record = recent.iter().find(|r| r.token == h.token);
+        let since = record.map(|r| r.started_ms);
+        holders.push((h, since, ttl_left, record.and_then(|r| r.job_cgroup)));
     }
-    let view = |(h, since, ttl): &(&Entry, Option<u64>, Option<i64>)| {
+    let view = |(h, since, ttl, cgroup): &(&Entry, Option<u64>, Option<i64>, Option<bool>)| {
         json!({
             "id": h.candidate.id, "host": h.candidate.host, "pid": h.candidate.pid,
             "token": h.token, "key": h.key, "slot": h.slot, "since_ms": since,
             "lease_ttl_left_s": ttl, "priority": h.candidate.priority,
             "takeover_until_ms": takeover_due(&h.candidate),
+            "job_cgroup": cgroup,
         })
     };
     let paused = &line.paused;
@@ -114,7 +113,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 println!("slots:     {}", line.slots);
                 println!("holders:   {}", holders.len());
             }
-            for (h, since, ttl) in &holders {
+            for (h, since, ttl, cgroup) in &holders {
                 if line.slots > 1 {
                     print!("  slot {}: ", slot_name(h.slot));
                 } else {
@@ -134,6 +133,9 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 }
                 if let Some(t) = ttl {
                     println!("{indent}lease:     {t}s left");
+                }
+                if *cgroup == Some(false) {
+                    println!("{indent}job:       no cgroup (process group only)");
                 }
                 if let Some(due) = takeover_due(&h.candidate) {
                     println!(

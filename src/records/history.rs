@@ -71,6 +71,10 @@ pub struct Record {
     /// The `--takeover-delay` this term waited out before its job started, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub takeover_delay_ms: Option<u64>,
+    /// Whether the job runs in a cgroup of its own (false: its process group only); unset
+    /// when the record was written before the job started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_cgroup: Option<bool>,
 }
 
 impl Record {
@@ -110,6 +114,7 @@ pub async fn record_start(
     term: Term<'_>,
     keep: u32,
     takeover_delay: Option<Duration>,
+    job_cgroup: Option<bool>,
 ) -> Result<Started> {
     let (mut c, mut r) = (client.clone(), client.clone());
     let Term { token, key, id } = term;
@@ -123,6 +128,7 @@ pub async fn record_start(
         end: None,
         clean: None,
         takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
+        job_cgroup,
     };
     let hk = e.history_key(token);
     let txn = Txn::new()
@@ -344,6 +350,7 @@ mod tests {
             end: end.map(str::to_string),
             clean: None,
             takeover_delay_ms: None,
+            job_cgroup: None,
         }
     }
 

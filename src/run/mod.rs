@@ -536,6 +536,7 @@ impl Driver {
             .map(|t| t.key.clone())
             .unwrap_or_default();
         let delayed = self.delayed;
+        let job_cgroup = self.job.as_ref().map(|j| j.contained);
         tokio::spawn(async move {
             let term = records::Term {
                 token,
@@ -543,10 +544,18 @@ impl Driver {
                 id: &cfg.id,
             };
             let (timeout, keep) = (cfg.conn.command_timeout, cfg.history_keep);
-            history::record_start(&client, &cfg.election, timeout, term, keep, delayed)
-                .await
-                .inspect_err(|e| tracing::warn!("history: {e:#}"))
-                .ok()
+            history::record_start(
+                &client,
+                &cfg.election,
+                timeout,
+                term,
+                keep,
+                delayed,
+                job_cgroup,
+            )
+            .await
+            .inspect_err(|e| tracing::warn!("history: {e:#}"))
+            .ok()
         })
     }
 
