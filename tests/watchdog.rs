@@ -527,6 +527,32 @@ fn a_frozen_watchdog_does_not_keep_the_job_past_the_deadline() {
     w.wait(secs(15));
 }
 
+/// SIGSTOP to the watchdog, then SIGTERM to lead-exec: lead-exec does not wait for the
+/// watchdog to carry out the stop. It kills the job's group itself once the grace is over,
+/// then the watchdog, and exits.
+#[test]
+fn a_stop_goes_through_a_frozen_watchdog() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, "wdstopterm", &ep);
+    signal(wd, libc::SIGSTOP);
+    let asked = Instant::now();
+    w.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || !alive(pid) && !alive(gc)),
+        "job {pid} or grandchild {gc} outlived a stop while its watchdog was frozen\n{}",
+        w.log_text()
+    );
+    let dead = asked.elapsed();
+    w.wait(secs(10));
+    let exited = asked.elapsed();
+    eprintln!("watchdog frozen, SIGTERM to lead-exec: group dead after {dead:?}, lead-exec exited after {exited:?}");
+    // The grace is 500 ms.
+    assert!(dead < Duration::from_millis(1500), "{dead:?}");
+    assert!(!alive(wd), "the frozen watchdog {wd} was left behind");
+}
+
 /// The watchdog is the subreaper of the job's orphans: one that exits is reaped at once, not
 /// left a zombie until the job's main process exits.
 #[test]

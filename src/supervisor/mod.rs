@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 
 use crate::clock::{BootInstant, BootTimer};
@@ -97,6 +97,14 @@ pub struct Ended {
 /// hundred microseconds, more on a loaded host.
 pub const KILL_LEAD: Duration = Duration::from_millis(25);
 
+/// How long after a stop's grace (or a kill) lead-exec waits for the watchdog to have done
+/// it, before it kills the group itself.
+const STOP_SLACK: Duration = Duration::from_millis(200);
+
+/// How long a watchdog that has not reported the group gone by the time lead-exec had to
+/// kill it itself gets, before lead-exec kills the watchdog too and moves on.
+const ABANDON_AFTER: Duration = Duration::from_secs(2);
+
 /// A running job under its watchdog.
 pub struct Job {
     pub pid: i32,
@@ -114,6 +122,9 @@ pub struct Job {
     /// lead-exec's own timer at D: the second enforcer, for a watchdog that is frozen.
     backstop: AsyncFd<BootTimer>,
     backstop_fired: bool,
+    /// When a watchdog that left the kill to lead-exec is killed in turn, if it still has not
+    /// reported the group gone: one that is stopped would hold the term until continued.
+    abandon_at: Option<BootInstant>,
 }
 
 /// lead-exec's end of the control pipe. It never blocks: a watchdog that does not read (it is
@@ -123,7 +134,9 @@ pub struct Job {
 /// deadline stands for all older ones, a kill makes everything before it moot, and of the
 /// signals to pass on only the first [`MAX_QUEUED`] are kept.
 struct Ctl {
-    tx: pipe::Sender,
+    /// Non-blocking. Written directly, not through tokio's readiness, so that what fits goes
+    /// at once; the readiness only tells when to try again.
+    tx: AsyncFd<OwnedFd>,
     deadline: Option<Command>,
     queue: VecDeque<Command>,
     /// Forwarded signals dropped because the queue was full.
@@ -134,12 +147,47 @@ struct Ctl {
 const MAX_QUEUED: usize = 64;
 
 impl Ctl {
-    fn new(tx: pipe::Sender) -> Ctl {
-        Ctl {
+    fn new(fd: OwnedFd) -> std::io::Result<Ctl> {
+        set_nonblocking(&fd)?;
+        // SAFETY: the descriptor moves into the AsyncFd, which keeps it open for as long as
+        // it is registered.
+        let tx = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::WRITABLE) }
+            .map_err(std::io::Error::from)?;
+        Ok(Ctl {
             tx,
             deadline: None,
             queue: VecDeque::new(),
             dropped: 0,
+        })
+    }
+
+    /// One write(2): with O_NONBLOCK, all of a message under `PIPE_BUF` or nothing.
+    fn write(&self, bytes: &[u8]) -> std::io::Result<usize> {
+        Ok(nix::unistd::write(self.tx.get_ref(), bytes)?)
+    }
+
+    /// Writes `bytes` whole, waiting for room as long as it takes: the start, which may be
+    /// longer than `PIPE_BUF` and so go in pieces. The caller bounds the wait.
+    async fn write_all(&self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            match self.write(bytes) {
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.tx.writable().await?.clear_ready();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the pipe may take more; then [`Ctl::flush`].
+    async fn writable(&self) {
+        match self.tx.writable().await {
+            Ok(mut g) => g.clear_ready(),
+            // Not registered any more: nothing will ever come, and flush reports it.
+            Err(_) => std::future::pending().await,
         }
     }
 
@@ -182,7 +230,7 @@ impl Ctl {
                     None => return,
                 },
             };
-            match self.tx.try_write(c.encode().as_bytes()) {
+            match self.write(c.encode().as_bytes()) {
                 Ok(_) => {
                     if from_queue {
                         self.queue.pop_front();
@@ -191,6 +239,7 @@ impl Ctl {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // The watchdog exits right after the group is gone; its report is on
                     // its way.
@@ -230,7 +279,7 @@ const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
 pub struct Standby(Option<Waiting>);
 
 struct Waiting {
-    ctl: pipe::Sender,
+    ctl: Ctl,
     reports: Lines<BufReader<pipe::Receiver>>,
     watchdog: detach::Detached,
     grace: Duration,
@@ -265,7 +314,7 @@ impl Standby {
         drop(rep_w);
         let reports = BufReader::new(pipe::Receiver::from_owned_fd(rep_r)?).lines();
         Ok(Standby(Some(Waiting {
-            ctl: pipe::Sender::from_owned_fd(ctl_w)?,
+            ctl: Ctl::new(ctl_w)?,
             reports,
             watchdog,
             grace,
@@ -301,7 +350,7 @@ impl Standby {
         let mut job = Job {
             pid: 0,
             contained: false,
-            ctl: Ctl::new(ctl),
+            ctl,
             reports,
             watchdog,
             cgroup: None,
@@ -309,9 +358,10 @@ impl Standby {
             stop_by: None,
             backstop,
             backstop_fired: false,
+            abandon_at: None,
         };
         let answer = tokio::time::timeout(answer_within, async {
-            if let Err(e) = job.ctl.tx.write_all(start.as_bytes()).await {
+            if let Err(e) = job.ctl.write_all(start.as_bytes()).await {
                 return Err(Some(e));
             }
             loop {
@@ -443,12 +493,11 @@ impl Job {
             let due = self.kill_at.minus(KILL_LEAD);
             // A stop is the watchdog's to carry out: lead-exec steps in a little later, only
             // for one that has not.
-            let due = self.stop_by.map_or(due, |s| due.min(s.plus(KILL_LEAD)));
-            if let Err(e) = self
-                .backstop
-                .get_ref()
-                .arm((!self.backstop_fired).then_some(due))
-            {
+            let due = self.stop_by.map_or(due, |s| due.min(s.plus(STOP_SLACK)));
+            let next = self
+                .abandon_at
+                .or_else(|| (!self.backstop_fired).then_some(due));
+            if let Err(e) = self.backstop.get_ref().arm(next) {
                 tracing::warn!("deadline timer: {e}; the watchdog alone enforces this deadline");
             }
             tokio::select! {
@@ -466,16 +515,22 @@ impl Job {
                     Err(e) => break self.watchdog_lost(&format!("{e:#}")),
                 },
                 // What a busy watchdog could not take yet goes as soon as it can.
-                _ = self.ctl.tx.writable(), if self.ctl.pending() => self.ctl.flush(),
+                _ = self.ctl.writable(), if self.ctl.pending() => self.ctl.flush(),
                 ready = self.backstop.readable() => {
                     if let Ok(mut guard) = ready {
                         self.backstop.get_ref().drain();
                         guard.clear_ready();
                     }
-                    if !self.backstop_fired && BootInstant::now() >= due {
+                    let now = BootInstant::now();
+                    if !self.backstop_fired && now >= due {
                         self.backstop_fired = true;
+                        self.abandon_at = Some(now.plus(ABANDON_AFTER));
                         tracing::debug!(pid = self.pid, "deadline: lead-exec kills the job's group itself");
                         self.kill_directly();
+                    } else if self.abandon_at.is_some_and(|t| now >= t) {
+                        self.abandon_at = None;
+                        tracing::warn!(pid = self.pid, "the watchdog has not reported the job's group gone; killing the watchdog");
+                        self.watchdog.kill();
                     }
                 }
             }
@@ -558,6 +613,13 @@ fn watchdog_program() -> std::path::PathBuf {
         .unwrap_or_else(|| "/proc/self/exe".into())
 }
 
+fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)?);
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
 fn pipe2() -> Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
@@ -622,4 +684,70 @@ pub fn preflight(cmd: &str) -> Result<()> {
     } else {
         exec_error(cmd, libc::ENOENT)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Everything the pipe holds now, read without blocking.
+    fn drain(r: &OwnedFd) -> String {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match nix::unistd::read(r.as_raw_fd(), &mut buf) {
+                Ok(n) if n > 0 => out.extend_from_slice(&buf[..n]),
+                _ => return String::from_utf8(out).unwrap(),
+            }
+        }
+    }
+
+    /// A watchdog that does not read: sends return at once, the newest deadline stands for
+    /// the others, signals to pass on are capped, a stop is kept, and a kill wins.
+    #[tokio::test]
+    async fn a_full_pipe_never_blocks_and_keeps_what_matters() {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        set_nonblocking(&r).unwrap();
+        let mut ctl = Ctl::new(w).unwrap();
+        let mut written = 0;
+        while !ctl.pending() {
+            ctl.push(Command::Forward(10));
+            written += 1;
+        }
+        assert!(written > 10_000, "the pipe took only {written}");
+        let deadline = |i: u64| Command::Deadline {
+            term_at: i,
+            kill_at: i + 1,
+        };
+        for i in 1..=100_000 {
+            ctl.push(deadline(i));
+        }
+        assert_eq!(ctl.deadline, Some(deadline(100_000)));
+        for _ in 0..1000 {
+            ctl.push(Command::Forward(10));
+        }
+        ctl.push(Command::Stop(15));
+        assert!(ctl.queue.len() <= MAX_QUEUED + 1);
+        assert_eq!(ctl.queue.back(), Some(&Command::Stop(15)));
+        // Once the watchdog reads again, all of it goes, the newest deadline last.
+        drain(&r);
+        ctl.flush();
+        assert!(!ctl.pending());
+        let sent = drain(&r);
+        assert!(sent.ends_with("T 15\nD 100000 100001\n"), "{sent:?}");
+
+        while !ctl.pending() {
+            ctl.push(Command::Forward(10));
+        }
+        ctl.push(deadline(200_000));
+        ctl.push(Command::Stop(15));
+        ctl.push(Command::Kill);
+        ctl.push(deadline(300_000));
+        ctl.push(Command::Forward(1));
+        assert_eq!(ctl.queue, [Command::Kill]);
+        assert_eq!(ctl.deadline, None);
+        drain(&r);
+        ctl.flush();
+        assert_eq!(drain(&r), "K\n");
+    }
 }
