@@ -394,6 +394,16 @@ fn the_watchdog_shares_no_group_session_or_name_with_lead_exec() {
             "the watchdog's {what} is {name:?}"
         );
     }
+    // Nor does any `pkill` pattern of three letters or more taken from lead-exec's name.
+    for (what, name) in [("comm", comm(wd)), ("argv[0]", argv0(wd))] {
+        for part in "lead-exec".as_bytes().windows(3) {
+            let part = std::str::from_utf8(part).unwrap();
+            assert!(
+                !name.contains(part),
+                "the watchdog's {what} {name:?} has {part:?}"
+            );
+        }
+    }
     let (lead_pgid, lead_sid) = pgid_sid(lead).unwrap();
     let (wd_pgid, wd_sid) = pgid_sid(wd).unwrap();
     let (job_pgid, _) = pgid_sid(pid).unwrap();
