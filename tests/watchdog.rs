@@ -833,6 +833,35 @@ fn a_frozen_watchdog_with_a_full_pipe_does_not_block_lead_exec() {
     w.wait(secs(15));
 }
 
+/// The same frozen watchdog, its pipe full, then SIGKILLed: what waited for it is dropped on
+/// the closed pipe, lead-exec kills the rest of the job and campaigns again.
+#[test]
+fn a_watchdog_killed_with_a_full_pipe_is_seen_as_dead() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, "wdfullkill", &ep);
+    signal(wd, libc::SIGSTOP);
+    for _ in 0..15_000 {
+        signal(w.pid(), libc::SIGUSR1);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    signal(wd, libc::SIGKILL);
+    assert!(
+        wait_until(secs(3), || !alive(pid) && !alive(gc)),
+        "job {pid} or grandchild {gc} survived\n{}",
+        w.log_text()
+    );
+    w.wait_log("the watchdog died", secs(5));
+    assert!(
+        wait_until(secs(15), || terms(dir.path()).len() >= 2),
+        "{}",
+        w.log_text()
+    );
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
 /// A cgroup v2 directory of the test's own, removed with everything in it: the workers of a
 /// test that sweeps job cgroups run in it, so that their sweeps see no other test's jobs.
 struct TestCgroup(std::path::PathBuf);
