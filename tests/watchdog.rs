@@ -537,6 +537,18 @@ fn a_frozen_watchdog_does_not_keep_the_job_past_the_deadline() {
     w.wait(secs(15));
 }
 
+/// A watchdog a test stopped: killed when the test ends, passed or failed, so that none is
+/// left stopped on the host (only while it still is a watchdog: its pid may be reused).
+struct StoppedWatchdog(i32);
+
+impl Drop for StoppedWatchdog {
+    fn drop(&mut self) {
+        if comm(self.0) == "ldx-warden" {
+            signal(self.0, libc::SIGKILL);
+        }
+    }
+}
+
 /// SIGSTOP to the watchdog, then SIGTERM to lead-exec: lead-exec does not wait for the
 /// watchdog to carry out the stop. It kills the job's group itself once the grace is over,
 /// then the watchdog, and exits.
@@ -546,6 +558,7 @@ fn a_stop_goes_through_a_frozen_watchdog() {
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
     let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, "wdstopterm", &ep);
+    let _cleanup = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     let asked = Instant::now();
     w.signal(libc::SIGTERM);
@@ -802,6 +815,7 @@ fn a_frozen_watchdog_with_a_full_pipe_does_not_block_lead_exec() {
     let dir = tempfile::tempdir().unwrap();
     let (mut w, pid, gc, wd, key) =
         start_heartbeat(dir.path(), &etcd, "wdflood", &proxy.endpoint());
+    let _cleanup = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     // 20,000 forwards of 5 bytes: 100 KB, past the pipe's 64 KiB.
     let flood = Instant::now();
@@ -841,6 +855,7 @@ fn a_watchdog_killed_with_a_full_pipe_is_seen_as_dead() {
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
     let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, "wdfullkill", &ep);
+    let _cleanup = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     for _ in 0..15_000 {
         signal(w.pid(), libc::SIGUSR1);
@@ -880,7 +895,15 @@ impl TestCgroup {
             .join(own.trim_start_matches('/'))
             .join(format!("test-{name}-{}", std::process::id()));
         std::fs::create_dir(&dir).ok()?;
-        Some(TestCgroup(dir))
+        let cg = TestCgroup(dir);
+        // A cgroup no process can join (controllers enabled above, delegation) is no use.
+        let joined = std::process::Command::new("sh")
+            .args(["-c", "echo $$ > \"$0\""])
+            .arg(cg.0.join("cgroup.procs"))
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        joined.then_some(cg)
     }
 
     /// `sh -c 'join the cgroup; exec PROGRAM ARGS'` as a worker.
@@ -918,6 +941,20 @@ impl Drop for TestCgroup {
 /// `unshare` into a new PID namespace, the forked lead-exec killed when unshare dies.
 const NEW_PID_NS: [&str; 4] = ["unshare", "--kill-child", "-pf", "--mount-proc"];
 
+/// Whether this host lets us make PID namespaces (util-linux's `unshare`, as root).
+fn pid_namespaces() -> bool {
+    let ok = std::process::Command::new(NEW_PID_NS[0])
+        .args(&NEW_PID_NS[1..])
+        .arg("true")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("no PID namespaces here (unshare -pf --mount-proc); nothing to check");
+    }
+    ok
+}
+
 /// Whether a job's heartbeats (see [`heartbeat_job`]) go on: one newer than `after` comes.
 fn beats_after(dir: &std::path::Path, after: i128) -> bool {
     wait_until(secs(3), || {
@@ -932,6 +969,9 @@ fn beats_after(dir: &std::path::Path, after: i128) -> bool {
 /// live job of the host, whose watchdog's pid means nothing in its namespace, for a stale one.
 #[test]
 fn a_job_start_in_another_pid_namespace_leaves_a_host_job_alone() {
+    if !pid_namespaces() {
+        return;
+    }
     let Some(cg) = TestCgroup::new("nshost") else {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
@@ -987,6 +1027,9 @@ fn a_job_start_in_another_pid_namespace_leaves_a_host_job_alone() {
 /// the host is some other process; a job start on the host must leave it alone.
 #[test]
 fn a_job_start_on_the_host_leaves_a_job_in_a_pid_namespace_alone() {
+    if !pid_namespaces() {
+        return;
+    }
     let Some(cg) = TestCgroup::new("nsjob") else {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
@@ -1042,6 +1085,9 @@ fn a_job_start_on_the_host_leaves_a_job_in_a_pid_namespace_alone() {
 /// nor stops lead-exec from killing the job's group when the watchdog is SIGKILLed.
 #[test]
 fn a_leftover_cgroup_by_the_same_name_neither_uncontains_nor_spares_the_job() {
+    if !pid_namespaces() {
+        return;
+    }
     let Some(cg) = TestCgroup::new("leftover") else {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
@@ -1126,6 +1172,7 @@ fn a_broken_standby_is_replaced(sig: i32, election: &str) {
     let extra = ["--command-timeout", "1s"];
     let mut b = spawn(dir.path(), "b", &run_args(election, &ep, &extra, &second));
     let wd = standby_watchdog(&b);
+    let _cleanup = StoppedWatchdog(wd);
     signal(wd, sig);
     let handed = Instant::now();
     a.signal(libc::SIGTERM);
