@@ -85,6 +85,8 @@ pub struct Campaign<'a> {
     pub slots: u32,
     /// `--priority` (only with one slot).
     pub priority: u32,
+    /// `--takeover-delay` (only with one slot); every candidate must agree on it.
+    pub takeover_delay: Duration,
 }
 
 /// Why we are still waiting, for logs and `sd_notify` status.
@@ -272,22 +274,33 @@ impl Campaign<'_> {
             ));
         }
         let absent = Compare::create_revision(key, CompareOp::Equal, 0);
+        let agreed = self.agreed();
         let create = Txn::new()
-            .when([absent.clone(), slots_agree(e, self.slots)])
+            .when([
+                absent.clone(),
+                agree(e.slots_key(), &agreed.slots),
+                agree(e.takeover_delay_key(), &agreed.delay),
+            ])
             .and_then(then.clone())
             .or_else([TxnOp::get(key, None), TxnOp::get(e.slots_key(), None)]);
-        // Nobody else is in the election: its slot count is ours to set, in the same
+        // Nobody else is in the election: its settings are ours to set, in the same
         // transaction that makes us its first candidate.
-        let set = if self.slots > 1 {
-            TxnOp::put(e.slots_key(), self.slots.to_string(), None)
-        } else {
-            TxnOp::delete(e.slots_key(), None)
+        let set = |k: String, v: &Option<String>| match v {
+            Some(v) => TxnOp::put(k, v.clone(), None),
+            None => TxnOp::delete(k, None),
         };
+        let sets = vec![
+            set(e.slots_key(), &agreed.slots),
+            set(e.takeover_delay_key(), &agreed.delay),
+        ];
         let empty = Compare::version(e.candidates(), CompareOp::Equal, 0).with_prefix();
         let reset = Txn::new()
             .when([absent, empty])
-            .and_then([vec![set], then.to_vec()].concat())
-            .or_else([TxnOp::get(e.slots_key(), None)]);
+            .and_then([sets, then.to_vec()].concat())
+            .or_else([
+                TxnOp::get(e.slots_key(), None),
+                TxnOp::get(e.takeover_delay_key(), None),
+            ]);
         // A retry only follows a concurrent change: candidates that arrived together on an
         // empty election with the same count, one of which set it first.
         let mut attempts = 0;
@@ -308,21 +321,25 @@ impl Campaign<'_> {
                 tracing::info!(
                     election = e.name(),
                     slots = self.slots,
-                    "no other candidate: the election now runs with this slot count"
+                    takeover_delay = %crate::clock::human(self.takeover_delay),
+                    "no other candidate: the election now runs with these settings"
                 );
-                // The rewrite went first: the rest answer as in the creating transaction.
-                break (resp, ops[1..].to_vec());
+                // The rewrites went first: the rest answer as in the creating transaction.
+                break (resp, ops[2..].to_vec());
             }
-            let stored = match ops.first() {
+            let stored = |i: usize| match ops.get(i) {
                 Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.value().to_vec()),
                 _ => None,
             };
-            let agreed = match &stored {
-                None => self.slots == 1,
-                Some(v) => *v == self.slots.to_string().into_bytes(),
-            };
-            if !agreed || attempts >= 3 {
-                return Err(disagree(e, stored.as_deref(), self.slots));
+            let (slots, delay) = (stored(0), stored(1));
+            if !same(&slots, &agreed.slots) {
+                return Err(disagree(e, slots.as_deref(), self.slots));
+            }
+            if !same(&delay, &agreed.delay) {
+                return Err(disagree_delay(e, delay.as_deref(), self.takeover_delay));
+            }
+            if attempts >= 3 {
+                return Err(disagree(e, slots.as_deref(), self.slots));
             }
         };
         let my_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -550,14 +567,37 @@ pub fn lowest_free(taken: &[u32], slots: u32) -> Option<u32> {
     (0..slots).find(|i| !taken.contains(i))
 }
 
-/// The compare that holds when the election runs with `slots`: the meta key is absent for
-/// one slot (as before slots existed) and holds the number otherwise.
-fn slots_agree(e: &Election, slots: u32) -> Compare {
-    if slots == 1 {
-        Compare::version(e.slots_key(), CompareOp::Equal, 0)
-    } else {
-        Compare::value(e.slots_key(), CompareOp::Equal, slots.to_string())
+/// What a candidate's settings store in the election's meta keys; `None` is the default,
+/// stored as an absent key (as before the key existed).
+struct Agreed {
+    /// `meta/NAME/slots`: N when above 1.
+    slots: Option<String>,
+    /// `meta/NAME/takeover-delay`: milliseconds, when above 0.
+    delay: Option<String>,
+}
+
+impl Campaign<'_> {
+    fn agreed(&self) -> Agreed {
+        // Rounded up: any delay at all writes the start record first, which is what must agree.
+        let ms = self.takeover_delay.as_nanos().div_ceil(1_000_000);
+        Agreed {
+            slots: (self.slots > 1).then(|| self.slots.to_string()),
+            delay: (ms > 0).then(|| ms.to_string()),
+        }
     }
+}
+
+/// The compare that holds when meta key `key` stores `value` (absent for `None`).
+fn agree(key: String, value: &Option<String>) -> Compare {
+    match value {
+        None => Compare::version(key, CompareOp::Equal, 0),
+        Some(v) => Compare::value(key, CompareOp::Equal, v.clone()),
+    }
+}
+
+/// Whether a stored meta value is the one we would store.
+fn same(stored: &Option<Vec<u8>>, ours: &Option<String>) -> bool {
+    stored.as_deref() == ours.as_ref().map(|v| v.as_bytes())
 }
 
 /// Refuses a candidate whose `--slots` differs from the one the election's candidates run
@@ -570,6 +610,25 @@ fn disagree(e: &Election, stored: Option<&[u8]>, ours: u32) -> anyhow::Error {
         format!(
             "election {} runs with --slots {theirs}; this worker has --slots {ours}: all candidates of an election must agree (stop them all to change it)",
             e.name()
+        ),
+    )
+}
+
+/// Refuses a candidate whose `--takeover-delay` differs from the election's (`stored`, in
+/// milliseconds, absent meaning none). The next leader judges a term by its start record,
+/// which only a worker with a delay writes before its job: a worker without one, leading
+/// among workers with one, could leave a job that ran with no record to judge.
+fn disagree_delay(e: &Election, stored: Option<&[u8]>, ours: Duration) -> anyhow::Error {
+    let theirs = stored
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+        .map_or(Duration::ZERO, Duration::from_millis);
+    fail(
+        Exit::Usage,
+        format!(
+            "election {} runs with --takeover-delay {}; this worker has --takeover-delay {}: all candidates of an election must agree (stop them all to change it)",
+            e.name(),
+            crate::clock::human(theirs),
+            crate::clock::human(ours)
         ),
     )
 }
