@@ -584,6 +584,58 @@ fn a_worker_whose_takeover_delay_differs_from_the_elections_is_refused_with_64()
 }
 
 #[test]
+fn the_first_leader_with_a_takeover_delay_after_workers_without_one_waits_it_out() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    // A clean term first: the newest record the next leader can find says "exit 0".
+    let quick = script(dir.path(), RECORD_TERM);
+    let (code, _, err) = run(&run_args("tdk", &ep, &["--id", "z"], &quick));
+    assert_eq!(code, 0, "{err}");
+    // A worker without the delay, whose start record never lands (deleted here as if its
+    // write had failed), then is killed outright.
+    let mut a = spawn(dir.path(), "a", &run_args("tdk", &ep, &["--id", "a"], &job));
+    assert!(wait_until(secs(10), || etcd
+        .keys("lead-exec/meta/tdk/history/")
+        .len()
+        == 2));
+    let newest = etcd.keys("lead-exec/meta/tdk/history/").pop().unwrap();
+    etcd.ctl(&["del", &newest]);
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    // Once its lease is gone the election is empty, and a worker with a delay may set it.
+    assert!(wait_until(secs(15), || candidates(&etcd, "tdk") == 0));
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args("tdk", &ep, &["--id", "b", "--takeover-delay", "2s"], &job),
+    );
+    let judged = wait_until(secs(10), || {
+        b.log_text()
+            .contains("ran without --takeover-delay until now")
+            || lines(&dir.path().join("terms")).len() >= 3
+    });
+    let told = std::time::Instant::now();
+    assert!(judged, "{}", b.log_text());
+    assert_eq!(
+        lines(&dir.path().join("terms")).len(),
+        2,
+        "started at once:\n{}",
+        b.log_text()
+    );
+    let ok = wait_until(secs(10), || lines(&dir.path().join("terms")).len() >= 3);
+    assert!(ok, "b never started:\n{}", b.log_text());
+    assert!(
+        told.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        told.elapsed()
+    );
+    b.signal(libc::SIGTERM);
+    b.wait(secs(10));
+}
+
+#[test]
 fn equal_priorities_never_preempt() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();

@@ -33,7 +33,13 @@
 //! over (a resign request naming its token, see [`super::leader::preempt_request`]). At the
 //! head of the line, a candidate that sees a younger candidate of higher priority lets it pass:
 //! it deletes its key and queues again, behind it. Equal priorities never pass or preempt each
-//! other, and the leader hands over only after its `--min-term`, so nothing loops.
+//! other, and the leader hands over only after its job's `--min-term` and only if a
+//! higher-priority candidate is still in line then (see
+//! [`super::leader::outranked_in_line`]), so nothing loops.
+//!
+//! Every candidate must also agree on `--takeover-delay`, kept in
+//! `lead-exec/meta/NAME/takeover-delay` as the slot count is: the next leader judges a term
+//! by the start record that only a worker with a delay writes before its job.
 
 use std::time::Duration;
 
@@ -87,6 +93,10 @@ pub struct Campaign<'a> {
     pub priority: u32,
     /// `--takeover-delay` (only with one slot); every candidate must agree on it.
     pub takeover_delay: Duration,
+    /// Set when this candidate turned a takeover delay on, for an election whose earlier
+    /// terms ran without one: their workers wrote no start record before their jobs, so the
+    /// history cannot say how the last of them ended.
+    pub delay_turned_on: std::sync::atomic::AtomicBool,
 }
 
 /// Why we are still waiting, for logs and `sd_notify` status.
@@ -282,7 +292,11 @@ impl Campaign<'_> {
                 agree(e.takeover_delay_key(), &agreed.delay),
             ])
             .and_then(then.clone())
-            .or_else([TxnOp::get(key, None), TxnOp::get(e.slots_key(), None)]);
+            .or_else([
+                TxnOp::get(key, None),
+                TxnOp::get(e.slots_key(), None),
+                TxnOp::get(e.takeover_delay_key(), None),
+            ]);
         // Nobody else is in the election: its settings are ours to set, in the same
         // transaction that makes us its first candidate.
         let set = |k: String, v: &Option<String>| match v {
@@ -315,9 +329,14 @@ impl Campaign<'_> {
             if let Some(rev) = existing_create_revision(&ops[..1]) {
                 return Ok((None, rev));
             }
+            let had_delay = matches!(ops.get(2), Some(TxnOpResponse::Get(g)) if g.count() > 0);
             let resp = bounded(self.timeout, "etcd", client.txn(reset.clone())).await?;
             let ops = resp.op_responses();
             if resp.succeeded() {
+                if !had_delay && agreed.delay.is_some() {
+                    self.delay_turned_on
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 tracing::info!(
                     election = e.name(),
                     slots = self.slots,

@@ -17,7 +17,8 @@ pub enum LeaderEvent {
     Paused,
     ResignRequested,
     /// A waiting candidate with a higher `--priority` asks for the term (see
-    /// [`preempt_request`]); the leader hands over once its `--min-term` is over.
+    /// [`preempt_request`]); the leader hands over once its job's `--min-term` is over, if
+    /// a higher-priority candidate is still in line then ([`outranked_in_line`]).
     Preempted,
 }
 

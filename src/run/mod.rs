@@ -268,7 +268,7 @@ impl Driver {
         };
         let value = self.candidate.encode();
         let election = self.cfg.election.name().to_string();
-        let outcome = {
+        let (outcome, delay_turned_on) = {
             let camp = Campaign {
                 client: &self.client,
                 election: &self.cfg.election,
@@ -280,6 +280,7 @@ impl Driver {
                 priority: self.cfg.priority,
                 slots: self.cfg.slots,
                 takeover_delay: self.cfg.takeover_delay,
+                delay_turned_on: Default::default(),
             };
             let mut last_wait = None;
             let run = camp.run(|w| {
@@ -321,14 +322,18 @@ impl Driver {
             });
             let mut health = self.health.clone();
             let checked = health.is_some();
-            tokio::select! {
+            let outcome = tokio::select! {
                 out = run => Ok(out),
                 ev = stopping(&mut self.signals) => Err(ev),
                 _ = async { health::failing(health.as_mut().expect("checked")).await }, if checked => {
                     tracing::warn!(election, "the health check is failing; leaving the line until it passes");
                     Err(Event::Unhealthy)
                 }
-            }
+            };
+            let turned_on = camp
+                .delay_turned_on
+                .load(std::sync::atomic::Ordering::Relaxed);
+            (outcome, turned_on)
         };
         let outcome = match outcome {
             Ok(o) => o,
@@ -360,7 +365,7 @@ impl Driver {
                 self.term = Some(Term { token, key, slot });
                 self.delayed = None;
                 self.preempt_at = None;
-                let delay = self.takeover_delay_for(token).await;
+                let delay = self.takeover_delay_for(token, delay_turned_on).await;
                 Event::Elected { token, delay }
             }
             Ok(Outcome::NotAcquired) => Event::NotAcquired,
@@ -549,12 +554,25 @@ impl Driver {
 
     /// The takeover delay a new term owes: `--takeover-delay` when the term before it ended
     /// uncleanly, or when that cannot be read (waiting is the safe side).
-    async fn takeover_delay_for(&self, token: i64) -> Option<Duration> {
+    async fn takeover_delay_for(&self, token: i64, turned_on: bool) -> Option<Duration> {
         let d = self.cfg.takeover_delay;
         if d.is_zero() {
             return None;
         }
         let (e, timeout) = (&self.cfg.election, self.cfg.conn.command_timeout);
+        if turned_on {
+            // Earlier terms ran without a delay, so without a start record before their jobs:
+            // the last record need not be the last term's. Only an election that never ran
+            // a term (no record at all) starts at once.
+            let ran = history::read(&self.client, e, 1, timeout).await;
+            if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
+                tracing::warn!(
+                    election = e.name(),
+                    "this election ran without --takeover-delay until now: how its last term ended is unknown"
+                );
+                return Some(d);
+            }
+        }
         match history::previous_unclean(&self.client, e, timeout, token).await {
             Ok(false) => None,
             Ok(true) => Some(d),
