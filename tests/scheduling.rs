@@ -271,6 +271,75 @@ fn a_leader_whose_check_keeps_failing_resigns_and_a_healthy_worker_takes_over() 
 }
 
 #[test]
+fn a_leader_whose_check_fails_between_its_election_and_the_start_gives_the_term_up_without_a_job() {
+    use harness::proxy::{Mode, Proxy};
+    let etcd = Etcd::start();
+    // Every request of lead-exec's is slow, so its start (which writes the term's start
+    // record first, under --takeover-delay) takes long enough for a check to fail in it.
+    let proxy = Proxy::start(etcd.endpoints());
+    proxy.set(Mode::Delay(300));
+    let dir = tempfile::tempdir().unwrap();
+    let ep = proxy.endpoint();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    // Passes until the worker's log says it was elected, and fails from then on.
+    let check = script(dir.path(), "! grep -q 'campaigning -> elected' $D/w.log");
+    let lease = [
+        "--ttl",
+        "10s",
+        "--grace",
+        "500ms",
+        "--safety-margin",
+        "500ms",
+    ];
+    let flags = [
+        "--id",
+        "w",
+        "--takeover-delay",
+        "1s",
+        "--health-cmd",
+        &check,
+        "--health-interval",
+        "100ms",
+        "--health-failures",
+        "1",
+    ];
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args_with(&lease, "hs", &ep, &flags, &job),
+    );
+    // The job may be stopped before its first line: the log says whether it started.
+    let started = || w.log_text().contains("leading: job started");
+    let decided = wait_until(secs(20), || {
+        w.log_text().contains("not starting the job") || started()
+    });
+    assert!(decided, "{}", w.log_text());
+    assert!(!started(), "the job started:\n{}", w.log_text());
+    assert!(lines(&dir.path().join("terms")).is_empty());
+    w.wait_log(
+        "the health check failed 1 times in a row since the election",
+        secs(1),
+    );
+    w.wait_log("not campaigning until the health check passes", secs(10));
+    proxy.set(Mode::Pass);
+    let (code, out, err) = run(&[
+        "history",
+        "hs",
+        "--endpoints",
+        &etcd.endpoints(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(records[0]["end"].as_str(), Some("unhealthy"), "{out}");
+    assert_eq!(records[0]["clean"].as_bool(), Some(true), "{out}");
+    assert_eq!(candidates(&etcd, "hs"), 0, "the term was not given up");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+#[test]
 fn a_waiting_candidate_leaves_the_line_while_unhealthy_and_requeues_when_it_passes() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
