@@ -724,6 +724,24 @@ mod tests {
     }
 
     #[test]
+    fn a_takeover_delay_disagreement_names_both_delays_and_is_a_usage_error() {
+        let e = Election::new("settle").unwrap();
+        let err = disagree_delay(&e, Some(b"2000"), Duration::ZERO);
+        assert_eq!(crate::exit::exit_of(&err), Exit::Usage);
+        assert_eq!(
+            err.to_string(),
+            "election settle runs with --takeover-delay 2s; this worker has --takeover-delay 0s: all candidates of an election must agree (stop them all to change it)"
+        );
+        assert!(disagree_delay(&e, None, Duration::from_millis(1500))
+            .to_string()
+            .contains("runs with --takeover-delay 0s; this worker has --takeover-delay 1s 500ms"));
+        assert!(same(&None, &None));
+        assert!(same(&Some(b"2000".to_vec()), &Some("2000".into())));
+        assert!(!same(&None, &Some("2000".into())));
+        assert!(!same(&Some(b"2000".to_vec()), &None));
+    }
+
+    #[test]
     fn a_disagreement_names_both_counts_and_is_a_usage_error() {
         let e = Election::new("settle").unwrap();
         let err = disagree(&e, Some(b"3"), 2);
