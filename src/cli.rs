@@ -243,7 +243,8 @@ pub struct RunArgs {
 
     /// After a term that ended uncleanly (lease expired, key deleted, worker killed), wait this
     /// long before starting the job, with the lease kept renewed: in-flight requests of the
-    /// dead worker's job settle first. A clean exit or resign takes over at once.
+    /// dead worker's job settle first. A clean exit or resign takes over at once. Every
+    /// candidate of an election must give the same delay.
     #[arg(long, env = "LEAD_EXEC_TAKEOVER_DELAY", default_value = "0s", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]
     pub takeover_delay: Duration,
 
@@ -284,8 +285,9 @@ pub struct RunArgs {
     )]
     pub priority: u32,
 
-    /// A leader is not preempted by a higher --priority in its first DURATION (so a flapping
-    /// preferred worker cannot restart the job more often than this).
+    /// A leader's job is not preempted by a higher --priority in its first DURATION, counted
+    /// from the job's start (so a flapping preferred worker cannot restart the job more often
+    /// than this).
     #[arg(long, env = "LEAD_EXEC_MIN_TERM", default_value = "60s", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]
     pub min_term: Duration,
 

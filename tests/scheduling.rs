@@ -271,6 +271,75 @@ fn a_leader_whose_check_keeps_failing_resigns_and_a_healthy_worker_takes_over() 
 }
 
 #[test]
+fn a_leader_whose_check_fails_between_its_election_and_the_start_gives_the_term_up_without_a_job() {
+    use harness::proxy::{Mode, Proxy};
+    let etcd = Etcd::start();
+    // Every request of lead-exec's is slow, so its start (which writes the term's start
+    // record first, under --takeover-delay) takes long enough for a check to fail in it.
+    let proxy = Proxy::start(etcd.endpoints());
+    proxy.set(Mode::Delay(300));
+    let dir = tempfile::tempdir().unwrap();
+    let ep = proxy.endpoint();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    // Passes until the worker's log says it was elected, and fails from then on.
+    let check = script(dir.path(), "! grep -q 'campaigning -> elected' $D/w.log");
+    let lease = [
+        "--ttl",
+        "10s",
+        "--grace",
+        "500ms",
+        "--safety-margin",
+        "500ms",
+    ];
+    let flags = [
+        "--id",
+        "w",
+        "--takeover-delay",
+        "1s",
+        "--health-cmd",
+        &check,
+        "--health-interval",
+        "100ms",
+        "--health-failures",
+        "1",
+    ];
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args_with(&lease, "hs", &ep, &flags, &job),
+    );
+    // The job may be stopped before its first line: the log says whether it started.
+    let started = || w.log_text().contains("leading: job started");
+    let decided = wait_until(secs(20), || {
+        w.log_text().contains("not starting the job") || started()
+    });
+    assert!(decided, "{}", w.log_text());
+    assert!(!started(), "the job started:\n{}", w.log_text());
+    assert!(lines(&dir.path().join("terms")).is_empty());
+    w.wait_log(
+        "the health check failed 1 times in a row since the election",
+        secs(1),
+    );
+    w.wait_log("not campaigning until the health check passes", secs(10));
+    proxy.set(Mode::Pass);
+    let (code, out, err) = run(&[
+        "history",
+        "hs",
+        "--endpoints",
+        &etcd.endpoints(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(records[0]["end"].as_str(), Some("unhealthy"), "{out}");
+    assert_eq!(records[0]["clean"].as_bool(), Some(true), "{out}");
+    assert_eq!(candidates(&etcd, "hs"), 0, "the term was not given up");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+#[test]
 fn a_waiting_candidate_leaves_the_line_while_unhealthy_and_requeues_when_it_passes() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
@@ -413,6 +482,226 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
     for w in [&mut a, &mut b, &mut c] {
         w.wait(secs(10));
     }
+}
+
+#[test]
+fn a_preemption_request_lapses_once_the_candidate_that_made_it_has_left() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("lapse", &ep, &["--id", "a", "--min-term", "1s"], &job),
+    );
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    // A preferred cron worker: it asks the leader to hand over, then gives up at once.
+    let never = script(dir.path(), "echo ran >> $D/never");
+    let (code, _, err) = run(&run_args(
+        "lapse",
+        &ep,
+        &["--id", "p", "--priority", "5", "--no-wait"],
+        &never,
+    ));
+    assert_eq!(code, 75, "{err}");
+    assert!(err.contains("asked a (priority 0"), "{err}");
+    a.wait_log("a higher-priority candidate asks for the term", secs(10));
+    // Past the min-term, the leader looks again and finds nobody to hand over to.
+    let judged = wait_until(secs(10), || {
+        a.log_text()
+            .contains("no higher-priority candidate is in line any more")
+            || lines(&dir.path().join("terms")).len() > 1
+    });
+    assert!(judged, "{}", a.log_text());
+    assert_eq!(
+        lines(&dir.path().join("terms")).len(),
+        1,
+        "the job was restarted for a candidate that had left:\n{}",
+        a.log_text()
+    );
+    assert!(!dir.path().join("never").exists());
+    assert!(
+        !a.log_text().contains("handing over to the higher-priority"),
+        "{}",
+        a.log_text()
+    );
+    // A later request from a candidate that stays in line is still honoured.
+    let mut c = spawn(
+        dir.path(),
+        "c",
+        &run_args("lapse", &ep, &["--id", "c", "--priority", "5"], &job),
+    );
+    let ok = wait_until(secs(15), || lines(&dir.path().join("terms")).len() >= 2);
+    assert!(ok, "c never took over:\n{}\n{}", a.log_text(), c.log_text());
+    for w in [&mut a, &mut c] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+}
+
+#[test]
+fn min_term_counts_from_the_jobs_start_after_a_takeover_delay() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // "start ID NANOS" when the job starts, "stop ID NANOS" on TERM.
+    let job = script(
+        dir.path(),
+        "echo start $LEAD_EXEC_ID $(date +%s%N) >> $D/events; \
+         trap 'echo stop $LEAD_EXEC_ID $(date +%s%N) >> $D/events; exit 0' TERM; \
+         while :; do sleep 0.05; done",
+    );
+    let events = || lines(&dir.path().join("events"));
+    let at = |what: &str, id: &str| -> Option<i64> {
+        events().iter().find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f[0] == what && f[1] == id).then(|| f[2].parse().unwrap())
+        })
+    };
+    let delay = ["--takeover-delay", "2s", "--min-term", "2s"];
+    let worker = |id: &'static str, extra: &[&'static str]| {
+        let mut args = vec!["--id", id];
+        args.extend_from_slice(&delay);
+        args.extend_from_slice(extra);
+        spawn(dir.path(), id, &run_args("mt", &ep, &args, &job))
+    };
+    let mut a = worker("a", &[]);
+    assert!(wait_until(secs(10), || at("start", "a").is_some()));
+    let mut b = worker("b", &[]);
+    b.wait_log("waiting behind a", secs(10));
+    // An unclean end: b waits out the delay, which is as long as its min-term.
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    b.wait_log("ended uncleanly", secs(15));
+    assert!(
+        wait_until(secs(15), || at("start", "b").is_some()),
+        "{}",
+        b.log_text()
+    );
+    // A preferred worker arrives right after b's job started.
+    let mut c = worker("c", &["--priority", "5"]);
+    c.wait_log("asked b (priority 0", secs(10));
+    assert!(
+        wait_until(secs(15), || at("stop", "b").is_some()),
+        "{}",
+        b.log_text()
+    );
+    let ran = at("stop", "b").unwrap() - at("start", "b").unwrap();
+    assert!(
+        ran >= 1_900_000_000,
+        "b's job was preempted {} ms after it started, within its --min-term",
+        ran / 1_000_000
+    );
+    assert!(wait_until(secs(10), || at("start", "c").is_some()));
+    for w in [&mut b, &mut c] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+}
+
+#[test]
+fn a_worker_whose_takeover_delay_differs_from_the_elections_is_refused_with_64() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let never = script(dir.path(), "echo ran >> $D/never");
+    // A leader without the flag: a worker with one would judge its term by a start record
+    // it writes only beside its job, so it is refused instead of trusting that.
+    let mut a = spawn(dir.path(), "a", &run_args("tda", &ep, &["--id", "a"], &job));
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let (code, _, err) = run(&run_args("tda", &ep, &["--takeover-delay", "2s"], &never));
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("election tda runs with --takeover-delay 0s; this worker has --takeover-delay 2s: all candidates of an election must agree (stop them all to change it)"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+
+    // Once nobody is left, the next first candidate sets it; then a worker without it, or
+    // with another delay, is refused.
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args("tda", &ep, &["--id", "b", "--takeover-delay", "2s"], &job),
+    );
+    let ok = wait_until(secs(10), || lines(&dir.path().join("terms")).len() >= 2);
+    assert!(ok, "{}", b.log_text());
+    let stored = etcd.ctl(&[
+        "get",
+        "--print-value-only",
+        "lead-exec/meta/tda/takeover-delay",
+    ]);
+    assert_eq!(stored.trim(), "2000");
+    for (flags, ours) in [(vec![], "0s"), (vec!["--takeover-delay", "3s"], "3s")] {
+        let (code, _, err) = run(&run_args("tda", &ep, &flags, &never));
+        assert_eq!(code, 64, "{err}");
+        assert!(
+            err.contains(&format!(
+                "runs with --takeover-delay 2s; this worker has --takeover-delay {ours}:"
+            )),
+            "{err}"
+        );
+    }
+    assert!(!dir.path().join("never").exists());
+    assert_eq!(etcd.keys("lead-exec/elections/tda/").len(), 1);
+    b.signal(libc::SIGTERM);
+    b.wait(secs(10));
+}
+
+#[test]
+fn the_first_leader_with_a_takeover_delay_after_workers_without_one_waits_it_out() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    // A clean term first: the newest record the next leader can find says "exit 0".
+    let quick = script(dir.path(), RECORD_TERM);
+    let (code, _, err) = run(&run_args("tdk", &ep, &["--id", "z"], &quick));
+    assert_eq!(code, 0, "{err}");
+    // A worker without the delay, whose start record never lands (deleted here as if its
+    // write had failed), then is killed outright.
+    let mut a = spawn(dir.path(), "a", &run_args("tdk", &ep, &["--id", "a"], &job));
+    assert!(wait_until(secs(10), || etcd
+        .keys("lead-exec/meta/tdk/history/")
+        .len()
+        == 2));
+    let newest = etcd.keys("lead-exec/meta/tdk/history/").pop().unwrap();
+    etcd.ctl(&["del", &newest]);
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    // Once its lease is gone the election is empty, and a worker with a delay may set it.
+    assert!(wait_until(secs(15), || candidates(&etcd, "tdk") == 0));
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args("tdk", &ep, &["--id", "b", "--takeover-delay", "2s"], &job),
+    );
+    let judged = wait_until(secs(10), || {
+        b.log_text()
+            .contains("ran without --takeover-delay until now")
+            || lines(&dir.path().join("terms")).len() >= 3
+    });
+    let told = std::time::Instant::now();
+    assert!(judged, "{}", b.log_text());
+    assert_eq!(
+        lines(&dir.path().join("terms")).len(),
+        2,
+        "started at once:\n{}",
+        b.log_text()
+    );
+    let ok = wait_until(secs(10), || lines(&dir.path().join("terms")).len() >= 3);
+    assert!(ok, "b never started:\n{}", b.log_text());
+    assert!(
+        told.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        told.elapsed()
+    );
+    b.signal(libc::SIGTERM);
+    b.wait(secs(10));
 }
 
 #[test]

@@ -33,7 +33,13 @@
 //! over (a resign request naming its token, see [`super::leader::preempt_request`]). At the
 //! head of the line, a candidate that sees a younger candidate of higher priority lets it pass:
 //! it deletes its key and queues again, behind it. Equal priorities never pass or preempt each
-//! other, and the leader hands over only after its `--min-term`, so nothing loops.
+//! other, and the leader hands over only after its job's `--min-term` and only if a
+//! higher-priority candidate is still in line then (see
+//! [`super::leader::outranked_in_line`]), so nothing loops.
+//!
+//! Every candidate must also agree on `--takeover-delay`, kept in
+//! `lead-exec/meta/NAME/takeover-delay` as the slot count is: the next leader judges a term
+//! by the start record that only a worker with a delay writes before its job.
 
 use std::time::Duration;
 
@@ -85,6 +91,12 @@ pub struct Campaign<'a> {
     pub slots: u32,
     /// `--priority` (only with one slot).
     pub priority: u32,
+    /// `--takeover-delay` (only with one slot); every candidate must agree on it.
+    pub takeover_delay: Duration,
+    /// Set when this candidate turned a takeover delay on, for an election whose earlier
+    /// terms ran without one: their workers wrote no start record before their jobs, so the
+    /// history cannot say how the last of them ended.
+    pub delay_turned_on: std::sync::atomic::AtomicBool,
 }
 
 /// Why we are still waiting, for logs and `sd_notify` status.
@@ -272,22 +284,37 @@ impl Campaign<'_> {
             ));
         }
         let absent = Compare::create_revision(key, CompareOp::Equal, 0);
+        let agreed = self.agreed();
         let create = Txn::new()
-            .when([absent.clone(), slots_agree(e, self.slots)])
+            .when([
+                absent.clone(),
+                agree(e.slots_key(), &agreed.slots),
+                agree(e.takeover_delay_key(), &agreed.delay),
+            ])
             .and_then(then.clone())
-            .or_else([TxnOp::get(key, None), TxnOp::get(e.slots_key(), None)]);
-        // Nobody else is in the election: its slot count is ours to set, in the same
+            .or_else([
+                TxnOp::get(key, None),
+                TxnOp::get(e.slots_key(), None),
+                TxnOp::get(e.takeover_delay_key(), None),
+            ]);
+        // Nobody else is in the election: its settings are ours to set, in the same
         // transaction that makes us its first candidate.
-        let set = if self.slots > 1 {
-            TxnOp::put(e.slots_key(), self.slots.to_string(), None)
-        } else {
-            TxnOp::delete(e.slots_key(), None)
+        let set = |k: String, v: &Option<String>| match v {
+            Some(v) => TxnOp::put(k, v.clone(), None),
+            None => TxnOp::delete(k, None),
         };
+        let sets = vec![
+            set(e.slots_key(), &agreed.slots),
+            set(e.takeover_delay_key(), &agreed.delay),
+        ];
         let empty = Compare::version(e.candidates(), CompareOp::Equal, 0).with_prefix();
         let reset = Txn::new()
             .when([absent, empty])
-            .and_then([vec![set], then.to_vec()].concat())
-            .or_else([TxnOp::get(e.slots_key(), None)]);
+            .and_then([sets, then.to_vec()].concat())
+            .or_else([
+                TxnOp::get(e.slots_key(), None),
+                TxnOp::get(e.takeover_delay_key(), None),
+            ]);
         // A retry only follows a concurrent change: candidates that arrived together on an
         // empty election with the same count, one of which set it first.
         let mut attempts = 0;
@@ -302,27 +329,36 @@ impl Campaign<'_> {
             if let Some(rev) = existing_create_revision(&ops[..1]) {
                 return Ok((None, rev));
             }
+            let had_delay = matches!(ops.get(2), Some(TxnOpResponse::Get(g)) if g.count() > 0);
             let resp = bounded(self.timeout, "etcd", client.txn(reset.clone())).await?;
             let ops = resp.op_responses();
             if resp.succeeded() {
+                if !had_delay && agreed.delay.is_some() {
+                    self.delay_turned_on
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 tracing::info!(
                     election = e.name(),
                     slots = self.slots,
-                    "no other candidate: the election now runs with this slot count"
+                    takeover_delay = %crate::clock::human(self.takeover_delay),
+                    "no other candidate: the election now runs with these settings"
                 );
-                // The rewrite went first: the rest answer as in the creating transaction.
-                break (resp, ops[1..].to_vec());
+                // The rewrites went first: the rest answer as in the creating transaction.
+                break (resp, ops[2..].to_vec());
             }
-            let stored = match ops.first() {
+            let stored = |i: usize| match ops.get(i) {
                 Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.value().to_vec()),
                 _ => None,
             };
-            let agreed = match &stored {
-                None => self.slots == 1,
-                Some(v) => *v == self.slots.to_string().into_bytes(),
-            };
-            if !agreed || attempts >= 3 {
-                return Err(disagree(e, stored.as_deref(), self.slots));
+            let (slots, delay) = (stored(0), stored(1));
+            if !same(&slots, &agreed.slots) {
+                return Err(disagree(e, slots.as_deref(), self.slots));
+            }
+            if !same(&delay, &agreed.delay) {
+                return Err(disagree_delay(e, delay.as_deref(), self.takeover_delay));
+            }
+            if attempts >= 3 {
+                return Err(disagree(e, slots.as_deref(), self.slots));
             }
         };
         let my_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -550,14 +586,37 @@ pub fn lowest_free(taken: &[u32], slots: u32) -> Option<u32> {
     (0..slots).find(|i| !taken.contains(i))
 }
 
-/// The compare that holds when the election runs with `slots`: the meta key is absent for
-/// one slot (as before slots existed) and holds the number otherwise.
-fn slots_agree(e: &Election, slots: u32) -> Compare {
-    if slots == 1 {
-        Compare::version(e.slots_key(), CompareOp::Equal, 0)
-    } else {
-        Compare::value(e.slots_key(), CompareOp::Equal, slots.to_string())
+/// What a candidate's settings store in the election's meta keys; `None` is the default,
+/// stored as an absent key (as before the key existed).
+struct Agreed {
+    /// `meta/NAME/slots`: N when above 1.
+    slots: Option<String>,
+    /// `meta/NAME/takeover-delay`: milliseconds, when above 0.
+    delay: Option<String>,
+}
+
+impl Campaign<'_> {
+    fn agreed(&self) -> Agreed {
+        // Rounded up: any delay at all writes the start record first, which is what must agree.
+        let ms = self.takeover_delay.as_nanos().div_ceil(1_000_000);
+        Agreed {
+            slots: (self.slots > 1).then(|| self.slots.to_string()),
+            delay: (ms > 0).then(|| ms.to_string()),
+        }
     }
+}
+
+/// The compare that holds when meta key `key` stores `value` (absent for `None`).
+fn agree(key: String, value: &Option<String>) -> Compare {
+    match value {
+        None => Compare::version(key, CompareOp::Equal, 0),
+        Some(v) => Compare::value(key, CompareOp::Equal, v.clone()),
+    }
+}
+
+/// Whether a stored meta value is the one we would store.
+fn same(stored: &Option<Vec<u8>>, ours: &Option<String>) -> bool {
+    stored.as_deref() == ours.as_ref().map(|v| v.as_bytes())
 }
 
 /// Refuses a candidate whose `--slots` differs from the one the election's candidates run
@@ -570,6 +629,25 @@ fn disagree(e: &Election, stored: Option<&[u8]>, ours: u32) -> anyhow::Error {
         format!(
             "election {} runs with --slots {theirs}; this worker has --slots {ours}: all candidates of an election must agree (stop them all to change it)",
             e.name()
+        ),
+    )
+}
+
+/// Refuses a candidate whose `--takeover-delay` differs from the election's (`stored`, in
+/// milliseconds, absent meaning none). The next leader judges a term by its start record,
+/// which only a worker with a delay writes before its job: a worker without one, leading
+/// among workers with one, could leave a job that ran with no record to judge.
+fn disagree_delay(e: &Election, stored: Option<&[u8]>, ours: Duration) -> anyhow::Error {
+    let theirs = stored
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+        .map_or(Duration::ZERO, Duration::from_millis);
+    fail(
+        Exit::Usage,
+        format!(
+            "election {} runs with --takeover-delay {}; this worker has --takeover-delay {}: all candidates of an election must agree (stop them all to change it)",
+            e.name(),
+            crate::clock::human(theirs),
+            crate::clock::human(ours)
         ),
     )
 }
@@ -643,6 +721,24 @@ mod tests {
         assert_eq!(lowest_free(&[1, 0], 3), Some(2));
         assert_eq!(lowest_free(&[0, 1, 2], 3), None);
         assert_eq!(lowest_free(&[5, 0], 2), Some(1), "keys past N are ignored");
+    }
+
+    #[test]
+    fn a_takeover_delay_disagreement_names_both_delays_and_is_a_usage_error() {
+        let e = Election::new("settle").unwrap();
+        let err = disagree_delay(&e, Some(b"2000"), Duration::ZERO);
+        assert_eq!(crate::exit::exit_of(&err), Exit::Usage);
+        assert_eq!(
+            err.to_string(),
+            "election settle runs with --takeover-delay 2s; this worker has --takeover-delay 0s: all candidates of an election must agree (stop them all to change it)"
+        );
+        assert!(disagree_delay(&e, None, Duration::from_millis(1500))
+            .to_string()
+            .contains("runs with --takeover-delay 0s; this worker has --takeover-delay 1s 500ms"));
+        assert!(same(&None, &None));
+        assert!(same(&Some(b"2000".to_vec()), &Some("2000".into())));
+        assert!(!same(&None, &Some("2000".into())));
+        assert!(!same(&Some(b"2000".to_vec()), &None));
     }
 
     #[test]

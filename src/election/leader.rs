@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
-    WatchOptions, WatchStream,
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchFilterType, WatchOptions, WatchStream,
 };
 
 use super::Election;
@@ -17,7 +17,8 @@ pub enum LeaderEvent {
     Paused,
     ResignRequested,
     /// A waiting candidate with a higher `--priority` asks for the term (see
-    /// [`preempt_request`]); the leader hands over once its `--min-term` is over.
+    /// [`preempt_request`]); the leader hands over once its job's `--min-term` is over, if
+    /// a higher-priority candidate is still in line then ([`outranked_in_line`]).
     Preempted,
 }
 
@@ -49,12 +50,66 @@ pub fn request_txn(
         )])
 }
 
+/// Whether a candidate of priority above `mine` is in line behind the leader of term
+/// `token`, by one linearizable read of the line and the priority keys. A preemption request
+/// outlives the candidate that wrote it (it lives on the leader's lease); the candidate's key
+/// and priority key do not (they live on its own), so this is what the leader decides by
+/// when its `--min-term` is over.
+pub async fn outranked_in_line(
+    client: &Client,
+    e: &Election,
+    token: i64,
+    mine: u32,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let mut c = client.clone();
+    let prefix = GetOptions::new().with_prefix();
+    let read = Txn::new().and_then([
+        TxnOp::get(e.candidates(), Some(prefix.clone().with_keys_only())),
+        TxnOp::get(e.priority_prefix(), Some(prefix)),
+    ]);
+    let resp = crate::etcd::bounded(timeout, "etcd", c.txn(read)).await?;
+    let ops = resp.op_responses();
+    let kvs = |i: usize| match ops.get(i) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),
+        _ => Vec::new(),
+    };
+    let (line, prios) = (kvs(0), kvs(1));
+    let (cand, prio) = (e.candidates(), e.priority_prefix());
+    let line = line.iter().filter_map(|kv| {
+        let lease = std::str::from_utf8(kv.key()).ok()?.strip_prefix(&cand)?;
+        Some((lease, kv.create_revision()))
+    });
+    let prios = prios.iter().filter_map(|kv| {
+        let lease = std::str::from_utf8(kv.key()).ok()?.strip_prefix(&prio)?;
+        let p = std::str::from_utf8(kv.value()).ok()?.trim().parse().ok()?;
+        Some((lease, p))
+    });
+    Ok(outranked(line, prios.collect(), token, mine))
+}
+
+/// Whether any candidate younger than `token` (by its key's create revision) has a priority
+/// above `mine`. Candidates and priorities are matched by lease (their keys' last segment);
+/// a candidate without a priority key has priority 0.
+fn outranked<'a>(
+    mut line: impl Iterator<Item = (&'a str, i64)>,
+    prios: Vec<(&'a str, u32)>,
+    token: i64,
+    mine: u32,
+) -> bool {
+    line.any(|(lease, rev)| rev > token && prios.iter().any(|(l, p)| *l == lease && *p > mine))
+}
+
 pub struct LeaderWatch {
     client: Client,
     key: String,
     paused: String,
     resign: String,
     token: i64,
+    /// The mod revision of the preemption request already reported: the re-read after a
+    /// broken watch finds it again, and reporting it twice would make the leader judge it
+    /// again in a loop.
+    preempt_seen: Option<i64>,
     /// Last revision we know the state at.
     rev: i64,
     stream: Option<WatchStream>,
@@ -71,6 +126,7 @@ impl LeaderWatch {
             paused: election.paused_key(),
             resign: election.resign_key(),
             token,
+            preempt_seen: None,
             rev: token,
             stream: None,
             moves: crate::etcd::failover::moves(),
@@ -119,7 +175,7 @@ impl LeaderWatch {
                             return LeaderEvent::Paused;
                         }
                         if kv.key() == self.resign.as_bytes() {
-                            if let Some(ev) = self.request(kv.value()) {
+                            if let Some(ev) = self.request(kv) {
                                 return ev;
                             }
                         }
@@ -133,15 +189,21 @@ impl LeaderWatch {
         }
     }
 
-    /// What a resign request asks of us, if it names our token.
-    fn request(&self, value: &[u8]) -> Option<LeaderEvent> {
-        let v = std::str::from_utf8(value).ok()?;
+    /// What a resign request asks of us, if it names our token and was not reported yet.
+    fn request(&mut self, kv: &etcd_client::KeyValue) -> Option<LeaderEvent> {
+        let v = std::str::from_utf8(kv.value()).ok()?;
         let mut words = v.split_whitespace();
         if words.next()?.parse::<i64>().ok()? != self.token {
             return None;
         }
         Some(match words.next() {
-            Some("preempt") => LeaderEvent::Preempted,
+            Some("preempt") => {
+                if self.preempt_seen == Some(kv.mod_revision()) {
+                    return None;
+                }
+                self.preempt_seen = Some(kv.mod_revision());
+                LeaderEvent::Preempted
+            }
             _ => LeaderEvent::ResignRequested,
         })
     }
@@ -173,7 +235,7 @@ impl LeaderWatch {
         if paused.count() > 0 {
             return Ok(Some(LeaderEvent::Paused));
         }
-        if let Some(ev) = resign.kvs().first().and_then(|kv| self.request(kv.value())) {
+        if let Some(ev) = resign.kvs().first().and_then(|kv| self.request(kv)) {
             return Ok(Some(ev));
         }
         let rev = own.header().map(|h| h.revision()).unwrap_or(self.rev);
@@ -195,5 +257,30 @@ impl LeaderWatch {
         self.rev = rev;
         self.stream = Some(stream);
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_younger_candidate_of_higher_priority_still_in_line_outranks_the_leader() {
+        let judge = |line: &[(&str, i64)], prios: &[(&str, u32)], mine| {
+            outranked(line.iter().copied(), prios.to_vec(), 10, mine)
+        };
+        assert!(judge(&[("a", 10), ("b", 12)], &[("b", 5)], 0));
+        assert!(
+            !judge(&[("a", 10)], &[("b", 5)], 0),
+            "its key is gone: it left the line"
+        );
+        assert!(!judge(&[("a", 10), ("b", 12)], &[], 0), "no priority key");
+        assert!(!judge(&[("a", 10), ("b", 12)], &[("b", 5)], 5), "equal");
+        assert!(!judge(&[("a", 10)], &[("a", 9)], 0), "the leader itself");
+        assert!(judge(
+            &[("a", 10), ("b", 11), ("c", 12)],
+            &[("b", 1), ("c", 3)],
+            2
+        ));
     }
 }

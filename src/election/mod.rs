@@ -13,6 +13,7 @@
 //! lead-exec/meta/NAME/history/<token, 20 digits>  one record per term
 //! lead-exec/meta/NAME/runs/<run key>          completed `--run-key`s, with their own lease
 //! lead-exec/meta/NAME/slots                   `--slots N` when N > 1 (absent: 1), no lease
+//! lead-exec/meta/NAME/takeover-delay          `--takeover-delay` in ms when above 0, no lease
 //! lead-exec/meta/NAME/slot/<i>                slot i of a holder, on its lease (N > 1 only)
 //! ```
 //!
@@ -122,6 +123,12 @@ impl Election {
     /// The number of slots every candidate must agree on; absent means 1.
     pub fn slots_key(&self) -> String {
         format!("{}/slots", self.meta())
+    }
+
+    /// The `--takeover-delay` every candidate must agree on, in milliseconds; absent means
+    /// none.
+    pub fn takeover_delay_key(&self) -> String {
+        format!("{}/takeover-delay", self.meta())
     }
 
     /// Range prefix of the slot keys that holders claim.
@@ -247,6 +254,7 @@ mod tests {
             e.history_key(5),
             e.run_key("x"),
             e.slots_key(),
+            e.takeover_delay_key(),
             e.slot_key(0),
         ] {
             assert!(!k.starts_with(&e.candidates()));

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! `Delaying` is `--takeover-delay`: elected after a term that ended uncleanly, the lease
-//! renewed, the job not started yet.
+//! renewed, the job not started yet. An `Elected` worker whose health check failed
+//! `--health-failures` times in a row before the start gives the term up and campaigns again
+//! without starting the job.
 //!
 //! [`step`] maps (phase, event) to the next phase and the actions the driver performs, for
 //! every pair: no catch-all, so a new event or phase does not compile until each transition
@@ -298,6 +300,12 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
         // Lost between the confirmation and the start: never run on an unconfirmed term.
         (P::Elected { .. }, E::NotStarted) => after_loss(p, Some(TermEnd::LeaseLost)),
         (P::Elected { .. }, E::AlreadyDone) => done(Exit::Ok),
+        // The check failed N times in a row between the election and the start: give the term
+        // up without starting the job (closing a start record already written, as clean).
+        (P::Elected { .. }, E::Unhealthy) => (
+            P::Campaigning { attempt: 0 },
+            vec![A::RecordEnd(TermEnd::Unhealthy), A::Resign, A::Campaign],
+        ),
         (P::Elected { .. }, E::Interrupted { signal }) => done(Exit::Signal(signal)),
         // The start itself checks the lease once more; a loss is seen there, as NotStarted.
         // The rest is seen by the running term, which starts at once.
@@ -308,7 +316,6 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             | E::Paused
             | E::ResignRequested
             | E::TimedOut
-            | E::Unhealthy
             | E::DelayDone,
         ) => (phase, vec![]),
         (
@@ -764,6 +771,16 @@ mod tests {
             let (p, a) = step(p, ended(false), &policy);
             assert_requeued(p, &a);
             assert_eq!(a[0], Action::RecordEnd(TermEnd::Unhealthy));
+        }
+    }
+
+    #[test]
+    fn a_leader_found_unhealthy_before_its_start_gives_the_term_up_without_a_job() {
+        for policy in [CAMPAIGN, EXIT] {
+            let (p, a) = step(Phase::Elected { token: 42 }, Event::Unhealthy, &policy);
+            assert_requeued(p, &a);
+            assert_eq!(a[0], Action::RecordEnd(TermEnd::Unhealthy));
+            assert!(!a.iter().any(|a| matches!(a, Action::Spawn { .. })));
         }
     }
 

@@ -91,7 +91,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         probe,
         first_lease,
         delayed: None,
-        elected_at: Instant::now(),
+        job_started_at: Instant::now(),
         preempt_at: None,
         signals,
         give_up_at,
@@ -132,8 +132,9 @@ struct Driver {
     first_lease: Option<tokio::task::JoinHandle<Result<Lease>>>,
     /// The takeover delay this term waited out.
     delayed: Option<Duration>,
-    /// When this term was won: `--min-term` counts from here.
-    elected_at: Instant,
+    /// When this term's job started: `--min-term` counts from here, so that a job started
+    /// after a `--takeover-delay` still gets its whole minimum.
+    job_started_at: Instant,
     /// When a higher-priority candidate's request takes effect (after `--min-term`).
     preempt_at: Option<Instant>,
     signals: mpsc::UnboundedReceiver<i32>,
@@ -267,7 +268,7 @@ impl Driver {
         };
         let value = self.candidate.encode();
         let election = self.cfg.election.name().to_string();
-        let outcome = {
+        let (outcome, delay_turned_on) = {
             let camp = Campaign {
                 client: &self.client,
                 election: &self.cfg.election,
@@ -278,6 +279,8 @@ impl Driver {
                 timeout: self.cfg.conn.command_timeout,
                 priority: self.cfg.priority,
                 slots: self.cfg.slots,
+                takeover_delay: self.cfg.takeover_delay,
+                delay_turned_on: Default::default(),
             };
             let mut last_wait = None;
             let run = camp.run(|w| {
@@ -319,14 +322,18 @@ impl Driver {
             });
             let mut health = self.health.clone();
             let checked = health.is_some();
-            tokio::select! {
+            let outcome = tokio::select! {
                 out = run => Ok(out),
                 ev = stopping(&mut self.signals) => Err(ev),
                 _ = async { health::failing(health.as_mut().expect("checked")).await }, if checked => {
                     tracing::warn!(election, "the health check is failing; leaving the line until it passes");
                     Err(Event::Unhealthy)
                 }
-            }
+            };
+            let turned_on = camp
+                .delay_turned_on
+                .load(std::sync::atomic::Ordering::Relaxed);
+            (outcome, turned_on)
         };
         let outcome = match outcome {
             Ok(o) => o,
@@ -357,9 +364,8 @@ impl Driver {
                 ));
                 self.term = Some(Term { token, key, slot });
                 self.delayed = None;
-                self.elected_at = Instant::now();
                 self.preempt_at = None;
-                let delay = self.takeover_delay_for(token).await;
+                let delay = self.takeover_delay_for(token, delay_turned_on).await;
                 Event::Elected { token, delay }
             }
             Ok(Outcome::NotAcquired) => Event::NotAcquired,
@@ -453,6 +459,26 @@ impl Driver {
             );
             return Ok(lost);
         };
+        // The campaign left the line on a failing check, but the check may have failed since
+        // (while the previous term was judged, a run key or the start record written): a
+        // worker found unhealthy gives the term up rather than start a job it would stop.
+        if self
+            .health
+            .as_ref()
+            .is_some_and(|h| *h.borrow() == Health::Unhealthy)
+        {
+            tracing::warn!(
+                election = self.cfg.election.name(),
+                token,
+                "not starting the job: the health check failed {} times in a row since the election; resigning",
+                self.cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
+            );
+            // A start record already written is closed as this term's end.
+            if let Some(s) = recorded {
+                self.history_start = Some(tokio::spawn(async move { Some(s) }));
+            }
+            return Ok(Event::Unhealthy);
+        }
         let term = self.term.as_ref().expect("a term was confirmed");
         let spec = JobSpec {
             command: self.cfg.command.clone(),
@@ -494,6 +520,7 @@ impl Driver {
                 metrics::job_started();
                 notify::status(&format!("leading, token {token}"));
                 self.job = Some(*job);
+                self.job_started_at = Instant::now();
                 self.led = true;
                 self.timeout_at = self.cfg.timeout.map(|t| Instant::now() + t);
                 // Beside the job, not before it or in the driver's path: the audit record must
@@ -561,12 +588,25 @@ impl Driver {
 
     /// The takeover delay a new term owes: `--takeover-delay` when the term before it ended
     /// uncleanly, or when that cannot be read (waiting is the safe side).
-    async fn takeover_delay_for(&self, token: i64) -> Option<Duration> {
+    async fn takeover_delay_for(&self, token: i64, turned_on: bool) -> Option<Duration> {
         let d = self.cfg.takeover_delay;
         if d.is_zero() {
             return None;
         }
         let (e, timeout) = (&self.cfg.election, self.cfg.conn.command_timeout);
+        if turned_on {
+            // Earlier terms ran without a delay, so without a start record before their jobs:
+            // the last record need not be the last term's. Only an election that never ran
+            // a term (no record at all) starts at once.
+            let ran = history::read(&self.client, e, 1, timeout).await;
+            if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
+                tracing::warn!(
+                    election = e.name(),
+                    "this election ran without --takeover-delay until now: how its last term ended is unknown"
+                );
+                return Some(d);
+            }
+        }
         match history::previous_unclean(&self.client, e, timeout, token).await {
             Ok(false) => None,
             Ok(true) => Some(d),
@@ -636,6 +676,8 @@ impl Driver {
         let until = Instant::now() + d;
         self.show_takeover(unix_ms() + d.as_millis() as u64).await;
         let Driver {
+            client,
+            cfg,
             lease,
             leader_watch,
             signals,
@@ -659,8 +701,14 @@ impl Driver {
                     return match ev {
                         LeaderEvent::KeyDeleted => Event::Lost(Loss::KeyDeleted),
                         LeaderEvent::Paused => Event::Paused,
-                        // No job runs yet: handing over costs nothing, so --min-term waits for none.
-                        LeaderEvent::ResignRequested | LeaderEvent::Preempted => Event::ResignRequested,
+                        LeaderEvent::ResignRequested => Event::ResignRequested,
+                        // No job runs yet: handing over costs nothing, so --min-term waits for
+                        // none (and etcd trouble is no reason to keep the term); but a request
+                        // whose candidate has left the line is ignored.
+                        LeaderEvent::Preempted => match outranked(client, cfg, token).await {
+                            Some(false) => continue,
+                            _ => Event::ResignRequested,
+                        },
                     };
                 }
                 ev = stopping(signals) => return ev,
@@ -703,6 +751,7 @@ impl Driver {
     async fn wait_leading(&mut self, phase: Phase) -> Event {
         let draining = matches!(phase, Phase::Draining { .. });
         let Driver {
+            client,
             job,
             lease,
             leader_watch,
@@ -710,10 +759,11 @@ impl Driver {
             cfg,
             timeout_at,
             health,
-            elected_at,
+            job_started_at,
             preempt_at,
             ..
         } = self;
+        let token = phase.token().unwrap_or(0);
         let job_ref = job.as_mut().expect("leading means a job");
         let mut lease_rx = lease.as_ref().map(|l| l.subscribe());
         // A renewal that landed since the last call (during the spawn, say) is marked seen
@@ -728,13 +778,21 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = async { tokio::time::sleep_until(preempt_at.expect("checked")).await }, if !draining && preempt_at.is_some() => {
-                    tracing::info!(
-                        election = cfg.election.name(),
-                        id = cfg.id,
-                        "--min-term {} is over: handing over to the higher-priority candidate",
-                        crate::clock::human(cfg.min_term)
-                    );
-                    return Event::ResignRequested;
+                    match outranked(client, cfg, token).await {
+                        Some(true) => {
+                            tracing::info!(
+                                election = cfg.election.name(),
+                                id = cfg.id,
+                                "--min-term {} is over: handing over to the higher-priority candidate",
+                                crate::clock::human(cfg.min_term)
+                            );
+                            return Event::ResignRequested;
+                        }
+                        Some(false) => *preempt_at = None,
+                        // etcd did not answer: ask again soon rather than restart the job on
+                        // a request that may have lapsed.
+                        None => *preempt_at = Some(Instant::now() + PREEMPT_RETRY),
+                    }
                 }
                 _ = async { health::failing(health.as_mut().expect("checked")).await }, if !draining && checked => {
                     tracing::warn!(
@@ -806,7 +864,7 @@ impl Driver {
                         LeaderEvent::Paused => Event::Paused,
                         LeaderEvent::ResignRequested => Event::ResignRequested,
                         LeaderEvent::Preempted => {
-                            let at = *elected_at + cfg.min_term;
+                            let at = *job_started_at + cfg.min_term;
                             tracing::info!(
                                 election = cfg.election.name(),
                                 id = cfg.id,
@@ -894,6 +952,38 @@ impl Driver {
         match released {
             Ok(r) => self.released = r,
             Err(e) => tracing::warn!("history: {e:#}"),
+        }
+    }
+}
+
+/// How soon a leader asks again whether a higher-priority candidate waits, when etcd did not
+/// answer.
+const PREEMPT_RETRY: Duration = Duration::from_secs(1);
+
+/// Whether a higher-priority candidate is still in line behind term `token` (see
+/// [`crate::election::leader::outranked_in_line`]); `None` when etcd did not answer. The
+/// read is bounded by a second, since the leader forwards no deadline while it waits.
+async fn outranked(client: &Client, cfg: &RunConfig, token: i64) -> Option<bool> {
+    let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
+    let e = &cfg.election;
+    match crate::election::leader::outranked_in_line(client, e, token, cfg.priority, timeout).await
+    {
+        Ok(true) => Some(true),
+        Ok(false) => {
+            tracing::info!(
+                election = e.name(),
+                id = cfg.id,
+                token,
+                "no higher-priority candidate is in line any more; keeping the term"
+            );
+            Some(false)
+        }
+        Err(err) => {
+            tracing::warn!(
+                election = e.name(),
+                "cannot tell whether a higher-priority candidate still waits: {err:#}"
+            );
+            None
         }
     }
 }
