@@ -208,6 +208,9 @@ pub fn main() -> ExitCode {
     if args.get(1).is_some_and(|a| a == supervisor::watchdog::ARG) {
         return supervisor::watchdog::main(args);
     }
+    if args.get(1).is_some_and(|a| a == run::health::GUARD_ARG) {
+        return run::health::guard_main(args);
+    }
     let cli = match parse(args) {
         Ok(c) => c,
         Err(code) => return code,

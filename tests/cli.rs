@@ -557,3 +557,10 @@ fn argument_lists_too_long_to_exec_are_refused_before_campaigning() {
     assert!(start.elapsed() < secs(10));
     assert!(etcd.keys("lead-exec/").iter().all(|k| !k.contains("big")));
 }
+
+#[test]
+fn history_keep_0_is_refused_with_64() {
+    let (code, _, err) = run(&["run", "x", "--history-keep", "0", "--", "true"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--history-keep must be at least 1"), "{err}");
+}

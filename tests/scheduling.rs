@@ -770,3 +770,181 @@ fn bad_slot_counts_and_slots_with_a_run_key_are_refused_with_64() {
     let (code, _, err) = run_env(&["run", "x", "--", "true"], &[("LEAD_EXEC_SLOTS", "0")]);
     assert_eq!(code, 64, "{err}");
 }
+
+/// Processes whose command line contains `marker`, other than this test's own.
+fn marked(marker: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .filter(|pid| alive(*pid))
+        .collect()
+}
+
+/// A check that passes `passes` times, then hangs (in `sleep`, whose argument is the marker)
+/// after writing `$D/hanging`. Returns the check and its marker.
+fn hanging_check(dir: &std::path::Path, passes: u32) -> (String, String) {
+    let marker = format!("1000.{}{}", std::process::id(), passes);
+    let check = script(
+        dir,
+        &format!(
+            "n=$(cat $D/count 2>/dev/null || echo 0); echo $((n+1)) > $D/count; \
+             [ $n -lt {passes} ] && exit 0; echo $$ > $D/hanging; sleep {marker}; exit 0"
+        ),
+    );
+    (check, marker)
+}
+
+/// No process of the check is left within a few seconds; kills any that are, for the next
+/// test's sake.
+fn assert_no_check_left(marker: &str) {
+    let clean = wait_until(secs(5), || marked(marker).is_empty());
+    let left = marked(marker);
+    for pid in &left {
+        signal(*pid, libc::SIGKILL);
+    }
+    assert!(clean, "health check processes outlived lead-exec: {left:?}");
+}
+
+fn health_leak_worker(
+    dir: &std::path::Path,
+    name: &str,
+    ep: &str,
+    check: &str,
+    extra: &[&str],
+) -> Worker {
+    let mut args = vec![
+        "--id",
+        name,
+        "--health-cmd",
+        check,
+        "--health-interval",
+        "3s",
+        "--health-failures",
+        "5",
+    ];
+    args.extend_from_slice(extra);
+    spawn(dir, name, &run_args("hleak", ep, &args, "exec sleep 60"))
+}
+
+#[test]
+fn a_health_check_does_not_outlive_a_no_wait_exit() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 0);
+    let mut w = health_leak_worker(dir.path(), "nw", &ep, &check, &["--no-wait"]);
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    assert_eq!(w.code(secs(10)), 75, "{}", w.log_text());
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_health_check_does_not_outlive_sigterm_while_waiting() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 0);
+    let mut w = health_leak_worker(dir.path(), "w", &ep, &check, &[]);
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_health_check_does_not_outlive_sigterm_while_leading() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 1);
+    let mut w = health_leak_worker(dir.path(), "l", &ep, &check, &[]);
+    w.wait_log("leading: job started", secs(10));
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 1);
+    let mut w = health_leak_worker(dir.path(), "k", &ep, &check, &[]);
+    w.wait_log("leading: job started", secs(10));
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    w.signal(libc::SIGKILL);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_stop_signal_during_the_timeouts_grace_keeps_the_timeout_in_the_exit_and_history() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "trap 'echo term >> $D/got' TERM; echo $FENCING_TOKEN > $D/token; \
+         while :; do sleep 0.05; done",
+    );
+    let lease = ["--ttl", "10s", "--grace", "3s", "--safety-margin", "500ms"];
+    let mut w = spawn(
+        dir.path(),
+        "t",
+        &run_args_with(&lease, "tsig", &ep, &["--timeout", "500ms"], &job),
+    );
+    wait_line(&dir.path().join("token"), secs(10), |_| true);
+    // The job ignores the timeout's TERM; then a stop arrives, as `systemctl stop` sends.
+    wait_line(&dir.path().join("got"), secs(10), |_| true);
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.code(secs(10)), 124, "{}", w.log_text());
+    let (_, out, _) = run(&["history", "tsig", "--endpoints", &ep, "-o", "json"]);
+    let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        recs[0]["end"].as_str(),
+        Some("timed out, then signal 15 to lead-exec"),
+        "{out}"
+    );
+    assert_eq!(recs[0]["clean"].as_bool(), Some(true), "{out}");
+}
+
+#[test]
+fn status_shows_a_leaders_timeout_and_when_it_stops_the_job() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/token; exec sleep 60");
+    let mut w = spawn(
+        dir.path(),
+        "s",
+        &run_args("stt", &ep, &["--timeout", "30s"], &job),
+    );
+    wait_line(&dir.path().join("token"), secs(10), |_| true);
+    let mut out = String::new();
+    let ok = wait_until(secs(10), || {
+        out = run(&["status", "stt", "--endpoints", &ep]).1;
+        out.contains("timeout:")
+    });
+    assert!(ok, "{out}");
+    assert!(out.contains("timeout:   30s, stops the job at "), "{out}");
+    let (_, js, _) = run(&["status", "stt", "--endpoints", &ep, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["leader"]["timeout_ms"].as_u64(), Some(30_000), "{js}");
+    let since = v["leader"]["since_ms"].as_u64().unwrap();
+    assert_eq!(
+        v["leader"]["timeout_at_ms"].as_u64(),
+        Some(since + 30_000),
+        "{js}"
+    );
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}

@@ -64,6 +64,15 @@ fn takeover_due(c: &crate::election::Candidate) -> Option<u64> {
         .filter(|due| *due > crate::election::unix_ms())
 }
 
+/// A holder as `status` shows it: with when its term started and its `--timeout`, from its
+/// history record, and what is left of its lease.
+struct Holder<'a> {
+    entry: &'a Entry,
+    since: Option<u64>,
+    timeout: Option<u64>,
+    ttl_left: Option<i64>,
+}
+
 pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let line = ctx.holders().await?;
@@ -80,18 +89,28 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                     .map(|r| r.ttl())
             }
         };
-        let since = recent
-            .iter()
-            .find(|r| r.token == h.token)
-            .map(|r| r.started_ms);
-        holders.push((h, since, ttl_left));
+        let record = recent.iter().find(|r| r.token == h.token);
+        holders.push(Holder {
+            entry: h,
+            since: record.map(|r| r.started_ms),
+            timeout: record.and_then(|r| r.timeout_ms),
+            ttl_left,
+        });
     }
-    let view = |(h, since, ttl): &(&Entry, Option<u64>, Option<i64>)| {
+    let view = |h: &Holder| {
+        let Holder {
+            entry: h,
+            since,
+            timeout,
+            ttl_left,
+        } = h;
         json!({
             "id": h.candidate.id, "host": h.candidate.host, "pid": h.candidate.pid,
             "token": h.token, "key": h.key, "slot": h.slot, "since_ms": since,
-            "lease_ttl_left_s": ttl, "priority": h.candidate.priority,
+            "lease_ttl_left_s": ttl_left, "priority": h.candidate.priority,
             "takeover_until_ms": takeover_due(&h.candidate),
+            "timeout_ms": timeout,
+            "timeout_at_ms": since.zip(*timeout).map(|(s, t)| s + t),
         })
     };
     let paused = &line.paused;
@@ -114,7 +133,13 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 println!("slots:     {}", line.slots);
                 println!("holders:   {}", holders.len());
             }
-            for (h, since, ttl) in &holders {
+            for Holder {
+                entry: h,
+                since,
+                timeout,
+                ttl_left: ttl,
+            } in &holders
+            {
                 if line.slots > 1 {
                     print!("  slot {}: ", slot_name(h.slot));
                 } else {
@@ -134,6 +159,13 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 }
                 if let Some(t) = ttl {
                     println!("{indent}lease:     {t}s left");
+                }
+                if let (Some(s), Some(t)) = (since, timeout) {
+                    println!(
+                        "{indent}timeout:   {}, stops the job at {}",
+                        crate::clock::human(std::time::Duration::from_millis(*t)),
+                        fmt_ms(s + t)
+                    );
                 }
                 if let Some(due) = takeover_due(&h.candidate) {
                     println!(
@@ -175,7 +207,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                         r.token,
                         r.id,
                         fmt_ms(r.started_ms),
-                        r.ended_ms.map(fmt_ms).unwrap_or_else(|| "now".into()),
+                        super::history::ended_text(r).unwrap_or_else(|| "now".into()),
                         super::history::end_text(r)
                     );
                 }

@@ -349,6 +349,10 @@ impl Driver {
                 }
                 self.last_token = Some(token);
                 metrics::elected(token, slot, started.elapsed());
+                // A new term's lease is fresh: the gauge must not read 0 until the first renewal.
+                if let LeaseState::Alive { deadline } = lease.state() {
+                    metrics::ttl_remaining(deadline.remaining());
+                }
                 self.leader_watch = Some(LeaderWatch::new(
                     &self.client,
                     &self.cfg.election,
@@ -518,7 +522,8 @@ impl Driver {
                 id: &cfg.id,
             };
             let (timeout, keep) = (cfg.conn.command_timeout, cfg.history_keep);
-            history::record_start(&client, &cfg.election, timeout, term, keep, delayed)
+            let e = &cfg.election;
+            history::record_start(&client, e, timeout, term, keep, delayed, cfg.timeout)
                 .await
                 .inspect_err(|e| tracing::warn!("history: {e:#}"))
                 .ok()
