@@ -948,3 +948,36 @@ fn status_shows_a_leaders_timeout_and_when_it_stops_the_job() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
+
+#[test]
+fn status_lists_a_worker_out_of_line_for_a_failing_health_check() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let health = health_args(dir.path(), "a");
+    let mut args: Vec<&str> = vec!["--id", "sick"];
+    args.extend(health.iter().map(String::as_str));
+    let mut a = spawn(dir.path(), "a", &run_args("hst", &ep, &args, &job));
+    a.wait_log("not campaigning until the health check passes", secs(10));
+    let mut out = String::new();
+    let shown = wait_until(secs(5), || {
+        out = run(&["status", "hst", "--endpoints", &ep]).1;
+        out.contains("unhealthy: 1")
+    });
+    assert!(shown, "{out}");
+    assert!(out.contains("  - sick (host "), "{out}");
+    assert_eq!(candidates(&etcd, "hst"), 0, "the marker is not a candidate");
+    let (_, js, _) = run(&["status", "hst", "--endpoints", &ep, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["unhealthy"][0]["id"].as_str(), Some("sick"), "{js}");
+
+    // Once it passes, it campaigns and is no longer listed.
+    std::fs::write(dir.path().join("ok-a"), "").unwrap();
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let (code, out, _) = run(&["status", "hst", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("unhealthy:"), "{out}");
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+}

@@ -1,4 +1,5 @@
-//! `lead-exec status`: who leads, with which token, who waits, whether paused, recent terms.
+//! `lead-exec status`: who leads, with which token, who waits, who is out of line for a
+//! failing health check, whether paused, recent terms.
 //! With `--slots` above 1: every holder, with its token and slot.
 //!
 //! Exit 0 when a leader runs the job, [`Exit::NoLeader`] when none does (no candidate, or
@@ -12,7 +13,7 @@ use super::{fmt_ms, Ctx, Entry};
 use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
-use crate::records::history;
+use crate::records::{history, unhealthy};
 
 /// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`). A warning,
 /// so that `-q` keeps it: a cron mail should say who ran instead.
@@ -77,6 +78,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let line = ctx.holders().await?;
     let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
+    let unhealthy = unhealthy::list(&ctx.client, &ctx.election, ctx.timeout).await?;
     let mut holders = Vec::new();
     for h in line.holders() {
         let ttl_left = match h.lease {
@@ -122,6 +124,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "leader": holders.first().map(view),
                 "holders": holders.iter().map(view).collect::<Vec<_>>(),
                 "waiting": line.waiting(),
+                "unhealthy": unhealthy,
                 "paused": paused,
                 "recent_terms": recent,
             });
@@ -198,6 +201,21 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                     w.candidate.pid,
                     priority_text(&w.candidate)
                 );
+            }
+            if !unhealthy.is_empty() {
+                println!(
+                    "unhealthy: {} (out of line until their health check passes)",
+                    unhealthy.len()
+                );
+                for u in &unhealthy {
+                    println!(
+                        "  - {} (host {}, pid {}), since {}",
+                        u.candidate.id,
+                        u.candidate.host,
+                        u.candidate.pid,
+                        fmt_ms(u.unhealthy_since_ms)
+                    );
+                }
             }
             if !recent.is_empty() {
                 println!("recent terms:");

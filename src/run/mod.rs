@@ -559,6 +559,8 @@ impl Driver {
             signals,
             give_up_at,
             cfg,
+            client,
+            candidate,
             ..
         } = self;
         let rx = health.as_mut()?;
@@ -576,8 +578,14 @@ impl Driver {
         }
         tracing::warn!(election, "not campaigning until the health check passes");
         notify::status("unhealthy: waiting for the health check to pass");
+        // Bounded tighter than a request: a pass or a signal must not wait on an etcd in trouble.
+        let bound = cfg.conn.command_timeout.min(Duration::from_secs(1));
+        let shown = tokio::time::timeout(bound, show_unhealthy(client, cfg, candidate))
+            .await
+            .ok()
+            .flatten();
         let give_up = crate::clock::until(*give_up_at);
-        tokio::select! {
+        let out = tokio::select! {
             passed = rx.wait_for(|h| *h == Health::Healthy) => {
                 if passed.is_err() {
                     std::future::pending::<()>().await;
@@ -587,7 +595,12 @@ impl Driver {
             }
             ev = stopping(signals) => Some(ev),
             _ = give_up => Some(Event::NotAcquired),
+        };
+        if let Some(lease) = shown {
+            let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
+            lease.revoke(timeout).await;
         }
+        out
     }
 
     /// Waits out `--takeover-delay` with the lease renewed, watching the term as a running
@@ -886,6 +899,21 @@ fn standby(cfg: &RunConfig) -> Option<Standby> {
     Standby::start(cfg.grace, cfg.cgroup)
         .inspect_err(|e| tracing::debug!("watchdog not started ahead: {e:#}"))
         .ok()
+}
+
+/// Shows this worker in `status` as out of line, on a lease of its own, kept alive until it is
+/// revoked. Best effort: the worker stays out of line whether or not this lands.
+async fn show_unhealthy(client: &Client, cfg: &RunConfig, candidate: &Candidate) -> Option<Lease> {
+    let timeout = cfg.conn.command_timeout;
+    let lease = grant(client, cfg)
+        .await
+        .inspect_err(|e| tracing::debug!("not shown as unhealthy in status: {e:#}"))
+        .ok()?;
+    let e = &cfg.election;
+    if let Err(err) = records::unhealthy::mark(client, e, timeout, lease.id, candidate).await {
+        tracing::debug!("not shown as unhealthy in status: {err:#}");
+    }
+    Some(lease)
 }
 
 /// Waits for a signal that stops the run; others (USR1, USR2) have no job to go to.
