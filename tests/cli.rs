@@ -490,6 +490,11 @@ fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
         "{}",
         read("same.err")
     );
+    assert!(
+        read("same.err").contains("or with --slots take a second slot"),
+        "not only one slot: {}",
+        read("same.err")
+    );
     assert_eq!(read("inner.code").trim(), "0", "{}", read("inner.err"));
     let env = read("inner.env");
     assert!(env.contains("LEAD_EXEC_ELECTION=inner\n"), "{env}");

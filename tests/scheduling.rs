@@ -981,3 +981,68 @@ fn status_lists_a_worker_out_of_line_for_a_failing_health_check() {
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
 }
+
+#[test]
+fn a_draining_holder_whose_key_was_deleted_still_shows_as_taking_its_slot() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // Ignores TERM, so it drains for the whole grace once its key is gone.
+    let job = script(
+        dir.path(),
+        "trap '' TERM; echo start $FENCING_TOKEN $LEAD_EXEC_SLOT $LEAD_EXEC_ID >> $D/log; \
+         while :; do sleep 0.05; done",
+    );
+    let mut grace = WIDE_GRACE.to_vec();
+    grace[3] = "4s";
+    grace[1] = "8s";
+    let mut workers: Vec<Worker> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            spawn(
+                dir.path(),
+                id,
+                &run_args_with(&grace, "drs", &ep, &["--slots", "2", "--id", id], &job),
+            )
+        })
+        .collect();
+    let held = wait_running(dir.path(), 2);
+    let (token_a, slot_a, _) = held.iter().find(|h| h.2 == "a").unwrap().clone();
+    let key_a = etcd
+        .ctl(&["get", "--prefix", "lead-exec/elections/drs/", "--keys-only"])
+        .lines()
+        .map(str::to_string)
+        .filter(|k| !k.is_empty())
+        .find(|k| {
+            let v = etcd.ctl(&["get", k, "--print-value-only"]);
+            v.contains("\"id\":\"a\"")
+        })
+        .expect("a's key");
+    etcd.ctl(&["del", &key_a]);
+    workers[0].wait_log("leading -> draining", secs(10));
+
+    let (code, out, _) = run(&["status", "drs", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("slot {slot_a}: a draining job, token {token_a}")),
+        "{out}"
+    );
+    let c = run(&run_args_with(
+        &grace,
+        "drs",
+        &ep,
+        &["--slots", "2", "--id", "c", "--no-wait"],
+        "true",
+    ));
+    assert_eq!(c.0, 75, "{}", c.2);
+    assert!(
+        c.2.contains(&format!(
+            "a draining job whose key is gone (token {token_a}"
+        )),
+        "{}",
+        c.2
+    );
+    for w in &mut workers {
+        w.signal(libc::SIGKILL);
+    }
+}

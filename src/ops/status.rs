@@ -24,10 +24,16 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
         let line = ctx.holders().await?;
         let holders = line.holders();
         anyhow::Ok(match (holders.first(), &line.paused) {
-            (Some(_), _) if line.slots > 1 => {
+            (_, None) if line.slots > 1 && !(holders.is_empty() && line.draining.is_empty()) => {
                 let who: Vec<String> = holders
                     .iter()
                     .map(|h| format!("{} (token {})", h.candidate.id, h.token))
+                    .chain(line.draining.iter().map(|d| {
+                        format!(
+                            "a draining job whose key is gone (token {}, slot {})",
+                            d.token, d.slot
+                        )
+                    }))
                     .collect();
                 format!(
                     "{name}'s {} slots are held by {}",
@@ -124,6 +130,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "leader": holders.first().map(view),
                 "holders": holders.iter().map(view).collect::<Vec<_>>(),
                 "waiting": line.waiting(),
+                "draining": line.draining,
                 "unhealthy": unhealthy,
                 "paused": paused,
                 "recent_terms": recent,
@@ -176,6 +183,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                         fmt_ms(due)
                     );
                 }
+            }
+            for d in &line.draining {
+                println!(
+                    "  slot {}: a draining job, token {} (its key is gone; the slot frees when the job ends)",
+                    d.slot, d.token
+                );
             }
             if holders.is_empty() && line.slots == 1 {
                 println!("leader:    none");
