@@ -76,10 +76,14 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
     let mut b = spawn(dir.path(), "b", &run_args("td", &ep, &b_args, &job));
     b.wait_log("waiting behind", secs(10));
 
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(["watch", "td", "--endpoints", &ep]);
+    let watch = LineReader::start(cmd);
     // A worker killed outright: its term never closes, and its lease runs out on the server.
     a.signal(libc::SIGKILL);
     a.wait(secs(5));
     b.wait_log("ended uncleanly", secs(15));
+    watch.expect(", job not started: takeover delay until ", secs(10));
     let elected = std::time::Instant::now();
     let (code, out, err) = run(&["status", "td", "--endpoints", &ep]);
     assert_eq!(code, 0, "{err}");
@@ -381,6 +385,14 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
     a.wait_log("once --min-term 3s is over", secs(10));
     let (_, out, _) = run(&["status", "pr", "--endpoints", &ep]);
     assert!(out.contains("priority 10"), "{out}");
+    // The pending request shows beside the leader it is for.
+    assert!(
+        out.contains("handover:  requested by c (priority 10)"),
+        "{out}"
+    );
+    let (_, js, _) = run(&["status", "pr", "--endpoints", &ep, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["leader"]["handover_requested"]["by"], "c", "{js}");
 
     // a hands over only after its min-term, and b, older but lower, lets c pass.
     assert!(started(2), "c never started:\n{}", c.log_text());

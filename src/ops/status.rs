@@ -65,6 +65,38 @@ fn priority_text(c: &crate::election::Candidate) -> String {
     }
 }
 
+/// A pending resign request: from `lead-exec resign`, or from a waiting candidate of higher
+/// `--priority` (then `by` and `priority` are set).
+struct Request {
+    token: i64,
+    by: Option<String>,
+    priority: Option<u32>,
+}
+
+/// The pending resign request, if any (see [`crate::election::leader::preempt_request`]).
+async fn handover_request(ctx: &Ctx) -> Result<Option<Request>> {
+    let mut c = ctx.client.clone();
+    let key = ctx.election.resign_key();
+    let resp = crate::etcd::bounded(ctx.timeout, "etcd", c.get(key, None)).await?;
+    Ok(resp.kvs().first().and_then(|kv| {
+        let v = std::str::from_utf8(kv.value()).ok()?;
+        let mut w = v.split_whitespace();
+        let token = w.next()?.parse().ok()?;
+        let (mut by, mut priority) = (None, None);
+        if w.next() == Some("preempt") && w.next() == Some("priority") {
+            priority = w.next().and_then(|p| p.parse().ok());
+            if w.next() == Some("by") {
+                by = Some(w.collect::<Vec<_>>().join(" "));
+            }
+        }
+        Some(Request {
+            token,
+            by,
+            priority,
+        })
+    }))
+}
+
 /// When a leader still waiting out `--takeover-delay` starts its job.
 fn takeover_due(c: &crate::election::Candidate) -> Option<u64> {
     c.takeover_until_ms
@@ -85,6 +117,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
     let line = ctx.holders().await?;
     let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
     let unhealthy = unhealthy::list(&ctx.client, &ctx.election, ctx.timeout).await?;
+    let request = handover_request(&ctx).await?;
     let mut holders = Vec::new();
     for h in line.holders() {
         let ttl_left = match h.lease {
@@ -118,6 +151,9 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             "lease_ttl_left_s": ttl_left, "priority": h.candidate.priority,
             "takeover_until_ms": takeover_due(&h.candidate),
             "timeout_ms": timeout,
+            "handover_requested": request.as_ref().filter(|r| r.token == h.token).map(|r| json!({
+                "by": r.by, "priority": r.priority,
+            })),
             "timeout_at_ms": since.zip(*timeout).map(|(s, t)| s + t),
         })
     };
@@ -176,6 +212,14 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                         crate::clock::human(std::time::Duration::from_millis(*t)),
                         fmt_ms(s + t)
                     );
+                }
+                if let Some(r) = request.as_ref().filter(|r| r.token == h.token) {
+                    match (&r.by, r.priority) {
+                        (Some(by), Some(p)) => println!(
+                            "{indent}handover:  requested by {by} (priority {p}); once this term's --min-term is over"
+                        ),
+                        _ => println!("{indent}handover:  resign requested"),
+                    }
                 }
                 if let Some(due) = takeover_due(&h.candidate) {
                     println!(
