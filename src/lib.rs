@@ -49,7 +49,7 @@
 //! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine (phase × event
 //!   → next phase and actions, every pair matched); the driver in [`mod@run`] performs its
 //!   actions; [`run::signals`] is lead-exec's own signal listener; [`run::health`] runs
-//!   `--health-cmd`.
+//!   `--health-cmd`, each check under a guard that kills it when lead-exec goes.
 //! - [`ops`]: the operator commands: status, watch, resign, pause/resume, history, check.
 //! - [`records`]: what `run` writes beside the job and `ops` reads: term history, run keys.
 //! - [`fencing`]: the token and the job's environment.
@@ -200,7 +200,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     }
 }
 
-/// The whole program after argv: the watchdog's hidden mode, or the CLI on a
+/// The whole program after argv: the hidden modes (the watchdog, a health check's guard), or the CLI on a
 /// single-threaded runtime (so that the thread that forks the watchdog lives as long as the
 /// process: see [`supervisor`]).
 pub fn main() -> ExitCode {
