@@ -200,9 +200,9 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     }
 }
 
-/// The whole program after argv: the hidden modes (the watchdog, a health check's guard), or the CLI on a
-/// single-threaded runtime (so that the thread that forks the watchdog lives as long as the
-/// process: see [`supervisor`]).
+/// The whole program after argv: a hidden mode (the watchdog, a health check's guard), or
+/// the CLI on a single-threaded runtime (so that the thread that forks the watchdog lives as
+/// long as the process: see [`supervisor`]).
 pub fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == supervisor::watchdog::ARG) {
