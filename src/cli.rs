@@ -407,7 +407,8 @@ pub const INSIDE_JOB_VAR: &str = "LEAD_EXEC_LEADER_KEY";
 ///
 /// The job's `LEAD_EXEC_ELECTION`, `LEAD_EXEC_ID` and `LEAD_EXEC_RUN_KEY` describe the outer
 /// term, yet share their names with flag variables: read as flags, a nested run would take the
-/// outer id and run key, and without a name would queue behind its own parent forever. Inside a
+/// outer id and run key, and without a name would queue behind its own parent (or, with
+/// `--slots`, take a second slot for the same job). Inside a
 /// job, `run` ignores them (an election name must be given), and refuses the election the outer
 /// job already leads. Operator commands still read them, so `status` or `check` in a job need no
 /// arguments.
@@ -432,7 +433,8 @@ pub fn forget_outer_job(run: &mut RunArgs, m: &clap::ArgMatches) -> Result<(), S
     if run.election.election == outer {
         return Err(format!(
             "this process runs inside the job that leads election '{outer}' (leader key {}): \
-             a run in the same election would wait behind its own parent forever",
+             a run in the same election would wait behind its own parent forever with one slot, \
+             or with --slots take a second slot for the job that holds one",
             outer_key.to_string_lossy()
         ));
     }

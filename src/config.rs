@@ -257,6 +257,15 @@ impl RunConfig {
                 format!("--timeout must be at least {}", human(MIN_JOB_TIMEOUT)),
             ));
         }
+        // The running term's own record is always kept (the end is written into it, and the
+        // next term's --takeover-delay reads it): 0 cannot mean "none", and quietly meaning 1
+        // would surprise.
+        if a.history_keep == 0 {
+            return Err(fail(
+                Exit::Usage,
+                "--history-keep must be at least 1 (the running term's own record)",
+            ));
+        }
         let health = match &a.health_cmd {
             None => None,
             Some(c) if c.trim().is_empty() => {
@@ -303,7 +312,7 @@ impl RunConfig {
             },
             wait,
             conflict_exit_code: a.conflict_exit_code,
-            history_keep: a.history_keep.max(1),
+            history_keep: a.history_keep,
             run_key: a.run_key.clone(),
             run_key_ttl,
             cgroup: match a.cgroup {

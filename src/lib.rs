@@ -50,7 +50,7 @@
 //! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine (phase × event
 //!   → next phase and actions, every pair matched); the driver in [`mod@run`] performs its
 //!   actions; [`run::signals`] is lead-exec's own signal listener; [`run::health`] runs
-//!   `--health-cmd`.
+//!   `--health-cmd`, each check under a guard that kills it when lead-exec goes.
 //! - [`ops`]: the operator commands: status, watch, resign, pause/resume, history, check.
 //! - [`records`]: what `run` writes beside the job and `ops` reads: term history, run keys.
 //! - [`fencing`]: the token and the job's environment.
@@ -201,13 +201,16 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     }
 }
 
-/// The whole program after argv: the watchdog's hidden mode, or the CLI on a
-/// single-threaded runtime (so that the thread that forks the watchdog lives as long as the
-/// process: see [`supervisor`]).
+/// The whole program after argv: a hidden mode (the watchdog, a health check's guard), or
+/// the CLI on a single-threaded runtime (so that the thread that forks the watchdog lives as
+/// long as the process: see [`supervisor`]).
 pub fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == supervisor::watchdog::ARG) {
         return supervisor::watchdog::main(args);
+    }
+    if args.get(1).is_some_and(|a| a == run::health::GUARD_ARG) {
+        return run::health::guard_main(args);
     }
     let cli = match parse(args) {
         Ok(c) => c,

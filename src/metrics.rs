@@ -36,6 +36,12 @@ struct Metrics {
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
+    let m = metrics();
+    init(&m);
+    m
+});
+
+fn metrics() -> Metrics {
     let registry = Registry::new();
     let r = &registry;
     let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
@@ -57,14 +63,14 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
             r,
             IntGauge::new(
                 "lead_exec_slot",
-                "Slot (LEAD_EXEC_SLOT) of the current (or last) term; 0 with one slot",
+                "Slot (LEAD_EXEC_SLOT) this worker holds (0 with one slot); -1 while it holds none",
             ),
         ),
         ttl_remaining: made(
             r,
             Gauge::new(
                 "lead_exec_lease_ttl_remaining_seconds",
-                "Time left before the local lease deadline, at the last renewal",
+                "Time left before the local lease deadline, at the election or the last renewal",
             ),
         ),
         keepalive_rtt: histogram(
@@ -122,13 +128,13 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
                 "Jobs stopped because they ran past --timeout",
             ),
         ),
-        healthy: made(
-            r,
-            IntGauge::new(
-                "lead_exec_healthy",
-                "1 while --health-cmd says this worker may lead (0 before its first pass)",
-            ),
-        ),
+        // Registered only with --health-cmd (see `health_checks_on`): without a check there is
+        // nothing to be unhealthy about, and a 0 would alert.
+        healthy: IntGauge::new(
+            "lead_exec_healthy",
+            "1 while --health-cmd says this worker may lead (0 before its first pass); absent without --health-cmd",
+        )
+        .expect("a valid metric"),
         health_failures: made(
             r,
             IntCounter::new(
@@ -159,7 +165,12 @@ static M: LazyLock<Metrics> = LazyLock::new(|| {
         ),
         registry,
     }
-});
+}
+
+/// The metrics as a process starts: it holds no slot yet.
+fn init(m: &Metrics) {
+    m.slot.set(-1);
+}
 
 /// A metric, registered: the names and help texts are constants, so failing is a bug.
 fn made<T: prometheus::core::Collector + Clone + 'static>(
@@ -181,6 +192,16 @@ pub fn health_checked(passed: bool) {
     if !passed {
         M.health_failures.inc();
     }
+}
+
+/// Shows `lead_exec_healthy`, at 0 until the first check passes.
+pub fn health_checks_on() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        M.registry
+            .register(Box::new(M.healthy.clone()))
+            .expect("a metric registered once");
+    });
 }
 
 pub fn healthy(on: bool) {
@@ -216,6 +237,10 @@ pub fn token_regressed() {
 
 pub fn leading(on: bool) {
     M.is_leader.set(on as i64);
+    if !on {
+        // The term is over (or never began): holding no slot must not read as slot 0.
+        M.slot.set(-1);
+    }
 }
 
 pub fn ttl_remaining(d: Duration) {

@@ -490,6 +490,11 @@ fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
         "{}",
         read("same.err")
     );
+    assert!(
+        read("same.err").contains("or with --slots take a second slot"),
+        "not only one slot: {}",
+        read("same.err")
+    );
     assert_eq!(read("inner.code").trim(), "0", "{}", read("inner.err"));
     let env = read("inner.env");
     assert!(env.contains("LEAD_EXEC_ELECTION=inner\n"), "{env}");
@@ -556,4 +561,11 @@ fn argument_lists_too_long_to_exec_are_refused_before_campaigning() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(start.elapsed() < secs(10));
     assert!(etcd.keys("lead-exec/").iter().all(|k| !k.contains("big")));
+}
+
+#[test]
+fn history_keep_0_is_refused_with_64() {
+    let (code, _, err) = run(&["run", "x", "--history-keep", "0", "--", "true"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--history-keep must be at least 1"), "{err}");
 }

@@ -335,3 +335,109 @@ fn metrics_endpoint_answers_head_404_keep_alive_and_outlasts_a_slow_client() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
+
+#[test]
+fn metrics_raise_no_false_alarm_for_a_new_leader_without_checks_or_a_waiting_candidate() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (pa, pb) = (free_port(), free_port());
+    let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
+    // A long TTL: the first keepalive is seconds away when the job starts.
+    let lease = [
+        "--ttl",
+        "30s",
+        "--grace",
+        "500ms",
+        "--safety-margin",
+        "500ms",
+    ];
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args_with(
+            &lease,
+            "mfa",
+            &ep,
+            &["--metrics-addr", &ma],
+            &job(dir.path(), "a"),
+        ),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let mut text = String::new();
+    let leads = wait_until(secs(5), || {
+        text = scrape(pa).unwrap_or_default();
+        metric(&text, "lead_exec_is_leader") == Some(1.0)
+    });
+    assert!(leads, "{text}");
+    assert_eq!(
+        metric(&text, "lead_exec_keepalive_rtt_seconds_count"),
+        Some(0.0),
+        "a keepalive came first: the test proves nothing\n{text}"
+    );
+    let ttl = metric(&text, "lead_exec_lease_ttl_remaining_seconds").expect(&text);
+    assert!(
+        ttl > 20.0,
+        "a new leader's lease looks spent: {ttl}\n{text}"
+    );
+    assert_eq!(
+        metric(&text, "lead_exec_healthy"),
+        None,
+        "no --health-cmd, yet a health gauge:\n{text}"
+    );
+    assert_eq!(metric(&text, "lead_exec_slot"), Some(0.0), "{text}");
+
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args_with(
+            &lease,
+            "mfa",
+            &ep,
+            &["--metrics-addr", &mb],
+            &job(dir.path(), "b"),
+        ),
+    );
+    b.wait_log("waiting behind", secs(10));
+    let text = scrape(pb).unwrap();
+    assert_eq!(
+        metric(&text, "lead_exec_slot"),
+        Some(-1.0),
+        "a waiting candidate reads as holding slot 0:\n{text}"
+    );
+    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(0.0), "{text}");
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    drop(b);
+}
+
+#[test]
+fn metrics_show_health_only_with_a_health_check() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args(
+            "mhc",
+            &ep,
+            &[
+                "--metrics-addr",
+                &addr,
+                "--health-cmd",
+                "true",
+                "--health-interval",
+                "200ms",
+            ],
+            &job(dir.path(), "a"),
+        ),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let text = scrape(port).unwrap();
+    assert_eq!(metric(&text, "lead_exec_healthy"), Some(1.0), "{text}");
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+}

@@ -662,3 +662,149 @@ fn a_clean_exit_closes_the_record_and_releases_the_key_in_one_commit() {
     );
     assert!(mod_rev > token.parse::<i64>().unwrap());
 }
+
+#[test]
+fn history_and_status_show_every_running_slot_holder_as_running() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let mut workers: Vec<Worker> = Vec::new();
+    for who in ["a", "b", "c"] {
+        workers.push(spawn(
+            dir.path(),
+            who,
+            &run_args(
+                "hs",
+                &ep,
+                &["--slots", "3", "--id", who],
+                &long_job(dir.path(), who),
+            ),
+        ));
+        wait_line(&dir.path().join(format!("{who}.token")), secs(10), |_| true);
+    }
+    // The start records are written beside the jobs: wait for all three.
+    let mut recs = Vec::new();
+    let ok = wait_until(secs(10), || {
+        let (_, out, _) = run(&["history", "hs", "--endpoints", &ep, "-o", "json"]);
+        recs = json(&out).as_array().cloned().unwrap_or_default();
+        recs.len() == 3
+    });
+    assert!(ok, "{recs:?}");
+    for r in &recs {
+        assert!(r["end"].is_null(), "a running holder shown ended: {r}");
+        assert!(r["ended_ms"].is_null(), "{r}");
+        assert!(r["clean"].is_null(), "{r}");
+    }
+    let (_, text, _) = run(&["history", "hs", "--endpoints", &ep]);
+    assert!(!text.contains("lease lost"), "{text}");
+    assert_eq!(text.matches("running").count(), 3, "{text}");
+    let (code, out, err) = run(&["status", "hs", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("lease lost"), "{out}");
+    for w in &mut workers {
+        w.signal(libc::SIGTERM);
+    }
+    for w in &mut workers {
+        w.wait(secs(10));
+    }
+}
+
+#[test]
+fn a_crashed_term_with_no_successor_shows_as_ended_before_now_not_running() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let mut a = candidate(dir.path(), "crash", &ep, "a", "a");
+    wait_line(&dir.path().join("a.token"), secs(10), |_| true);
+    let ok = wait_until(secs(10), || {
+        etcd.keys("lead-exec/meta/crash/history/").len() == 1
+    });
+    assert!(ok, "no start record");
+    let key = etcd.keys("lead-exec/elections/crash/").remove(0);
+    let gone = KeyGone::watch(&ep, &key);
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    gone.wait(secs(15));
+    let observed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let (_, out, _) = run(&["history", "crash", "--endpoints", &ep, "-o", "json"]);
+    let recs = json(&out);
+    let r = &recs[0];
+    assert_eq!(r["end"], "lease lost", "{out}");
+    assert_eq!(r["clean"], false, "{out}");
+    assert!(
+        r["ended_ms"].is_null(),
+        "an end time that nobody saw: {out}"
+    );
+    let before = r["ended_before_ms"].as_u64().expect(&out);
+    assert!(
+        before >= r["started_ms"].as_u64().unwrap() && before <= observed + 60_000,
+        "{out}"
+    );
+    let (code, text, _) = run(&["status", "crash", "--endpoints", &ep]);
+    assert_eq!(code, 3, "{text}");
+    assert!(text.contains("leader:    none"), "{text}");
+    assert!(
+        !text.contains("running"),
+        "a dead term shown running: {text}"
+    );
+    assert!(text.contains("lease lost (unclean)"), "{text}");
+    assert!(text.contains("before "), "{text}");
+    let (_, text, _) = run(&["history", "crash", "--endpoints", &ep]);
+    assert!(text.contains("before "), "{text}");
+}
+
+#[test]
+fn a_crashed_terms_end_is_shown_before_its_successors_election_not_at_its_start() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let delay = ["--takeover-delay", "2s"];
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args(
+            "succ",
+            &ep,
+            &[&["--id", "a"][..], &delay].concat(),
+            &long_job(dir.path(), "a"),
+        ),
+    );
+    wait_line(&dir.path().join("a.token"), secs(10), |_| true);
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args(
+            "succ",
+            &ep,
+            &[&["--id", "b"][..], &delay].concat(),
+            &long_job(dir.path(), "b"),
+        ),
+    );
+    b.wait_log("waiting behind", secs(10));
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    wait_line(&dir.path().join("b.token"), secs(20), |_| true);
+    let mut recs = serde_json::Value::Null;
+    let ok = wait_until(secs(10), || {
+        let (_, out, _) = run(&["history", "succ", "--endpoints", &ep, "-o", "json"]);
+        recs = json(&out);
+        recs.as_array().is_some_and(|r| r.len() == 2)
+    });
+    assert!(ok, "{recs}");
+    let (first, second) = (&recs[0], &recs[1]);
+    assert_eq!(first["end"], "lease lost", "{recs}");
+    assert!(first["ended_ms"].is_null(), "{recs}");
+    let delay_ms = second["takeover_delay_ms"].as_u64().expect("b waited");
+    let before = first["ended_before_ms"].as_u64().expect("a bound");
+    assert_eq!(
+        before,
+        second["started_ms"].as_u64().unwrap() - delay_ms,
+        "the bound is b's election, before its delay: {recs}"
+    );
+    assert!(second["end"].is_null(), "b still runs: {recs}");
+    b.signal(libc::SIGTERM);
+    b.wait(secs(10));
+}

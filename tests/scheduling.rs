@@ -76,10 +76,14 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
     let mut b = spawn(dir.path(), "b", &run_args("td", &ep, &b_args, &job));
     b.wait_log("waiting behind", secs(10));
 
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(["watch", "td", "--endpoints", &ep]);
+    let watch = LineReader::start(cmd);
     // A worker killed outright: its term never closes, and its lease runs out on the server.
     a.signal(libc::SIGKILL);
     a.wait(secs(5));
     b.wait_log("ended uncleanly", secs(15));
+    watch.expect(", job not started: takeover delay until ", secs(10));
     let elected = std::time::Instant::now();
     let (code, out, err) = run(&["status", "td", "--endpoints", &ep]);
     assert_eq!(code, 0, "{err}");
@@ -450,6 +454,14 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
     a.wait_log("once --min-term 3s is over", secs(10));
     let (_, out, _) = run(&["status", "pr", "--endpoints", &ep]);
     assert!(out.contains("priority 10"), "{out}");
+    // The pending request shows beside the leader it is for.
+    assert!(
+        out.contains("handover:  requested by c (priority 10)"),
+        "{out}"
+    );
+    let (_, js, _) = run(&["status", "pr", "--endpoints", &ep, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["leader"]["handover_requested"]["by"], "c", "{js}");
 
     // a hands over only after its min-term, and b, older but lower, lets c pass.
     assert!(started(2), "c never started:\n{}", c.log_text());
@@ -1058,4 +1070,280 @@ fn bad_slot_counts_and_slots_with_a_run_key_are_refused_with_64() {
     }
     let (code, _, err) = run_env(&["run", "x", "--", "true"], &[("LEAD_EXEC_SLOTS", "0")]);
     assert_eq!(code, 64, "{err}");
+}
+
+/// Processes whose command line contains `marker`, other than this test's own.
+fn marked(marker: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .filter(|pid| alive(*pid))
+        .collect()
+}
+
+/// A check that passes `passes` times, then hangs (in `sleep`, whose argument is the marker)
+/// after writing `$D/hanging`. Returns the check and its marker.
+fn hanging_check(dir: &std::path::Path, passes: u32) -> (String, String) {
+    let marker = format!("1000.{}{}", std::process::id(), passes);
+    let check = script(
+        dir,
+        &format!(
+            "n=$(cat $D/count 2>/dev/null || echo 0); echo $((n+1)) > $D/count; \
+             [ $n -lt {passes} ] && exit 0; echo $$ > $D/hanging; sleep {marker}; exit 0"
+        ),
+    );
+    (check, marker)
+}
+
+/// No process of the check is left within a few seconds; kills any that are, for the next
+/// test's sake.
+fn assert_no_check_left(marker: &str) {
+    let clean = wait_until(secs(5), || marked(marker).is_empty());
+    let left = marked(marker);
+    for pid in &left {
+        signal(*pid, libc::SIGKILL);
+    }
+    assert!(clean, "health check processes outlived lead-exec: {left:?}");
+}
+
+fn health_leak_worker(
+    dir: &std::path::Path,
+    name: &str,
+    ep: &str,
+    check: &str,
+    extra: &[&str],
+) -> Worker {
+    let mut args = vec![
+        "--id",
+        name,
+        "--health-cmd",
+        check,
+        "--health-interval",
+        "3s",
+        "--health-failures",
+        "5",
+    ];
+    args.extend_from_slice(extra);
+    spawn(dir, name, &run_args("hleak", ep, &args, "exec sleep 60"))
+}
+
+#[test]
+fn a_health_check_does_not_outlive_a_no_wait_exit() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 0);
+    let mut w = health_leak_worker(dir.path(), "nw", &ep, &check, &["--no-wait"]);
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    assert_eq!(w.code(secs(10)), 75, "{}", w.log_text());
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_health_check_does_not_outlive_sigterm_while_waiting() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 0);
+    let mut w = health_leak_worker(dir.path(), "w", &ep, &check, &[]);
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_health_check_does_not_outlive_sigterm_while_leading() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 1);
+    let mut w = health_leak_worker(dir.path(), "l", &ep, &check, &[]);
+    w.wait_log("leading: job started", secs(10));
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (check, marker) = hanging_check(dir.path(), 1);
+    let mut w = health_leak_worker(dir.path(), "k", &ep, &check, &[]);
+    w.wait_log("leading: job started", secs(10));
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    w.signal(libc::SIGKILL);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+}
+
+#[test]
+fn a_stop_signal_during_the_timeouts_grace_keeps_the_timeout_in_the_exit_and_history() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "trap 'echo term >> $D/got' TERM; echo $FENCING_TOKEN > $D/token; \
+         while :; do sleep 0.05; done",
+    );
+    let lease = ["--ttl", "10s", "--grace", "3s", "--safety-margin", "500ms"];
+    let mut w = spawn(
+        dir.path(),
+        "t",
+        &run_args_with(&lease, "tsig", &ep, &["--timeout", "500ms"], &job),
+    );
+    wait_line(&dir.path().join("token"), secs(10), |_| true);
+    // The job ignores the timeout's TERM; then a stop arrives, as `systemctl stop` sends.
+    wait_line(&dir.path().join("got"), secs(10), |_| true);
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.code(secs(10)), 124, "{}", w.log_text());
+    let (_, out, _) = run(&["history", "tsig", "--endpoints", &ep, "-o", "json"]);
+    let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        recs[0]["end"].as_str(),
+        Some("timed out, then signal 15 to lead-exec"),
+        "{out}"
+    );
+    assert_eq!(recs[0]["clean"].as_bool(), Some(true), "{out}");
+}
+
+#[test]
+fn status_shows_a_leaders_timeout_and_when_it_stops_the_job() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/token; exec sleep 60");
+    let mut w = spawn(
+        dir.path(),
+        "s",
+        &run_args("stt", &ep, &["--timeout", "30s"], &job),
+    );
+    wait_line(&dir.path().join("token"), secs(10), |_| true);
+    let mut out = String::new();
+    let ok = wait_until(secs(10), || {
+        out = run(&["status", "stt", "--endpoints", &ep]).1;
+        out.contains("timeout:")
+    });
+    assert!(ok, "{out}");
+    assert!(out.contains("timeout:   30s, stops the job at "), "{out}");
+    let (_, js, _) = run(&["status", "stt", "--endpoints", &ep, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["leader"]["timeout_ms"].as_u64(), Some(30_000), "{js}");
+    let since = v["leader"]["since_ms"].as_u64().unwrap();
+    assert_eq!(
+        v["leader"]["timeout_at_ms"].as_u64(),
+        Some(since + 30_000),
+        "{js}"
+    );
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+#[test]
+fn status_lists_a_worker_out_of_line_for_a_failing_health_check() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let health = health_args(dir.path(), "a");
+    let mut args: Vec<&str> = vec!["--id", "sick"];
+    args.extend(health.iter().map(String::as_str));
+    let mut a = spawn(dir.path(), "a", &run_args("hst", &ep, &args, &job));
+    a.wait_log("not campaigning until the health check passes", secs(10));
+    let mut out = String::new();
+    let shown = wait_until(secs(5), || {
+        out = run(&["status", "hst", "--endpoints", &ep]).1;
+        out.contains("unhealthy: 1")
+    });
+    assert!(shown, "{out}");
+    assert!(out.contains("  - sick (host "), "{out}");
+    assert_eq!(candidates(&etcd, "hst"), 0, "the marker is not a candidate");
+    let (_, js, _) = run(&["status", "hst", "--endpoints", &ep, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(v["unhealthy"][0]["id"].as_str(), Some("sick"), "{js}");
+
+    // Once it passes, it campaigns and is no longer listed.
+    std::fs::write(dir.path().join("ok-a"), "").unwrap();
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let (code, out, _) = run(&["status", "hst", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("unhealthy:"), "{out}");
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+}
+
+#[test]
+fn a_draining_holder_whose_key_was_deleted_still_shows_as_taking_its_slot() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // Ignores TERM, so it drains for the whole grace once its key is gone.
+    let job = script(
+        dir.path(),
+        "trap '' TERM; echo start $FENCING_TOKEN $LEAD_EXEC_SLOT $LEAD_EXEC_ID >> $D/log; \
+         while :; do sleep 0.05; done",
+    );
+    let mut grace = WIDE_GRACE.to_vec();
+    grace[3] = "4s";
+    grace[1] = "8s";
+    let mut workers: Vec<Worker> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            spawn(
+                dir.path(),
+                id,
+                &run_args_with(&grace, "drs", &ep, &["--slots", "2", "--id", id], &job),
+            )
+        })
+        .collect();
+    let held = wait_running(dir.path(), 2);
+    let (token_a, slot_a, _) = held.iter().find(|h| h.2 == "a").unwrap().clone();
+    let key_a = etcd
+        .ctl(&["get", "--prefix", "lead-exec/elections/drs/", "--keys-only"])
+        .lines()
+        .map(str::to_string)
+        .filter(|k| !k.is_empty())
+        .find(|k| {
+            let v = etcd.ctl(&["get", k, "--print-value-only"]);
+            v.contains("\"id\":\"a\"")
+        })
+        .expect("a's key");
+    etcd.ctl(&["del", &key_a]);
+    workers[0].wait_log("leading -> draining", secs(10));
+
+    let (code, out, _) = run(&["status", "drs", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("slot {slot_a}: a draining job, token {token_a}")),
+        "{out}"
+    );
+    let c = run(&run_args_with(
+        &grace,
+        "drs",
+        &ep,
+        &["--slots", "2", "--id", "c", "--no-wait"],
+        "true",
+    ));
+    assert_eq!(c.0, 75, "{}", c.2);
+    assert!(
+        c.2.contains(&format!(
+            "a draining job whose key is gone (token {token_a}"
+        )),
+        "{}",
+        c.2
+    );
+    for w in &mut workers {
+        w.signal(libc::SIGKILL);
+    }
 }

@@ -107,6 +107,15 @@ impl Election {
         format!("{}{:x}", self.priority_prefix(), lease)
     }
 
+    /// Workers out of line because their health check fails, one per worker, on its lease.
+    pub fn unhealthy_key(&self, lease: i64) -> String {
+        format!("{}/unhealthy/{:x}", self.meta(), lease)
+    }
+
+    pub fn unhealthy_prefix(&self) -> String {
+        format!("{}/unhealthy/", self.meta())
+    }
+
     pub fn history_prefix(&self) -> String {
         format!("{}/history/", self.meta())
     }

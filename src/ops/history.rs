@@ -26,13 +26,20 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
                     r.host,
                     r.pid,
                     fmt_ms(r.started_ms),
-                    r.ended_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
+                    ended_text(r).unwrap_or_else(|| "-".into()),
                     end_text(r)
                 );
             }
         }
     }
     Ok(Exit::Ok)
+}
+
+/// When a term ended, or the bound before which it did when nobody saw it end.
+pub fn ended_text(r: &history::Record) -> Option<String> {
+    r.ended_ms
+        .map(fmt_ms)
+        .or_else(|| r.ended_before_ms.map(|t| format!("before {}", fmt_ms(t))))
 }
 
 /// How a term ended, marked when unclean (what `--takeover-delay` waits after).

@@ -92,11 +92,12 @@ impl Ctx {
         let paused = self.paused().await?;
         let slots = self.slots().await?;
         let held = holders(&entries, paused.as_ref(), slots).len();
+        let mut draining = Vec::new();
         if slots == 1 {
             if let Some(h) = entries.first_mut().filter(|_| held == 1) {
                 h.slot = Some(0);
             }
-        } else if held > 0 {
+        } else {
             let mut c = self.client.clone();
             let prefix = self.election.slot_prefix();
             let opts = GetOptions::new().with_prefix();
@@ -108,8 +109,15 @@ impl Ctx {
                 let token = std::str::from_utf8(kv.value())
                     .ok()
                     .and_then(|v| v.parse::<i64>().ok());
-                if let Some(h) = entries[..held].iter_mut().find(|h| Some(h.token) == token) {
-                    h.slot = slot;
+                match entries[..held].iter_mut().find(|h| Some(h.token) == token) {
+                    Some(h) => h.slot = slot,
+                    // A slot key whose holder's candidate key is gone (deleted by an operator,
+                    // say): its job still drains, and the slot stays taken until it ends.
+                    None => {
+                        if let (Some(slot), Some(token)) = (slot, token) {
+                            draining.push(Draining { slot, token });
+                        }
+                    }
                 }
             }
         }
@@ -119,6 +127,7 @@ impl Ctx {
             slots,
             paused,
             rev,
+            draining,
         })
     }
 
@@ -159,6 +168,15 @@ pub struct Holders {
     pub paused: Option<Pause>,
     /// The revision the line was read at.
     pub rev: i64,
+    /// With `--slots` above 1: slots still taken by a job whose candidate key is gone.
+    pub draining: Vec<Draining>,
+}
+
+/// A slot taken by a job whose candidate key is gone: it frees when that job ends.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Draining {
+    pub slot: u32,
+    pub token: i64,
 }
 
 impl Holders {

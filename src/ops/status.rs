@@ -1,4 +1,5 @@
-//! `lead-exec status`: who leads, with which token, who waits, whether paused, recent terms.
+//! `lead-exec status`: who leads, with which token, who waits, who is out of line for a
+//! failing health check, whether paused, recent terms.
 //! With `--slots` above 1: every holder, with its token and slot.
 //!
 //! Exit 0 when a leader runs the job, [`Exit::NoLeader`] when none does (no candidate, or
@@ -12,7 +13,7 @@ use super::{fmt_ms, Ctx, Entry};
 use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
-use crate::records::history;
+use crate::records::{history, unhealthy};
 
 /// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`). A warning,
 /// so that `-q` keeps it: a cron mail should say who ran instead.
@@ -23,10 +24,16 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
         let line = ctx.holders().await?;
         let holders = line.holders();
         anyhow::Ok(match (holders.first(), &line.paused) {
-            (Some(_), _) if line.slots > 1 => {
+            (_, None) if line.slots > 1 && !(holders.is_empty() && line.draining.is_empty()) => {
                 let who: Vec<String> = holders
                     .iter()
                     .map(|h| format!("{} (token {})", h.candidate.id, h.token))
+                    .chain(line.draining.iter().map(|d| {
+                        format!(
+                            "a draining job whose key is gone (token {}, slot {})",
+                            d.token, d.slot
+                        )
+                    }))
                     .collect();
                 format!(
                     "{name}'s {} slots are held by {}",
@@ -58,16 +65,61 @@ fn priority_text(c: &crate::election::Candidate) -> String {
     }
 }
 
+/// A pending resign request: from `lead-exec resign`, or from a waiting candidate of higher
+/// `--priority` (then `by` and `priority` are set).
+struct Request {
+    token: i64,
+    by: Option<String>,
+    priority: Option<u32>,
+}
+
+/// The pending resign request, if any (see [`crate::election::leader::preempt_request`]).
+async fn handover_request(ctx: &Ctx) -> Result<Option<Request>> {
+    let mut c = ctx.client.clone();
+    let key = ctx.election.resign_key();
+    let resp = crate::etcd::bounded(ctx.timeout, "etcd", c.get(key, None)).await?;
+    Ok(resp.kvs().first().and_then(|kv| {
+        let v = std::str::from_utf8(kv.value()).ok()?;
+        let mut w = v.split_whitespace();
+        let token = w.next()?.parse().ok()?;
+        let (mut by, mut priority) = (None, None);
+        if w.next() == Some("preempt") && w.next() == Some("priority") {
+            priority = w.next().and_then(|p| p.parse().ok());
+            if w.next() == Some("by") {
+                by = Some(w.collect::<Vec<_>>().join(" "));
+            }
+        }
+        Some(Request {
+            token,
+            by,
+            priority,
+        })
+    }))
+}
+
 /// When a leader still waiting out `--takeover-delay` starts its job.
 fn takeover_due(c: &crate::election::Candidate) -> Option<u64> {
     c.takeover_until_ms
         .filter(|due| *due > crate::election::unix_ms())
 }
 
+/// A holder as `status` shows it: with when its term started and its `--timeout`, from its
+/// history record, and what is left of its lease.
+struct Holder<'a> {
+    entry: &'a Entry,
+    since: Option<u64>,
+    timeout: Option<u64>,
+    ttl_left: Option<i64>,
+    /// Whether the job runs in a cgroup of its own, when its record says.
+    job_cgroup: Option<bool>,
+}
+
 pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let line = ctx.holders().await?;
     let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
+    let unhealthy = unhealthy::list(&ctx.client, &ctx.election, ctx.timeout).await?;
+    let request = handover_request(&ctx).await?;
     let mut holders = Vec::new();
     for h in line.holders() {
         let ttl_left = match h.lease {
@@ -81,16 +133,33 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             }
         };
         let record = recent.iter().find(|r| r.token == h.token);
-        let since = record.map(|r| r.started_ms);
-        holders.push((h, since, ttl_left, record.and_then(|r| r.job_cgroup)));
+        holders.push(Holder {
+            entry: h,
+            since: record.map(|r| r.started_ms),
+            timeout: record.and_then(|r| r.timeout_ms),
+            ttl_left,
+            job_cgroup: record.and_then(|r| r.job_cgroup),
+        });
     }
-    let view = |(h, since, ttl, cgroup): &(&Entry, Option<u64>, Option<i64>, Option<bool>)| {
+    let view = |h: &Holder| {
+        let Holder {
+            entry: h,
+            since,
+            timeout,
+            ttl_left,
+            job_cgroup,
+        } = h;
         json!({
             "id": h.candidate.id, "host": h.candidate.host, "pid": h.candidate.pid,
             "token": h.token, "key": h.key, "slot": h.slot, "since_ms": since,
-            "lease_ttl_left_s": ttl, "priority": h.candidate.priority,
+            "lease_ttl_left_s": ttl_left, "priority": h.candidate.priority,
             "takeover_until_ms": takeover_due(&h.candidate),
-            "job_cgroup": cgroup,
+            "job_cgroup": job_cgroup,
+            "timeout_ms": timeout,
+            "handover_requested": request.as_ref().filter(|r| r.token == h.token).map(|r| json!({
+                "by": r.by, "priority": r.priority,
+            })),
+            "timeout_at_ms": since.zip(*timeout).map(|(s, t)| s + t),
         })
     };
     let paused = &line.paused;
@@ -102,6 +171,8 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "leader": holders.first().map(view),
                 "holders": holders.iter().map(view).collect::<Vec<_>>(),
                 "waiting": line.waiting(),
+                "draining": line.draining,
+                "unhealthy": unhealthy,
                 "paused": paused,
                 "recent_terms": recent,
             });
@@ -113,7 +184,14 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 println!("slots:     {}", line.slots);
                 println!("holders:   {}", holders.len());
             }
-            for (h, since, ttl, cgroup) in &holders {
+            for Holder {
+                entry: h,
+                since,
+                timeout,
+                ttl_left: ttl,
+                job_cgroup: cgroup,
+            } in &holders
+            {
                 if line.slots > 1 {
                     print!("  slot {}: ", slot_name(h.slot));
                 } else {
@@ -137,12 +215,33 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 if *cgroup == Some(false) {
                     println!("{indent}job:       no cgroup (process group only)");
                 }
+                if let (Some(s), Some(t)) = (since, timeout) {
+                    println!(
+                        "{indent}timeout:   {}, stops the job at {}",
+                        crate::clock::human(std::time::Duration::from_millis(*t)),
+                        fmt_ms(s + t)
+                    );
+                }
+                if let Some(r) = request.as_ref().filter(|r| r.token == h.token) {
+                    match (&r.by, r.priority) {
+                        (Some(by), Some(p)) => println!(
+                            "{indent}handover:  requested by {by} (priority {p}); once this term's --min-term is over"
+                        ),
+                        _ => println!("{indent}handover:  resign requested"),
+                    }
+                }
                 if let Some(due) = takeover_due(&h.candidate) {
                     println!(
                         "{indent}job:       not started: takeover delay after an unclean end, until {}",
                         fmt_ms(due)
                     );
                 }
+            }
+            for d in &line.draining {
+                println!(
+                    "  slot {}: a draining job, token {} (its key is gone; the slot frees when the job ends)",
+                    d.slot, d.token
+                );
             }
             if holders.is_empty() && line.slots == 1 {
                 println!("leader:    none");
@@ -169,6 +268,21 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                     priority_text(&w.candidate)
                 );
             }
+            if !unhealthy.is_empty() {
+                println!(
+                    "unhealthy: {} (out of line until their health check passes)",
+                    unhealthy.len()
+                );
+                for u in &unhealthy {
+                    println!(
+                        "  - {} (host {}, pid {}), since {}",
+                        u.candidate.id,
+                        u.candidate.host,
+                        u.candidate.pid,
+                        fmt_ms(u.unhealthy_since_ms)
+                    );
+                }
+            }
             if !recent.is_empty() {
                 println!("recent terms:");
                 for r in recent.iter().rev() {
@@ -177,7 +291,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                         r.token,
                         r.id,
                         fmt_ms(r.started_ms),
-                        r.ended_ms.map(fmt_ms).unwrap_or_else(|| "now".into()),
+                        super::history::ended_text(r).unwrap_or_else(|| "now".into()),
                         super::history::end_text(r)
                     );
                 }

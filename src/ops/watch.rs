@@ -15,8 +15,9 @@ use crate::cli::{Output, WatchArgs};
 use crate::election::unix_ms;
 use crate::exit::Exit;
 
-/// A holder as a line shows it: its token and slot.
-type Shown = (i64, Option<u32>);
+/// A holder as a line shows it: its token, slot, and when its job is due while it waits out
+/// a takeover delay.
+type Shown = (i64, Option<u32>, Option<u64>);
 
 pub async fn run(a: WatchArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
@@ -35,7 +36,13 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
         let paused = line.paused.is_some();
         // What is shown, not the line behind it: while paused, candidates re-queueing change
         // nothing a reader can see.
-        let now = (holders.iter().map(|h| (h.token, h.slot)).collect(), paused);
+        let now = (
+            holders
+                .iter()
+                .map(|h| (h.token, h.slot, h.candidate.takeover_until_ms))
+                .collect(),
+            paused,
+        );
         if last.as_ref() != Some(&now) {
             print(&a.output, ctx.election.name(), holders, line.slots, paused);
             last = Some(now);
@@ -86,7 +93,7 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
 
 fn print(out: &Output, election: &str, holders: &[Entry], slots: u32, paused: bool) {
     let ts = super::fmt_ms(unix_ms());
-    let view = |l: &Entry| json!({"id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid, "token": l.token});
+    let view = |l: &Entry| json!({"id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid, "token": l.token, "takeover_until_ms": l.candidate.takeover_until_ms});
     match out {
         Output::Json if slots > 1 => {
             let held: Vec<_> = holders
@@ -120,8 +127,16 @@ fn print(out: &Output, election: &str, holders: &[Entry], slots: u32, paused: bo
             (_, true) => println!("{ts} {election}: paused"),
             ([], false) => println!("{ts} {election}: no leader"),
             ([l], false) if slots == 1 => println!(
-                "{ts} {election}: leader {} token {}",
-                l.candidate.id, l.token
+                "{ts} {election}: leader {} token {}{}",
+                l.candidate.id,
+                l.token,
+                l.candidate
+                    .takeover_until_ms
+                    .map(|due| format!(
+                        ", job not started: takeover delay until {}",
+                        super::fmt_ms(due)
+                    ))
+                    .unwrap_or_default()
             ),
             (held, false) => {
                 let who: Vec<String> = held

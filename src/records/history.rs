@@ -2,7 +2,9 @@
 //!
 //! The leader writes its own records in transactions guarded by its key's create revision, so
 //! a leader whose key is gone (a stale one) cannot write history. A term whose end was never
-//! written (lost lease, crash) shows as "lease lost" once a later term exists.
+//! written is judged by its leader key when the records are read: while the key exists the
+//! term runs; once it is gone, the lease ran out (or was revoked) at a moment nobody recorded,
+//! so the record says only that it ended before a bound (see [`infer_ends`]).
 
 use std::time::Duration;
 
@@ -26,6 +28,8 @@ pub enum TermEnd {
     Signal(i32),
     /// Stopped at `--timeout`.
     TimedOut,
+    /// Stopped at `--timeout`, and a stopping signal to lead-exec cut the grace short.
+    TimedOutThenSignal(i32),
     /// Stopped because the health check kept failing.
     Unhealthy,
 }
@@ -48,6 +52,7 @@ impl std::fmt::Display for TermEnd {
             TermEnd::Paused => f.write_str("paused"),
             TermEnd::Signal(s) => write!(f, "signal {s} to lead-exec"),
             TermEnd::TimedOut => f.write_str("timed out"),
+            TermEnd::TimedOutThenSignal(s) => write!(f, "timed out, then signal {s} to lead-exec"),
             TermEnd::Unhealthy => f.write_str("unhealthy"),
         }
     }
@@ -75,6 +80,13 @@ pub struct Record {
     /// when the record was written before the job started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_cgroup: Option<bool>,
+    /// The job's `--timeout`, in milliseconds, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Never written: set when read for a term whose end was not recorded and whose key is
+    /// gone. It ended (its lease ran out) at some time before this, Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_before_ms: Option<u64>,
 }
 
 impl Record {
@@ -105,6 +117,17 @@ pub struct Started {
     pub trim: Option<Vec<u8>>,
 }
 
+/// What a start record says about the term beyond who holds it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartFacts {
+    /// The `--takeover-delay` the term waited out.
+    pub takeover_delay: Option<Duration>,
+    /// Whether the job runs in a cgroup of its own; unknown before it starts.
+    pub job_cgroup: Option<bool>,
+    /// The job's `--timeout`.
+    pub job_timeout: Option<Duration>,
+}
+
 /// Writes the start of a term, guarded by our key, and reads beside it which old records the
 /// end of the term trims: a round trip the start would otherwise wait for.
 pub async fn record_start(
@@ -113,9 +136,13 @@ pub async fn record_start(
     timeout: Duration,
     term: Term<'_>,
     keep: u32,
-    takeover_delay: Option<Duration>,
-    job_cgroup: Option<bool>,
+    facts: StartFacts,
 ) -> Result<Started> {
+    let StartFacts {
+        takeover_delay,
+        job_cgroup,
+        job_timeout,
+    } = facts;
     let (mut c, mut r) = (client.clone(), client.clone());
     let Term { token, key, id } = term;
     let rec = Record {
@@ -129,6 +156,8 @@ pub async fn record_start(
         clean: None,
         takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
         job_cgroup,
+        timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
+        ended_before_ms: None,
     };
     let hk = e.history_key(token);
     let txn = Txn::new()
@@ -273,7 +302,9 @@ pub async fn finish(
     Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
 }
 
-/// The last `n` records, oldest first, with open ends of superseded terms filled in.
+/// The last `n` records, oldest first, with the ends of open records inferred (see
+/// [`infer_ends`]). The records, the line of candidates and the slot count are read in one
+/// transaction, so that they describe the same moment.
 pub async fn read(
     client: &Client,
     e: &Election,
@@ -281,24 +312,43 @@ pub async fn read(
     timeout: std::time::Duration,
 ) -> Result<Vec<Record>> {
     let mut c = client.clone();
-    let resp = get_all(
-        &mut c,
-        e,
-        timeout,
-        GetOptions::new()
-            .with_sort(SortTarget::Key, SortOrder::Descend)
-            .with_limit(n as i64 + 1),
-    )
-    .await?;
-    let mut recs: Vec<Record> = resp
+    let history = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Key, SortOrder::Descend)
+        .with_limit(n as i64);
+    let line = GetOptions::new().with_prefix().with_keys_only();
+    let txn = Txn::new().and_then([
+        TxnOp::get(e.history_prefix(), Some(history)),
+        TxnOp::get(e.candidates(), Some(line)),
+        TxnOp::get(e.slots_key(), None),
+    ]);
+    let resp = bounded(timeout, "etcd", c.txn(txn)).await?;
+    let observed_ms = unix_ms();
+    let gets: Vec<etcd_client::GetResponse> = resp
+        .op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        })
+        .collect();
+    let [hist, line, slots] = gets.as_slice() else {
+        anyhow::bail!("etcd answered {} of 3 reads", gets.len());
+    };
+    let mut recs: Vec<Record> = hist
         .kvs()
         .iter()
         .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
         .collect();
     recs.reverse();
-    infer_lost(&mut recs);
-    let skip = recs.len().saturating_sub(n);
-    Ok(recs.into_iter().skip(skip).collect())
+    let live: Vec<i64> = line.kvs().iter().map(|kv| kv.create_revision()).collect();
+    let slots: u32 = slots
+        .kvs()
+        .first()
+        .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.trim().parse().ok())
+        .unwrap_or(1);
+    infer_ends(&mut recs, &live, slots <= 1, observed_ms);
+    Ok(recs)
 }
 
 /// Whether the last term before `token` ended uncleanly (see [`Record::ended_cleanly`]). No
@@ -323,15 +373,35 @@ pub async fn previous_unclean(
     })
 }
 
-/// A record with no end that a later term superseded ended by losing its lease.
-pub fn infer_lost(recs: &mut [Record]) {
-    for i in 0..recs.len().saturating_sub(1) {
-        if recs[i].end.is_none() {
-            let next_start = recs[i + 1].started_ms;
-            recs[i].end = Some(TermEnd::LeaseLost.to_string());
-            recs[i].ended_ms = Some(next_start);
-            recs[i].clean = Some(false);
+/// Fills in the ends of open records (`recs` oldest first), from what is known: the
+/// create revisions of the candidate keys that exist (`live`) and when they were read
+/// (`observed_ms`).
+///
+/// An open record whose leader key still exists is a running term: left open, whatever came
+/// after it (with `--slots`, later holders run beside it). One whose key is gone ended by
+/// losing its lease, at a time nobody recorded: it is marked `lease lost`, unclean, with no
+/// `ended_ms`, and `ended_before_ms` is a bound known to be late enough: when the key was seen
+/// gone, or with one slot, when the next term was elected (its start minus the takeover
+/// delay it waited out), since a term is elected only once the key before it is gone.
+pub fn infer_ends(recs: &mut [Record], live: &[i64], one_slot: bool, observed_ms: u64) {
+    for i in 0..recs.len() {
+        if recs[i].end.is_some() || live.contains(&recs[i].token) {
+            continue;
         }
+        let next_elected = recs.get(i + 1).filter(|_| one_slot).map(|n| {
+            n.started_ms
+                .saturating_sub(n.takeover_delay_ms.unwrap_or(0))
+        });
+        let r = &mut recs[i];
+        r.end = Some(TermEnd::LeaseLost.to_string());
+        r.ended_ms = None;
+        r.clean = Some(false);
+        r.ended_before_ms = Some(
+            next_elected
+                .unwrap_or(observed_ms)
+                .min(observed_ms)
+                .max(r.started_ms),
+        );
     }
 }
 
@@ -351,17 +421,52 @@ mod tests {
             clean: None,
             takeover_delay_ms: None,
             job_cgroup: None,
+            timeout_ms: None,
+            ended_before_ms: None,
         }
     }
 
     #[test]
-    fn superseded_open_terms_are_lease_lost() {
+    fn an_open_record_whose_key_exists_runs_and_one_whose_key_is_gone_ended_before_a_bound() {
         let mut r = vec![rec(5, None), rec(9, Some("exit 0")), rec(12, None)];
-        infer_lost(&mut r);
+        infer_ends(&mut r, &[12], true, 60_000);
         assert_eq!(r[0].end.as_deref(), Some("lease lost"));
-        assert_eq!(r[0].ended_ms, Some(9000));
+        assert_eq!(r[0].ended_ms, None, "nobody saw it end");
+        assert_eq!(r[0].ended_before_ms, Some(9000), "before the next term");
         assert_eq!(r[1].end.as_deref(), Some("exit 0"));
-        assert_eq!(r[2].end, None, "the newest term may still run");
+        assert_eq!(r[1].ended_before_ms, None);
+        assert_eq!(r[2].end, None, "its key exists: it runs");
+
+        // No successor: the bound is when the key was seen gone.
+        let mut r = vec![rec(5, None)];
+        infer_ends(&mut r, &[], true, 60_000);
+        assert_eq!(r[0].ended_before_ms, Some(60_000));
+        assert_eq!(r[0].clean, Some(false));
+    }
+
+    #[test]
+    fn the_bound_is_the_successors_election_not_its_delayed_start() {
+        let mut next = rec(9, None);
+        next.takeover_delay_ms = Some(4000);
+        let mut r = vec![rec(5, None), next];
+        infer_ends(&mut r, &[9], true, 60_000);
+        assert_eq!(r[0].ended_before_ms, Some(5000));
+        assert_eq!(r[1].end, None);
+    }
+
+    #[test]
+    fn with_slots_later_holders_say_nothing_about_an_earlier_ones_end() {
+        let mut r = vec![rec(5, None), rec(9, None), rec(12, None), rec(14, None)];
+        infer_ends(&mut r, &[5, 9, 14], false, 60_000);
+        for i in [0, 1, 3] {
+            assert_eq!(r[i].end, None, "holder {i} runs");
+        }
+        assert_eq!(r[2].end.as_deref(), Some("lease lost"));
+        assert_eq!(
+            r[2].ended_before_ms,
+            Some(60_000),
+            "not the next holder's start"
+        );
     }
 
     #[test]
@@ -388,7 +493,7 @@ mod tests {
             "never closed: its worker died"
         );
         let mut r = vec![rec(5, None), rec(9, None)];
-        infer_lost(&mut r);
+        infer_ends(&mut r, &[9], true, 60_000);
         assert_eq!(r[0].clean, Some(false));
         for end in [
             TermEnd::Exited(0),

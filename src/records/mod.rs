@@ -1,11 +1,12 @@
 //! The records `run` writes beside the job, and the operator commands read: the history of
-//! terms, and completed run keys.
+//! terms, completed run keys, and the workers out of line for a failing health check.
 //!
 //! Every write is a transaction guarded by the leader key's create revision (the fencing
 //! token), so only the leader of that term can write, never a stale one.
 
 pub mod history;
 pub mod runkey;
+pub mod unhealthy;
 
 /// The term a record belongs to.
 #[derive(Debug, Clone, Copy)]

@@ -4,12 +4,23 @@
 //! timeout, in a process group of its own: never in the job's group, so stopping the job
 //! never stops a check and a hung check is killed whole. Its output goes to the log.
 //!
+//! Each check runs under a guard: lead-exec re-executed in a hidden mode ([`GUARD_ARG`]), in
+//! a process group of its own, that starts the check and holds the read end of a pipe whose
+//! only writer is lead-exec. When the pipe closes (lead-exec exits, however it ends, SIGKILL
+//! included, or gives up on a check that ran past its timeout), the guard SIGKILLs the check's
+//! group. So no check outlives lead-exec: a cron job that runs lead-exec every minute does not
+//! pile up shells. `PR_SET_PDEATHSIG` alone would not do: it reaches only the direct child,
+//! and fires when the forking thread exits rather than the process. The guard also kills what
+//! a check leaves behind in its group once the shell exits.
+//!
 //! A worker campaigns only once a check has passed. It becomes unhealthy after
 //! `--health-failures` failures in a row, and healthy again on the next pass: one flaky check
 //! neither costs a waiting candidate its place in line nor stops a running job.
 
+use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::process::Stdio;
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -63,6 +74,7 @@ impl Tracker {
 /// the receiver is dropped.
 pub fn start(check: HealthCheck) -> watch::Receiver<Health> {
     let (tx, rx) = watch::channel(Health::Unknown);
+    metrics::health_checks_on();
     tokio::spawn(async move {
         let mut tracker = Tracker::new(check.failures);
         let mut next = Instant::now();
@@ -98,35 +110,62 @@ pub async fn failing(rx: &mut watch::Receiver<Health>) {
     }
 }
 
+/// `argv[1]` that makes lead-exec a check's guard (see the module documentation).
+pub const GUARD_ARG: &str = "__health_guard";
+
+/// The guard's `argv[0]`: what `ps` shows for it.
+const GUARD_NAME: &str = "lexec-health";
+
+/// Variables lead-exec reads that a check must not see, as the job does not.
+const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
+
 /// One check: whether it exited 0 within the interval.
 async fn run_once(check: &HealthCheck) -> bool {
-    let mut cmd = std::process::Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(&check.command)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    // SAFETY: reset_signals makes async-signal-safe system calls only. Signals ignored by
-    // lead-exec's caller must not stay ignored in the check, as they do not in the job.
-    unsafe {
-        cmd.pre_exec(|| {
-            crate::supervisor::spawn::reset_signals();
-            Ok(())
-        });
-    }
-    let child = cmd.spawn();
-    let child = match child {
-        Ok(c) => c,
+    // The guard's stdin; our end is close-on-exec, so no other child of ours holds it open.
+    let (life_r, life_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
         Err(e) => {
-            tracing::warn!("health check: cannot start /bin/sh: {e}");
+            tracing::warn!("health check: cannot make a pipe: {e}");
             return false;
         }
     };
-    let pgid = child.id() as i32;
-    let waited = tokio::task::spawn_blocking(move || child.wait_with_output());
-    match tokio::time::timeout(check.interval, waited).await {
-        Ok(Ok(Ok(out))) => {
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.arg0(GUARD_NAME)
+        .arg(GUARD_ARG)
+        .arg(&check.command)
+        .stdin(Stdio::from(life_r))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Out of lead-exec's group: a ^C or a signal to that group must not kill the guard
+        // before it has killed the check.
+        .process_group(0);
+    for v in SECRET_ENV {
+        cmd.env_remove(v);
+    }
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("health check: cannot start its guard: {e}");
+            return false;
+        }
+    };
+    let mut waited = tokio::task::spawn_blocking(move || child.wait_with_output());
+    let result = match tokio::time::timeout(check.interval, &mut waited).await {
+        Ok(r) => r,
+        Err(_) => {
+            // The guard kills the check's group when its pipe closes, then exits.
+            drop(life_w);
+            let _ = tokio::time::timeout(Duration::from_secs(5), waited).await;
+            tracing::warn!(
+                "health check timed out after {}; killed it",
+                crate::clock::human(check.interval)
+            );
+            return false;
+        }
+    };
+    drop(life_w);
+    match result {
+        Ok(Ok(out)) => {
             let text = output_tail(&out.stdout, &out.stderr);
             if out.status.success() {
                 tracing::debug!(output = text, "health check passed");
@@ -136,25 +175,127 @@ async fn run_once(check: &HealthCheck) -> bool {
                 false
             }
         }
-        Ok(Ok(Err(e))) => {
-            tracing::warn!("health check: {e}");
-            false
-        }
         Ok(Err(e)) => {
             tracing::warn!("health check: {e}");
             false
         }
-        Err(_) => {
-            // Not reaped yet (the wait has not returned), so the group id is still this one's.
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pgid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            tracing::warn!(
-                "health check timed out after {}; killed it",
-                crate::clock::human(check.interval)
-            );
+        Err(e) => {
+            tracing::warn!("health check: {e}");
             false
+        }
+    }
+}
+
+/// The guard: runs `/bin/sh -c CHECK` (`argv[2]`) in a process group of its own, with the
+/// guard's stdout and stderr, and exits with its status (128 + N for a signal). When its
+/// stdin (lead-exec's pipe) closes or has data first, it SIGKILLs the check's group and
+/// exits 137. Either way the check's group is killed before the guard exits.
+pub fn guard_main(argv: Vec<OsString>) -> ExitCode {
+    let Some(command) = argv.get(2) else {
+        eprintln!("lead-exec: {GUARD_ARG}: no command");
+        return ExitCode::from(64);
+    };
+    let guard = nix::unistd::getpid();
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(command)
+        .stdin(Stdio::null())
+        .process_group(0);
+    // SAFETY: prctl, getppid and reset_signals' system calls are async-signal-safe. The guard has one thread, so the
+    // death signal follows the guard itself: a SIGKILLed guard takes the shell with it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != guard.as_raw() {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Signals ignored by lead-exec's caller must not stay ignored in the check, as
+            // they do not in the job.
+            crate::supervisor::spawn::reset_signals();
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot start /bin/sh: {e}");
+            return ExitCode::from(127);
+        }
+    };
+    let pid = child.id() as i32;
+    let exited = wait_exit_or_eof(pid);
+    // The shell is not reaped yet (at most a zombie), so its group id cannot be reused: the
+    // kill reaches only the check and whatever it left behind.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let status = child.wait();
+    if !exited {
+        return ExitCode::from(137);
+    }
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => ExitCode::from(c as u8),
+            (None, Some(sig)) => ExitCode::from((128 + sig) as u8),
+            _ => ExitCode::from(1),
+        },
+        Err(_) => ExitCode::from(1),
+    }
+}
+
+/// Blocks until the check (`pid`) exits (`true`, left unreaped) or stdin is readable or
+/// closed (`false`).
+fn wait_exit_or_eof(pid: i32) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // Without pidfds (before Linux 5.3), look for the exit every 20 ms.
+        let (n, wait_ms) = if pidfd >= 0 { (2, -1) } else { (1, 20) };
+        // SAFETY: `fds` holds `n` initialised pollfds and outlives the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), n, wait_ms) };
+        if ready < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return false;
+        }
+        if fds[0].revents != 0 {
+            return false;
+        }
+        if pidfd >= 0 && fds[1].revents != 0 {
+            return true;
+        }
+        if pidfd < 0 {
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `info` is a valid siginfo_t to fill; WNOWAIT leaves the child unreaped.
+            let r = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            // SAFETY: waitid filled `info` (si_pid stays 0 while the child runs).
+            if r != 0 || unsafe { info.si_pid() } != 0 {
+                return true;
+            }
         }
     }
 }

@@ -96,6 +96,8 @@ pub enum StopReason {
     Interrupted(i32),
     /// The job ran for `--timeout`.
     TimedOut,
+    /// The job ran for `--timeout`, then a stopping signal reached lead-exec during the grace.
+    TimedOutThenInterrupted(i32),
     /// The health check failed `--health-failures` times in a row.
     Unhealthy,
 }
@@ -420,6 +422,34 @@ pub fn step(phase: Phase, event: Event, p: &Policy) -> (Phase, Vec<Action>) {
             };
             ended(reason, Exit::TimedOut)
         }
+        (
+            P::Draining {
+                why: StopReason::TimedOutThenInterrupted(s),
+                ..
+            },
+            E::JobEnded { by_watchdog, .. },
+        ) => {
+            let reason = if by_watchdog {
+                TermEnd::LeaseLost
+            } else {
+                TermEnd::TimedOutThenSignal(s)
+            };
+            ended(reason, Exit::TimedOut)
+        }
+        // A stop (`systemctl stop`, ^C) during the timeout's grace: the job gets SIGKILL at
+        // once, as for any second stop, but the run still ends as timed out (124), since that
+        // is what stopped the job first; the record names both.
+        (
+            P::Draining {
+                token,
+                why: StopReason::TimedOut | StopReason::TimedOutThenInterrupted(_),
+            },
+            E::Interrupted { signal },
+        ) => drain(
+            token,
+            StopReason::TimedOutThenInterrupted(signal),
+            A::KillJob,
+        ),
         // A second stopping signal while draining: stop waiting out the grace.
         (P::Draining { token, .. }, E::Interrupted { signal }) => {
             drain(token, StopReason::Interrupted(signal), A::KillJob)
@@ -731,6 +761,29 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_signal_during_the_timeouts_grace_kills_at_once_but_the_run_still_times_out() {
+        for policy in [CAMPAIGN, EXIT] {
+            let (p, _) = step(leading(), Event::TimedOut, &policy);
+            let (p, a) = step(p, Event::Interrupted { signal: 15 }, &policy);
+            assert_eq!(p, draining(StopReason::TimedOutThenInterrupted(15)));
+            assert_eq!(a, vec![Action::KillJob]);
+            // A third signal keeps the timeout too, and names the last signal.
+            let (p2, a) = step(p, Event::Interrupted { signal: 2 }, &policy);
+            assert_eq!(p2, draining(StopReason::TimedOutThenInterrupted(2)));
+            assert_eq!(a, vec![Action::KillJob]);
+            let (end, a) = step(p, job_ended(Exit::Signal(9), false), &policy);
+            assert_ends(end, &a, TermEnd::TimedOutThenSignal(15), Exit::TimedOut);
+            let (end, a) = step(p, job_ended(Exit::Signal(9), true), &policy);
+            assert_ends(end, &a, TermEnd::LeaseLost, Exit::TimedOut);
+        }
+        assert_eq!(
+            TermEnd::TimedOutThenSignal(15).to_string(),
+            "timed out, then signal 15 to lead-exec"
+        );
+        assert!(TermEnd::TimedOutThenSignal(15).is_clean());
+    }
+
+    #[test]
     fn an_unclean_end_delays_the_start_and_a_stop_during_the_delay_runs_nothing() {
         let d = Duration::from_secs(5);
         let ev = Event::Elected {
@@ -855,6 +908,7 @@ mod tests {
                 StopReason::Resigned,
                 StopReason::Interrupted(libc::SIGTERM),
                 StopReason::TimedOut,
+                StopReason::TimedOutThenInterrupted(libc::SIGTERM),
                 StopReason::Unhealthy,
             ]
             .map(|why| Phase::Draining { token: 42, why }),

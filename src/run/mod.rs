@@ -356,6 +356,10 @@ impl Driver {
                 }
                 self.last_token = Some(token);
                 metrics::elected(token, slot, started.elapsed());
+                // A new term's lease is fresh: the gauge must not read 0 until the first renewal.
+                if let LeaseState::Alive { deadline } = lease.state() {
+                    metrics::ttl_remaining(deadline.remaining());
+                }
                 self.leader_watch = Some(LeaderWatch::new(
                     &self.client,
                     &self.cfg.election,
@@ -577,8 +581,11 @@ impl Driver {
                 timeout,
                 term,
                 keep,
-                delayed,
-                job_cgroup,
+                history::StartFacts {
+                    takeover_delay: delayed,
+                    job_cgroup,
+                    job_timeout: cfg.timeout,
+                },
             )
             .await
             .inspect_err(|e| tracing::warn!("history: {e:#}"))
@@ -628,6 +635,8 @@ impl Driver {
             signals,
             give_up_at,
             cfg,
+            client,
+            candidate,
             ..
         } = self;
         let rx = health.as_mut()?;
@@ -645,8 +654,14 @@ impl Driver {
         }
         tracing::warn!(election, "not campaigning until the health check passes");
         notify::status("unhealthy: waiting for the health check to pass");
+        // Bounded tighter than a request: a pass or a signal must not wait on an etcd in trouble.
+        let bound = cfg.conn.command_timeout.min(Duration::from_secs(1));
+        let shown = tokio::time::timeout(bound, show_unhealthy(client, cfg, candidate))
+            .await
+            .ok()
+            .flatten();
         let give_up = crate::clock::until(*give_up_at);
-        tokio::select! {
+        let out = tokio::select! {
             passed = rx.wait_for(|h| *h == Health::Healthy) => {
                 if passed.is_err() {
                     std::future::pending::<()>().await;
@@ -656,7 +671,12 @@ impl Driver {
             }
             ev = stopping(signals) => Some(ev),
             _ = give_up => Some(Event::NotAcquired),
+        };
+        if let Some(lease) = shown {
+            let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
+            lease.revoke(timeout).await;
         }
+        out
     }
 
     /// Waits out `--takeover-delay` with the lease renewed, watching the term as a running
@@ -1005,6 +1025,21 @@ fn standby(cfg: &RunConfig) -> Option<Standby> {
     Standby::start(cfg.grace, cfg.cgroup)
         .inspect_err(|e| tracing::debug!("watchdog not started ahead: {e:#}"))
         .ok()
+}
+
+/// Shows this worker in `status` as out of line, on a lease of its own, kept alive until it is
+/// revoked. Best effort: the worker stays out of line whether or not this lands.
+async fn show_unhealthy(client: &Client, cfg: &RunConfig, candidate: &Candidate) -> Option<Lease> {
+    let timeout = cfg.conn.command_timeout;
+    let lease = grant(client, cfg)
+        .await
+        .inspect_err(|e| tracing::debug!("not shown as unhealthy in status: {e:#}"))
+        .ok()?;
+    let e = &cfg.election;
+    if let Err(err) = records::unhealthy::mark(client, e, timeout, lease.id, candidate).await {
+        tracing::debug!("not shown as unhealthy in status: {err:#}");
+    }
+    Some(lease)
 }
 
 /// Waits for a signal that stops the run; others (USR1, USR2) have no job to go to.
