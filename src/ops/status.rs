@@ -13,11 +13,20 @@ use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
 use crate::records::history;
+use crate::text::escape;
 
-/// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`). A warning,
-/// so that `-q` keeps it: a cron mail should say who ran instead.
-pub async fn report_not_acquired(cfg: &RunConfig) {
+/// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`), or says
+/// that this worker's own health check kept it out (`unhealthy`). A warning, so that `-q`
+/// keeps it: a cron mail should say who ran instead, or why nobody here did.
+pub async fn report_not_acquired(cfg: &RunConfig, unhealthy: bool) {
     let name = cfg.election.name();
+    if unhealthy {
+        tracing::warn!(
+            election = name,
+            "not acquired: the health check is failing, so this worker did not campaign for {name}"
+        );
+        return;
+    }
     let who = async {
         let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
         let line = ctx.holders().await?;
@@ -26,7 +35,7 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
             (Some(_), _) if line.slots > 1 => {
                 let who: Vec<String> = holders
                     .iter()
-                    .map(|h| format!("{} (token {})", h.candidate.id, h.token))
+                    .map(|h| format!("{} (token {})", escape(&h.candidate.id), h.token))
                     .collect();
                 format!(
                     "{name}'s {} slots are held by {}",
@@ -36,9 +45,16 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
             }
             (Some(l), _) => format!(
                 "{name} is led by {} (host {}, pid {}, token {})",
-                l.candidate.id, l.candidate.host, l.candidate.pid, l.token
+                escape(&l.candidate.id),
+                escape(&l.candidate.host),
+                l.candidate.pid,
+                l.token
             ),
-            (None, Some(p)) => format!("{name} is paused by {}: {}", p.by, p.reason),
+            (None, Some(p)) => format!(
+                "{name} is paused by {}: {}",
+                escape(&p.by),
+                escape(&p.reason)
+            ),
             (None, None) => format!("{name} had another leader, whose term has ended since"),
         })
     };
@@ -106,77 +122,77 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "paused": paused,
                 "recent_terms": recent,
             });
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            outln!("{}", serde_json::to_string_pretty(&v)?);
         }
         Output::Text => {
-            println!("election:  {}", ctx.election.name());
+            outln!("election:  {}", ctx.election.name());
             if line.slots > 1 {
-                println!("slots:     {}", line.slots);
-                println!("holders:   {}", holders.len());
+                outln!("slots:     {}", line.slots);
+                outln!("holders:   {}", holders.len());
             }
             for (h, since, ttl) in &holders {
                 if line.slots > 1 {
-                    print!("  slot {}: ", slot_name(h.slot));
+                    out!("  slot {}: ", slot_name(h.slot));
                 } else {
-                    print!("leader:    ");
+                    out!("leader:    ");
                 }
-                println!(
+                outln!(
                     "{} (host {}, pid {}{}), token {}",
-                    h.candidate.id,
-                    h.candidate.host,
+                    escape(&h.candidate.id),
+                    escape(&h.candidate.host),
                     h.candidate.pid,
                     priority_text(&h.candidate),
                     h.token
                 );
                 let indent = if line.slots > 1 { "    " } else { "" };
                 if let Some(s) = since {
-                    println!("{indent}since:     {}", fmt_ms(*s));
+                    outln!("{indent}since:     {}", fmt_ms(*s));
                 }
                 if let Some(t) = ttl {
-                    println!("{indent}lease:     {t}s left");
+                    outln!("{indent}lease:     {t}s left");
                 }
                 if let Some(due) = takeover_due(&h.candidate) {
-                    println!(
+                    outln!(
                         "{indent}job:       not started: takeover delay after an unclean end, until {}",
                         fmt_ms(due)
                     );
                 }
             }
             if holders.is_empty() && line.slots == 1 {
-                println!("leader:    none");
+                outln!("leader:    none");
             }
             if let Some(p) = paused {
-                println!(
+                outln!(
                     "paused:    yes, since {} by {}: {}",
                     fmt_ms(p.since_ms),
-                    p.by,
-                    p.reason
+                    escape(&p.by),
+                    escape(&p.reason)
                 );
             } else {
-                println!("paused:    no");
+                outln!("paused:    no");
             }
             let waiting = line.waiting();
-            println!("waiting:   {}", waiting.len());
+            outln!("waiting:   {}", waiting.len());
             for (i, w) in waiting.iter().enumerate() {
-                println!(
+                outln!(
                     "  {}. {} (host {}, pid {}{})",
                     i + 1,
-                    w.candidate.id,
-                    w.candidate.host,
+                    escape(&w.candidate.id),
+                    escape(&w.candidate.host),
                     w.candidate.pid,
                     priority_text(&w.candidate)
                 );
             }
             if !recent.is_empty() {
-                println!("recent terms:");
+                outln!("recent terms:");
                 for r in recent.iter().rev() {
-                    println!(
+                    outln!(
                         "  token {:<8} {:<24} {} .. {}  {}",
                         r.token,
-                        r.id,
+                        escape(&r.id),
                         fmt_ms(r.started_ms),
                         r.ended_ms.map(fmt_ms).unwrap_or_else(|| "now".into()),
-                        super::history::end_text(r)
+                        escape(&super::history::end_text(r))
                     );
                 }
             }

@@ -31,8 +31,17 @@ use crate::{etcd, fencing, metrics, notify};
 use health::Health;
 use lifecycle::{step, Action, Event, Phase, Policy, StopReason};
 
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    pub exit: Exit,
+    /// It gave up ([`Exit::NotAcquired`]) because its own health check kept failing, not
+    /// because someone else holds the election.
+    pub unhealthy: bool,
+}
+
 /// Runs until the job is done (or leadership is given up) and returns the exit code.
-pub async fn run(cfg: RunConfig) -> Result<Exit> {
+pub async fn run(cfg: RunConfig) -> Result<Ended> {
     crate::supervisor::preflight(&cfg.command[0])?;
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr).await?;
@@ -76,7 +85,10 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
             run_key = done,
             "run key already done; not running the job"
         );
-        return Ok(Exit::Ok);
+        return Ok(Ended {
+            exit: Exit::Ok,
+            unhealthy: false,
+        });
     }
     let give_up_at = match cfg.wait {
         Wait::For(d) => Some(Instant::now() + d),
@@ -105,8 +117,13 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         leader_watch: None,
         last_token: None,
         failure: None,
+        gave_up_unhealthy: false,
     };
-    d.drive().await
+    let exit = d.drive().await?;
+    Ok(Ended {
+        exit,
+        unhealthy: d.gave_up_unhealthy && matches!(exit, Exit::NotAcquired(_)),
+    })
 }
 
 /// The current term, while we lead.
@@ -157,6 +174,8 @@ struct Driver {
     /// The etcd error behind the last failed campaign: retried after a backoff, or (under
     /// `--no-wait`) what the run ends with.
     failure: Option<(&'static str, anyhow::Error)>,
+    /// The last campaign was given up while the health check was failing.
+    gave_up_unhealthy: bool,
 }
 
 /// Whether a new term's token is not above the previous one's: etcd's revisions went back
@@ -554,6 +573,7 @@ impl Driver {
             signals,
             give_up_at,
             cfg,
+            gave_up_unhealthy,
             ..
         } = self;
         let rx = health.as_mut()?;
@@ -566,7 +586,8 @@ impl Driver {
         }
         let election = cfg.election.name();
         if cfg.wait == Wait::No {
-            tracing::warn!(election, "not campaigning: the health check is failing");
+            // The one line that says so is the run's last (see `report_not_acquired`).
+            *gave_up_unhealthy = true;
             return Some(Event::NotAcquired);
         }
         tracing::warn!(election, "not campaigning until the health check passes");
@@ -581,7 +602,10 @@ impl Driver {
                 None
             }
             ev = stopping(signals) => Some(ev),
-            _ = give_up => Some(Event::NotAcquired),
+            _ = give_up => {
+                *gave_up_unhealthy = true;
+                Some(Event::NotAcquired)
+            }
         }
     }
 
