@@ -486,7 +486,8 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
         while libc::write(w, b"x".as_ptr().cast(), 1) == 1 {}
         libc::fcntl(w, libc::F_SETFL, flags);
     }
-    // Trace from every crate: about 50 kB of log a second, enough to overflow the queue.
+    // Trace from every crate: about 50 kB of log a second (driven by timers: keepalives, HTTP/2
+    // pings, checks), so the 256 KiB queue overflows within the 12 s below.
     let job = heartbeat(dir.path(), "a");
     let args = run_args(
         "stalled",
@@ -497,7 +498,7 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
     let mut a = spawn_with_stderr(&args, &[("RUST_LOG", "trace")], writer);
     wait_int(&dir.path().join("a.token"), secs(10));
     let started = now_ns();
-    heartbeat_past(dir.path(), started, secs(8));
+    heartbeat_past(dir.path(), started, secs(12));
     assert!(a.try_wait().unwrap().is_none(), "lead-exec exited");
 
     // Once read again, the log resumes and says what it lost.
