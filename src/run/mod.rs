@@ -40,7 +40,7 @@ pub struct Ended {
     pub unhealthy: bool,
 }
 
-/// Runs until the job is done (or leadership is given up) and returns the exit code.
+/// Runs until the job is done (or leadership is given up) and returns how it ended.
 pub async fn run(cfg: RunConfig) -> Result<Ended> {
     crate::supervisor::preflight(&cfg.command[0])?;
     if let Some(addr) = cfg.metrics_addr {
