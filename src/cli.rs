@@ -222,7 +222,7 @@ pub struct RunArgs {
     pub run_key: Option<String>,
 
     /// How long a --run-key record is kept (whole seconds, rounded up).
-    #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", help_heading = "Election")]
+    #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", requires = "run_key", help_heading = "Election")]
     pub run_key_ttl: Duration,
 
     /// Run the job on at most N workers at once (an N-of-M semaphore); every candidate of the
@@ -442,8 +442,22 @@ pub fn forget_outer_job(run: &mut RunArgs, m: &clap::ArgMatches) -> Result<(), S
 }
 
 /// The one-line message for a usage error: clap's first paragraph joined (so the missing
-/// arguments and the accepted values are named), with hints for two common slips.
+/// arguments and the accepted values are named), with hints for two common slips. A long
+/// value typed by the user is cut (see [`crate::text::quoted`]).
 pub fn usage_message(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let mut text = usage_text(e, args);
+    for kind in [ContextKind::InvalidValue, ContextKind::InvalidArg] {
+        if let Some(ContextValue::String(v)) = e.get(kind) {
+            if v.chars().count() > crate::text::QUOTED_CHARS {
+                text = text.replace(v.as_str(), &crate::text::quoted(v));
+            }
+        }
+    }
+    text
+}
+
+fn usage_text(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     let before_dashes = || args.iter().take_while(|a| *a != "--");
     let negative = |a: &str| {

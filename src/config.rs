@@ -29,6 +29,43 @@ pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
 /// A `--wait` this short cannot outlast the first attempt, so it means `--no-wait`.
 pub const NO_WAIT_BELOW: Duration = Duration::from_millis(10);
 
+/// The longest duration any flag takes (other than the lease TTLs, which etcd bounds: see
+/// [`MAX_LEASE_TTL`]): 100 years, as humantime counts them. Deadlines are instants plus these
+/// durations, on clocks counted in nanoseconds in 64 bits (584 years for an unsigned count):
+/// a few of them added to the time since boot must still fit.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// Refuses a duration above [`MAX_DURATION`], naming the flag.
+pub fn bounded_duration(flag: &str, d: Duration) -> Result<Duration> {
+    if d > MAX_DURATION {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "{flag} {} is too long: the most any duration flag takes is {}",
+                human(d),
+                human(MAX_DURATION)
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+/// Refuses a value with a control character in it (a newline, say), naming the flag: it is
+/// stored, and shown line by line by `status`, `history` and `watch`, where a newline would
+/// print a line of its own.
+pub fn one_line(flag: &str, value: &str) -> Result<()> {
+    match crate::text::first_control(value) {
+        None => Ok(()),
+        Some((at, c)) => Err(fail(
+            Exit::Usage,
+            format!(
+                "{flag} '{}' has a control character ({c} at byte {at}): it must be one line of printable text",
+                crate::text::quoted(value)
+            ),
+        )),
+    }
+}
+
 impl Conn {
     pub fn from_args(a: &ConnArgs) -> Result<Conn> {
         let raw = a
@@ -60,6 +97,7 @@ impl Conn {
             ("--dial-timeout", a.dial_timeout),
             ("--command-timeout", a.command_timeout),
         ] {
+            bounded_duration(flag, d)?;
             if d < MIN_TIMEOUT {
                 return Err(fail(
                     Exit::Usage,
@@ -217,6 +255,19 @@ impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
         let election = Election::new(&a.election.election)?;
         let conn = Conn::from_args(&a.election.conn)?;
+        for (flag, d) in [
+            ("--grace", Some(a.grace)),
+            ("--safety-margin", Some(a.safety_margin)),
+            ("--wait", a.wait),
+            ("--timeout", a.timeout),
+            ("--takeover-delay", Some(a.takeover_delay)),
+            ("--health-interval", Some(a.health_interval)),
+            ("--min-term", Some(a.min_term)),
+        ] {
+            if let Some(d) = d {
+                bounded_duration(flag, d)?;
+            }
+        }
         let ttl = lease_ttl("--ttl", a.ttl)?;
         check_lease_safety(ttl, a.grace, a.safety_margin)?;
         let run_key_ttl = lease_ttl("--run-key-ttl", a.run_key_ttl)?;
@@ -230,7 +281,10 @@ impl RunConfig {
             Some(id) if id.trim().is_empty() => {
                 return Err(fail(Exit::Usage, "--id must not be empty"))
             }
-            Some(id) => id.clone(),
+            Some(id) => {
+                one_line("--id", id)?;
+                id.clone()
+            }
             None => format!("{}:{}", hostname(), std::process::id()),
         };
         if let Some(k) = &a.run_key {
@@ -503,6 +557,111 @@ mod tests {
         let e = check_slots(2, Some("nightly")).unwrap_err();
         assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
         assert!(e.to_string().contains("a run key runs the job once"), "{e}");
+    }
+
+    /// Every duration flag, with the most it takes and what it needs beside it.
+    const DURATION_FLAGS: [(&str, Duration, &[&str]); 11] = [
+        ("--timeout", MAX_DURATION, &[]),
+        ("--wait", MAX_DURATION, &[]),
+        ("--health-interval", MAX_DURATION, &["--health-cmd", "true"]),
+        ("--grace", MAX_DURATION, &[]),
+        ("--safety-margin", MAX_DURATION, &[]),
+        ("--dial-timeout", MAX_DURATION, &[]),
+        ("--command-timeout", MAX_DURATION, &[]),
+        ("--takeover-delay", MAX_DURATION, &[]),
+        ("--min-term", MAX_DURATION, &[]),
+        ("--ttl", MAX_LEASE_TTL, &[]),
+        ("--run-key-ttl", MAX_LEASE_TTL, &["--run-key", "k"]),
+    ];
+
+    fn config_with(flag: &str, value: &str, extra: &[&str]) -> Result<RunConfig> {
+        use clap::Parser;
+        let args = [
+            &["lead-exec", "run", "x", flag, value],
+            extra,
+            &["--", "true"],
+        ]
+        .concat();
+        let cli = crate::cli::Cli::try_parse_from(args).expect("parses");
+        let crate::cli::Command::Run(a) = cli.command else {
+            unreachable!()
+        };
+        RunConfig::from_args(&a)
+    }
+
+    fn any_duration() -> impl proptest::strategy::Strategy<Value = (String, Duration)> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<u64>().prop_map(|s| (format!("{s}s"), Duration::from_secs(s))),
+            any::<u64>().prop_map(|n| (format!("{n}ns"), Duration::from_nanos(n))),
+            (0..=200u64).prop_map(|y| (format!("{y}years"), Duration::from_secs(y * 31_557_600))),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { failure_persistence: None, cases: 512, ..Default::default() })]
+
+        /// No duration a flag takes can overflow the instant arithmetic it feeds; a longer one
+        /// is a usage error naming the flag.
+        #[test]
+        fn every_duration_flag_is_bounded(
+            (flag, max, extra) in proptest::sample::select(DURATION_FLAGS.to_vec()),
+            (text, d) in any_duration(),
+        ) {
+            match config_with(flag, &text, extra) {
+                Ok(_) => {
+                    proptest::prop_assert!(d <= max, "{flag} {text} accepted");
+                    // Room for a few of them added together (a lease TTL: two), after the time
+                    // since boot, on the clocks that deadlines use.
+                    let few = d.checked_mul(if max == MAX_LEASE_TTL { 2 } else { 4 }).expect("fits");
+                    let since_boot = u128::from(crate::clock::BootInstant::now().as_nanos());
+                    proptest::prop_assert!(few.as_nanos() + since_boot < u128::from(u64::MAX));
+                    proptest::prop_assert!(std::time::Instant::now().checked_add(few).is_some());
+                    proptest::prop_assert!(tokio::time::Instant::now().checked_add(few).is_some());
+                }
+                Err(e) => {
+                    proptest::prop_assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+                    let msg = e.to_string();
+                    proptest::prop_assert!(!msg.contains('\n'), "{msg}");
+                    if d > max {
+                        proptest::prop_assert!(msg.starts_with(flag), "{msg}");
+                    } else {
+                        proptest::prop_assert!(!msg.contains("too long") && !msg.contains("above etcd's maximum"), "{flag} {text}: {msg}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_longest_durations_are_accepted() {
+        for (flag, max, extra) in DURATION_FLAGS {
+            let over = format!("{}ns", max.as_nanos() + 1);
+            let e = config_with(flag, &over, extra).unwrap_err();
+            assert!(e.to_string().starts_with(flag), "{e}");
+            // Grace and margin at the maximum need a lease to match.
+            let ttl: &[&str] = match flag {
+                "--grace" | "--safety-margin" => &["--ttl", "9000000000s"],
+                _ => &[],
+            };
+            let at = format!("{}s", max.as_secs());
+            config_with(flag, &at, &[extra, ttl].concat())
+                .unwrap_or_else(|e| panic!("{flag} {at}: {e}"));
+        }
+    }
+
+    #[test]
+    fn ids_are_one_line() {
+        let e = config_with("--id", "evil\nleader:    mallory", &[]).unwrap_err();
+        assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+        assert!(
+            e.to_string().contains("control character (\\n at byte 4)"),
+            "{e}"
+        );
+        assert_eq!(
+            config_with("--id", "wörker-1 (b)", &[]).unwrap().id,
+            "wörker-1 (b)"
+        );
     }
 
     #[test]

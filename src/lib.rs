@@ -65,8 +65,8 @@
 //!   I/O, what the group gets and when; [`supervisor::watchdog`] is the process that carries it
 //!   out, started by [`supervisor::detach`]; [`supervisor::group`] the process group and
 //!   cgroup. `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
-//! - [`exit`], [`clock`], [`metrics`], [`notify`]: exit codes as a type, CLOCK_BOOTTIME,
-//!   Prometheus, systemd.
+//! - [`exit`], [`clock`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
+//!   CLOCK_BOOTTIME, Prometheus, systemd, values made safe to print.
 //!
 //! The safety decisions are pure functions with unit and property tests:
 //! [`run::lifecycle::step`], [`supervisor::enforcer::Enforcer`], and the renewal arithmetic in
@@ -86,6 +86,7 @@ pub mod ops;
 pub mod records;
 pub mod run;
 pub mod supervisor;
+pub mod text;
 
 use std::process::ExitCode;
 
@@ -157,7 +158,8 @@ fn fatal_usage(args: &[std::ffi::OsString], message: &str) {
 }
 
 /// Prints the error that ends the process: one plain line, or one JSON log object under
-/// `--log-format json` so that a log pipeline parses it like every other line.
+/// `--log-format json` so that a log pipeline parses it like every other line. Either goes
+/// through the log's queue, best effort (see [`logging`]).
 fn fatal(json: bool, message: &str, exit: Exit) {
     if json {
         logging::init(&cli::LogArgs {
@@ -167,7 +169,7 @@ fn fatal(json: bool, message: &str, exit: Exit) {
         });
         tracing::error!(exit_code = exit.code(), "{message}");
     } else {
-        eprintln!("lead-exec: {message}");
+        logging::eprint_line(&format!("lead-exec: {message}"));
     }
 }
 
@@ -176,11 +178,11 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
         Command::Run(a) => {
             let cfg = config::RunConfig::from_args(&a)?;
-            let exit = run::run(cfg.clone()).await?;
-            if let Exit::NotAcquired(_) = exit {
-                ops::status::report_not_acquired(&cfg).await;
+            let ended = run::run(cfg.clone()).await?;
+            if let Exit::NotAcquired(_) = ended.exit {
+                ops::status::report_not_acquired(&cfg, ended.unhealthy).await;
             }
-            Ok(exit)
+            Ok(ended.exit)
         }
         Command::Status(a) => ops::status::run(a).await,
         Command::Watch(a) => ops::watch::run(a).await,
@@ -190,12 +192,10 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::History(a) => ops::history::run(a).await,
         Command::Check(a) => ops::check::run(a).await,
         Command::Completions(a) => {
-            clap_complete::generate(
-                a.shell,
-                &mut cli::command(),
-                "lead-exec",
-                &mut std::io::stdout(),
-            );
+            // Into memory first: clap_complete panics on a failed write.
+            let mut script = Vec::new();
+            clap_complete::generate(a.shell, &mut cli::command(), "lead-exec", &mut script);
+            ops::emit(&String::from_utf8_lossy(&script))?;
             Ok(Exit::Ok)
         }
     }
@@ -212,6 +212,12 @@ pub fn main() -> ExitCode {
     if args.get(1).is_some_and(|a| a == run::health::GUARD_ARG) {
         return run::health::guard_main(args);
     }
+    let code = cli_main(args);
+    logging::flush();
+    code
+}
+
+fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     let cli = match parse(args) {
         Ok(c) => c,
         Err(code) => return code,
@@ -224,7 +230,7 @@ pub fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("lead-exec: cannot start the runtime: {e}");
+            logging::eprint_line(&format!("lead-exec: cannot start the runtime: {e}"));
             return Exit::Software.into();
         }
     };

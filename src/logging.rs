@@ -1,8 +1,39 @@
 //! Logs: tracing to stderr, as text (readable in journald) or JSON.
+//!
+//! Logging is best effort and never holds lead-exec up. A leader must keep renewing its lease
+//! whatever happens to its stderr: a reader that died (`2>fifo`, `| logger`, a journald
+//! restart) makes every write fail with EPIPE, and a reader that stopped fills the pipe, after
+//! which a write blocks. A blocking write on the runtime thread would stop every timer on it,
+//! keepalives included. So a log line is formatted where it happens and queued, and one
+//! thread of its own writes the queue to stderr:
+//!
+//! - a write that fails loses that line and nothing else;
+//! - while the writer is blocked, lines queue up to [`QUEUE_BYTES`]; past that they are dropped
+//!   and counted, and once the writer moves again one warning says how many were lost;
+//! - at exit, [`flush`] waits at most [`FLUSH_LIMIT`] for the queue to drain.
+//!
+//! stderr itself is left as it is: it is the job's stderr too (the job inherits it), so making
+//! it non-blocking would change the job's writes as well.
+//!
+//! Text lines are kept to one line each: control characters in a message (an id or a health
+//! check's output) are escaped, so no value can print a line that looks like one of ours.
 
+use std::collections::VecDeque;
+use std::os::fd::AsFd;
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogArgs, LogFormat};
+
+/// How many bytes of log lines wait for a blocked stderr before lines are dropped: four
+/// times a default pipe's capacity.
+pub const QUEUE_BYTES: usize = 256 * 1024;
+
+/// The longest [`flush`] waits at exit for a stderr that is not being read.
+pub const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
 pub fn init(args: &LogArgs) {
     let level = match (args.quiet, args.verbose) {
@@ -14,15 +45,259 @@ pub fn init(args: &LogArgs) {
     // Our own crate at the chosen level; dependencies only when something is wrong.
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("warn,lead_exec={level}")));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let writer = ToQueue {
+        // JSON escapes control characters itself.
+        one_line: (args.log_format == LogFormat::Text).then_some(ansi),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
+        // Its fallback for a failed write is eprintln!, which panics on a closed stderr.
+        .log_internal_errors(false)
         .with_target(false);
     let res = match args.log_format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
+        LogFormat::Text => builder.with_ansi(ansi).try_init(),
     };
     let _ = res;
+}
+
+/// Writes one line to stderr as the log does: queued, best effort. For the plain-text lines
+/// printed without tracing (a usage error, the final error).
+pub fn eprint_line(line: &str) {
+    let mut bytes = text_line(line, false).into_owned().into_bytes();
+    bytes.push(b'\n');
+    sink().push(bytes);
+}
+
+/// Waits until every queued line is written, or [`FLUSH_LIMIT`] has passed: called once,
+/// before the process exits.
+pub fn flush() {
+    if let Some(s) = SINK.get() {
+        s.flush(FLUSH_LIMIT);
+    }
+}
+
+/// `line` (without its newline) on one line: control characters escaped, but ESC kept when
+/// `ansi` colours are on.
+fn text_line(line: &str, ansi: bool) -> std::borrow::Cow<'_, str> {
+    crate::text::escape_except(line, |c| ansi && c == '\u{1b}')
+}
+
+/// The tracing writer: each event is formatted into a buffer that goes to the queue whole.
+#[derive(Clone, Copy)]
+struct ToQueue {
+    /// Text format: keep each event on one line (`Some(ansi)`).
+    one_line: Option<bool>,
+}
+
+impl<'a> MakeWriter<'a> for ToQueue {
+    type Writer = Event;
+
+    fn make_writer(&'a self) -> Event {
+        Event {
+            buf: Vec::new(),
+            one_line: self.one_line,
+        }
+    }
+}
+
+struct Event {
+    buf: Vec<u8>,
+    one_line: Option<bool>,
+}
+
+impl std::io::Write for Event {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let mut buf = std::mem::take(&mut self.buf);
+        if let Some(ansi) = self.one_line {
+            let text = String::from_utf8_lossy(&buf);
+            let body = text.strip_suffix('\n').unwrap_or(&text);
+            if let std::borrow::Cow::Owned(mut line) = text_line(body, ansi) {
+                line.push('\n');
+                buf = line.into_bytes();
+            }
+        }
+        if !buf.is_empty() {
+            sink().push(buf);
+        }
+    }
+}
+
+/// Lines waiting for stderr; no I/O.
+#[derive(Debug, Default)]
+struct Queue {
+    lines: VecDeque<Vec<u8>>,
+    bytes: usize,
+    /// Lines dropped since the writer last reported it.
+    dropped: u64,
+    /// The writer holds a line it has not finished writing.
+    writing: bool,
+}
+
+impl Queue {
+    /// Queues a line, or drops and counts it when `cap` bytes already wait.
+    fn push(&mut self, line: Vec<u8>, cap: usize) -> bool {
+        if self.bytes + line.len() > cap {
+            self.dropped += 1;
+            return false;
+        }
+        self.bytes += line.len();
+        self.lines.push_back(line);
+        true
+    }
+
+    /// The next line to write, with the count of lines dropped before it, if any.
+    fn pop(&mut self) -> Option<(Vec<u8>, u64)> {
+        let line = self.lines.pop_front()?;
+        self.bytes -= line.len();
+        self.writing = true;
+        Some((line, std::mem::take(&mut self.dropped)))
+    }
+
+    fn drained(&self) -> bool {
+        self.lines.is_empty() && !self.writing
+    }
+}
+
+struct Sink {
+    queue: Mutex<Queue>,
+    /// Signalled when a line is queued and when one is written.
+    changed: Condvar,
+}
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// The queue, with its writer thread started on first use.
+fn sink() -> &'static Sink {
+    SINK.get_or_init(|| {
+        let started = std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(|| writer(SINK.get_or_init(Sink::new)));
+        if let Err(e) = started {
+            // Without the thread nothing drains the queue: lines are dropped, not written.
+            write_stderr(
+                format!("lead-exec: no log writer thread ({e}); logging off\n").as_bytes(),
+            );
+        }
+        Sink::new()
+    })
+}
+
+impl Sink {
+    fn new() -> Sink {
+        Sink {
+            queue: Mutex::new(Queue::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        // A panic elsewhere while holding it cannot leave the queue inconsistent.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, line: Vec<u8>) {
+        if self.lock().push(line, QUEUE_BYTES) {
+            self.changed.notify_all();
+        }
+    }
+
+    fn flush(&self, limit: Duration) {
+        let end = Instant::now() + limit;
+        let mut q = self.lock();
+        while !q.drained() {
+            let Some(left) = end.checked_duration_since(Instant::now()) else {
+                return;
+            };
+            q = match self.changed.wait_timeout(q, left) {
+                Ok((q, _)) => q,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
+}
+
+fn writer(sink: &Sink) {
+    loop {
+        let (line, dropped) = {
+            let mut q = sink.lock();
+            loop {
+                if let Some(next) = q.pop() {
+                    break next;
+                }
+                q = match sink.changed.wait(q) {
+                    Ok(q) => q,
+                    Err(e) => e.into_inner(),
+                };
+            }
+        };
+        write_stderr(&line);
+        if dropped > 0 {
+            // Queued behind what is already waiting, in the log's own format.
+            tracing::warn!(
+                dropped,
+                "{dropped} log lines were dropped: stderr was not being read"
+            );
+        }
+        sink.lock().writing = false;
+        sink.changed.notify_all();
+    }
+}
+
+/// One write of `buf` to fd 2, retried only when interrupted. Any failure (EPIPE from a
+/// reader that is gone, EBADF, EIO) loses the line: there is nowhere else to report it.
+/// Straight to the descriptor, not through `std::io::stderr()`, whose lock a blocked write
+/// would hold against every other user of it (a panic message among them).
+fn write_stderr(mut buf: &[u8]) {
+    let stderr = std::io::stderr();
+    let fd = stderr.as_fd();
+    while !buf.is_empty() {
+        match nix::unistd::write(fd, buf) {
+            Ok(0) => return,
+            Ok(n) => buf = &buf[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_drops_and_counts_lines_then_reports_with_the_next() {
+        let mut q = Queue::default();
+        assert!(q.push(vec![b'a'; 6], 10));
+        assert!(!q.push(vec![b'b'; 6], 10), "over the cap");
+        assert!(!q.push(vec![b'c'; 11], 10), "a line longer than the cap");
+        assert!(q.push(vec![b'd'; 4], 10), "what still fits");
+        assert_eq!(q.pop(), Some((vec![b'a'; 6], 2)));
+        assert!(!q.drained(), "a line is being written");
+        q.writing = false;
+        assert_eq!(q.pop(), Some((vec![b'd'; 4], 0)));
+        q.writing = false;
+        assert!(q.drained());
+        assert_eq!(q.pop(), None);
+    }
+
+    #[test]
+    fn text_lines_stay_on_one_line() {
+        assert_eq!(text_line("a\nb", false), "a\\nb");
+        assert_eq!(text_line("\u{1b}[2mx", true), "\u{1b}[2mx");
+        assert_eq!(text_line("\u{1b}[2mx", false), "\\u{1b}[2mx");
+    }
 }

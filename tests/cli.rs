@@ -280,11 +280,29 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
             "--ttl 300years is above etcd's maximum lease TTL of 9000000000 s",
         ),
         (
-            &["run", "x", "--run-key-ttl", "1000years", "--", "true"],
+            &[
+                "run",
+                "x",
+                "--run-key",
+                "k",
+                "--run-key-ttl",
+                "1000years",
+                "--",
+                "true",
+            ],
             "--run-key-ttl 1000years is above etcd's maximum lease TTL",
         ),
         (
-            &["run", "x", "--run-key-ttl", "0s", "--", "true"],
+            &[
+                "run",
+                "x",
+                "--run-key",
+                "k",
+                "--run-key-ttl",
+                "0s",
+                "--",
+                "true",
+            ],
             "--run-key-ttl must be greater than zero",
         ),
         (
@@ -568,4 +586,125 @@ fn history_keep_0_is_refused_with_64() {
     let (code, _, err) = run(&["run", "x", "--history-keep", "0", "--", "true"]);
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("--history-keep must be at least 1"), "{err}");
+}
+
+#[test]
+fn huge_durations_are_usage_errors_naming_the_flag_and_the_longest_run() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let flags: &[(&str, &[&str])] = &[
+        ("--timeout", &[]),
+        ("--wait", &[]),
+        ("--health-interval", &["--health-cmd", "true"]),
+        ("--grace", &[]),
+        ("--safety-margin", &[]),
+        ("--dial-timeout", &[]),
+        ("--command-timeout", &[]),
+        ("--takeover-delay", &[]),
+        ("--min-term", &[]),
+    ];
+    for (flag, extra) in flags {
+        let mut args = vec![
+            "run",
+            "huge",
+            "--endpoints",
+            &ep,
+            flag,
+            "18446744073709551615s",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", "exit 5"]);
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 64, "{flag}: {err}");
+        assert!(out.is_empty(), "{flag}: the job ran: {out}");
+        assert_eq!(err.lines().count(), 1, "{flag}: {err}");
+        assert!(
+            err.starts_with(&format!("lead-exec: {flag} ")) && err.contains("too long"),
+            "{flag}: {err}"
+        );
+    }
+    // At the maximum, each works (grace and margin under the longest lease etcd grants).
+    for (flag, extra) in flags {
+        let lease: &[&str] = match *flag {
+            "--grace" | "--safety-margin" => &["--ttl", "9000000000s"],
+            _ => &FAST,
+        };
+        let mut args = vec!["run", "huge", "--endpoints", &ep, flag, "100years"];
+        args.extend_from_slice(lease);
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", "exit 5"]);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 5, "{flag} 100years: {err}");
+    }
+}
+
+#[test]
+fn run_key_ttl_needs_a_run_key_as_health_interval_needs_a_health_cmd() {
+    for (flag, value, needs) in [
+        ("--run-key-ttl", "1d", "--run-key"),
+        ("--health-interval", "1s", "--health-cmd"),
+        ("--health-failures", "2", "--health-cmd"),
+    ] {
+        let (code, _, err) = run(&["run", "x", flag, value, "--", "true"]);
+        assert_eq!(code, 64, "{flag}: {err}");
+        assert_eq!(err.lines().count(), 1, "{flag}: {err}");
+        assert!(err.contains(needs), "{flag}: {err}");
+    }
+}
+
+#[test]
+fn a_long_election_name_or_value_is_cut_in_the_error() {
+    let long = "a".repeat(10_000);
+    for args in [
+        vec!["run", long.as_str(), "--", "true"],
+        vec!["status", long.as_str()],
+        vec!["run", "x", "--ttl", long.as_str(), "--", "true"],
+        vec!["run", "x", "--run-key", long.as_str(), "--", "true"],
+    ] {
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 64, "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.len() < 400, "{} bytes: {err}", err.len());
+        assert!(err.contains("… (10000 bytes)"), "{err}");
+    }
+}
+
+#[test]
+fn no_wait_kept_out_by_its_own_failing_health_check_says_so() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let mut args = vec!["-q"];
+    args.extend(run_args(
+        "sick",
+        &ep,
+        &["--no-wait", "--health-cmd", "exit 1"],
+        "exit 0",
+    ));
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 75, "{err}");
+    assert!(
+        err.contains("not acquired: the health check is failing"),
+        "{err}"
+    );
+    assert!(!err.contains("another leader"), "{err}");
+    // With --wait, giving up while still unhealthy says the same.
+    let (code, _, err) = run(&run_args(
+        "sick",
+        &ep,
+        &[
+            "--wait",
+            "1s",
+            "--health-cmd",
+            "exit 1",
+            "--health-interval",
+            "200ms",
+        ],
+        "exit 0",
+    ));
+    assert_eq!(code, 75, "{err}");
+    assert!(
+        err.contains("not acquired: the health check is failing"),
+        "{err}"
+    );
+    assert!(!err.contains("another leader"), "{err}");
 }

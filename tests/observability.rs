@@ -441,3 +441,230 @@ fn metrics_show_health_only_with_a_health_check() {
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
 }
+
+/// A pipe for a child's stderr: (read end, write end), both close-on-exec here (the child
+/// gets the write end as its fd 2, without the flag).
+fn pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into the array we own.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both are fresh descriptors nobody else owns.
+    unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    }
+}
+
+/// Starts `lead-exec ARGS` with `stderr` as its stderr; the command (and its copy of the
+/// descriptor) is gone when this returns, so the child holds the only write end.
+fn spawn_with_stderr(
+    args: &[&str],
+    env: &[(&str, &str)],
+    stderr: std::os::fd::OwnedFd,
+) -> std::process::Child {
+    std::process::Command::new(bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
+/// A job that records its token, writes a heartbeat every 50 ms and exits 0 on TERM. Its
+/// stderr is lead-exec's, which these tests break: the shell's "Terminated" for its sleep
+/// would kill it with SIGPIPE, as it would without lead-exec, so it writes elsewhere.
+fn heartbeat(dir: &std::path::Path, who: &str) -> String {
+    script(
+        dir,
+        &format!(
+            "exec 2>/dev/null; trap 'echo end >> $D/{who}.end; exit 0' TERM; echo $FENCING_TOKEN > $D/{who}.token; \
+             while :; do date +%s%N >> $D/hb; sleep 0.05; done"
+        ),
+    )
+}
+
+/// Waits until the job's heartbeat is `past` later than `since`: the job outlived, by then,
+/// more than a TTL of a lease that nobody could have renewed if lead-exec had died.
+fn heartbeat_past(dir: &std::path::Path, since: i128, past: std::time::Duration) {
+    let at = since + past.as_nanos() as i128;
+    assert!(
+        wait_until(past + secs(10), || lines(&dir.join("hb"))
+            .iter()
+            .any(|l| l.trim().parse::<i128>().is_ok_and(|t| t > at))),
+        "the job stopped beating"
+    );
+}
+
+#[test]
+fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // A debug line every 100 ms (each health check), so lead-exec writes to the dead pipe
+    // again and again while it leads.
+    let job = heartbeat(dir.path(), "a");
+    let mut args = vec!["-v"];
+    args.extend(run_args(
+        "gone",
+        &ep,
+        &[
+            "--id",
+            "a",
+            "--health-cmd",
+            "true",
+            "--health-interval",
+            "100ms",
+        ],
+        &job,
+    ));
+    let (reader, writer) = pipe();
+    let mut a = spawn_with_stderr(&args, &[], writer);
+    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    drop(reader);
+    let closed = now_ns();
+    // TTL 3 s: past 5 s, the job runs only because lead-exec is alive and renewing.
+    heartbeat_past(dir.path(), closed, secs(5));
+    assert!(a.try_wait().unwrap().is_none(), "lead-exec exited");
+
+    let mut b = spawn(
+        dir.path(),
+        "b",
+        &run_args("gone", &ep, &["--id", "b"], &heartbeat(dir.path(), "b")),
+    );
+    b.wait_log("waiting behind a", secs(10));
+    signal(a.id() as i32, libc::SIGTERM);
+    let end = std::time::Instant::now() + secs(15);
+    let status = loop {
+        if let Some(s) = a.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "lead-exec did not exit on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the job's own exit code, no abort: {status:?}"
+    );
+    assert_eq!(lines(&dir.path().join("a.end")), vec!["end"]);
+    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    assert!(tb > ta);
+    // a's term was closed in the history, not left "running".
+    let (code, out, err) = run(&["history", "gone", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rec = recs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["token"] == ta)
+        .unwrap_or_else(|| panic!("no record of token {ta}: {out}"));
+    assert!(rec["ended_ms"].is_u64(), "{rec}");
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.code(secs(10)), 0);
+}
+
+#[test]
+fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // A pipe already full (one page, filled here), whose reader reads nothing: the first write
+    // to it blocks, as it does once a stopped reader has let 64 KiB pile up.
+    let (reader, writer) = pipe();
+    let w = writer.as_raw_fd();
+    // SAFETY: fcntl and write on a descriptor we own; O_NONBLOCK is cleared again before the
+    // child shares the description.
+    unsafe {
+        assert!(libc::fcntl(w, libc::F_SETPIPE_SZ, 4096) >= 4096);
+        let flags = libc::fcntl(w, libc::F_GETFL);
+        libc::fcntl(w, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        while libc::write(w, b"x".as_ptr().cast(), 1) == 1 {}
+        libc::fcntl(w, libc::F_SETFL, flags);
+    }
+    // Trace from every crate: about 50 kB of log a second (driven by timers: keepalives, HTTP/2
+    // pings, checks), so the 256 KiB queue overflows within the 12 s below.
+    let job = heartbeat(dir.path(), "a");
+    let args = run_args(
+        "stalled",
+        &ep,
+        &["--health-cmd", "true", "--health-interval", "100ms"],
+        &job,
+    );
+    let mut a = spawn_with_stderr(&args, &[("RUST_LOG", "trace")], writer);
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let started = now_ns();
+    heartbeat_past(dir.path(), started, secs(12));
+    assert!(a.try_wait().unwrap().is_none(), "lead-exec exited");
+
+    // Once read again, the log resumes and says what it lost.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = std::fs::File::from(reader);
+        let mut buf = [0u8; 65536];
+        let mut text = Vec::new();
+        while let Ok(n) = r.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&text).contains("log lines were dropped") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(secs(15))
+        .expect("no line said that log lines were dropped");
+    signal(a.id() as i32, libc::SIGTERM);
+    let end = std::time::Instant::now() + secs(15);
+    while a.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < end,
+            "lead-exec did not exit on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_exit_is_not_held_up_by_a_log_pipe_nobody_reads() {
+    use std::os::fd::AsRawFd;
+    // As above, but the pipe stays full to the end: the last lines are given up after a bound.
+    let etcd = Etcd::start();
+    let (reader, writer) = pipe();
+    let w = writer.as_raw_fd();
+    // SAFETY: as in the test above.
+    unsafe {
+        assert!(libc::fcntl(w, libc::F_SETPIPE_SZ, 4096) >= 4096);
+        let flags = libc::fcntl(w, libc::F_GETFL);
+        libc::fcntl(w, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        while libc::write(w, b"x".as_ptr().cast(), 1) == 1 {}
+        libc::fcntl(w, libc::F_SETFL, flags);
+    }
+    let started = std::time::Instant::now();
+    let mut a = spawn_with_stderr(
+        &run_args("stuck", &etcd.endpoints(), &[], "exit 7"),
+        &[],
+        writer,
+    );
+    let end = started + secs(20);
+    let status = loop {
+        if let Some(s) = a.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < end, "lead-exec did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(7));
+    drop(reader);
+}

@@ -808,3 +808,162 @@ fn a_crashed_terms_end_is_shown_before_its_successors_election_not_at_its_start(
     b.signal(libc::SIGTERM);
     b.wait(secs(10));
 }
+
+/// The write end of a pipe whose read end is already closed: every write to it fails with
+/// EPIPE, as `status | head -1` does once head has its line.
+fn closed_pipe() -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into the array we own; we close the read end.
+    unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        libc::close(fds[0]);
+        std::os::fd::OwnedFd::from_raw_fd(fds[1])
+    }
+}
+
+#[test]
+fn status_history_watch_and_check_exit_quietly_when_their_reader_is_gone() {
+    use std::io::BufRead;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let a = candidate(dir.path(), "gone", &ep, "a", "alpha");
+    let token = wait_int(&dir.path().join("a.token"), secs(10)).to_string();
+    let e = ["--endpoints", ep.as_str()];
+    let cases: Vec<Vec<&str>> = vec![
+        [&["status", "gone"][..], &e].concat(),
+        [&["status", "gone", "-o", "json"][..], &e].concat(),
+        [&["history", "gone"][..], &e].concat(),
+        [&["history", "gone", "-o", "json"][..], &e].concat(),
+        [&["check", "--election", "gone", "--token", &token][..], &e].concat(),
+        vec!["completions", "bash"],
+    ];
+    // Each a few times: a race with the reader would show as an occasional failure.
+    for _ in 0..3 {
+        for args in &cases {
+            let out = Command::new(bin())
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .stdout(closed_pipe())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            // The exit the command has with a reader: the leader runs, the token is current.
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+            assert!(err.is_empty(), "{args:?}: not quiet: {err}");
+        }
+    }
+    // `watch | head -1`: once its reader is gone it ends, without waiting for a change.
+    for _ in 0..3 {
+        let mut w = Command::new(bin())
+            .args(["watch", "gone", "--endpoints", &ep])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(w.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(first.contains("leader alpha"), "{first}");
+        let end = std::time::Instant::now() + secs(10);
+        while w.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < end,
+                "watch kept running without a reader"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = w.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(err.is_empty(), "not quiet: {err}");
+    }
+    drop(a);
+}
+
+#[test]
+fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let forged = "evil\nleader:    mallory (host prod1, pid 1), token 999999";
+    let (code, _, err) = run(&[
+        "run",
+        "fg",
+        "--endpoints",
+        &ep,
+        "--id",
+        forged,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--id") && err.contains("control character"),
+        "{err}"
+    );
+    let (code, _, err) = run(&[
+        "pause",
+        "fg",
+        "--endpoints",
+        &ep,
+        "--reason",
+        "x\npaused:    no",
+    ]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--reason") && err.contains("control character"),
+        "{err}"
+    );
+    assert!(etcd.keys("lead-exec/meta/fg/paused").is_empty());
+
+    // The same values written by an older version, or by hand with etcdctl.
+    let granted = etcd.ctl(&["lease", "grant", "60"]);
+    let lease = granted.split_whitespace().nth(1).unwrap();
+    let candidate = serde_json::json!({"id": forged, "host": "h\tx", "pid": 1, "started_ms": 0});
+    etcd.ctl(&[
+        "put",
+        &format!("--lease={lease}"),
+        &format!("lead-exec/elections/fg/{lease}"),
+        &candidate.to_string(),
+    ]);
+    let record =
+        serde_json::json!({"token": 1, "id": forged, "host": "h", "pid": 1, "started_ms": 0});
+    etcd.ctl(&[
+        "put",
+        &format!("lead-exec/meta/fg/history/{:020}", 1),
+        &record.to_string(),
+    ]);
+    let escaped = "evil\\nleader:    mallory";
+    let (code, out, err) = run(&["status", "fg", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{err}");
+    let leaders: Vec<&str> = out.lines().filter(|l| l.starts_with("leader:")).collect();
+    assert_eq!(leaders.len(), 1, "{out}");
+    assert!(
+        leaders[0].contains(escaped) && leaders[0].contains("host h\\tx"),
+        "{out}"
+    );
+    let (code, out, err) = run(&["history", "fg", "--endpoints", &ep]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 2, "a header and one term: {out}");
+    assert!(out.contains(escaped), "{out}");
+    let mut cmd = Command::new(bin());
+    cmd.args(["watch", "fg", "--endpoints", &ep]);
+    let watch = LineReader::start(cmd);
+    let line = watch.expect("leader evil", secs(10));
+    assert!(line.contains(escaped), "{line}");
+    drop(watch);
+
+    let pause = serde_json::json!({"reason": "x\npaused:    no", "since_ms": 0, "by": "me"});
+    etcd.ctl(&["put", "lead-exec/meta/fg/paused", &pause.to_string()]);
+    let (_, out, _) = run(&["status", "fg", "--endpoints", &ep]);
+    let paused: Vec<&str> = out.lines().filter(|l| l.starts_with("paused:")).collect();
+    assert_eq!(paused.len(), 1, "{out}");
+    assert!(
+        paused[0].starts_with("paused:    yes") && paused[0].contains("x\\npaused:    no"),
+        "{out}"
+    );
+}

@@ -46,14 +46,18 @@ impl Election {
         if name.is_empty() || name.len() > 128 {
             return Err(fail(
                 Exit::Usage,
-                format!("invalid election name '{name}': must be 1 to 128 characters"),
+                format!(
+                    "invalid election name '{}': must be 1 to 128 characters",
+                    crate::text::quoted(name)
+                ),
             ));
         }
         if let Some(bad) = name.chars().find(|c| !ok_char(*c)) {
             return Err(fail(
                 Exit::Usage,
                 format!(
-                    "invalid election name '{name}': '{bad}' is not allowed (use letters, digits, '.', '_' and '-')"
+                    "invalid election name '{}': '{bad}' is not allowed (use letters, digits, '.', '_' and '-')",
+                    crate::text::quoted(name)
                 ),
             ));
         }
@@ -156,7 +160,10 @@ pub fn validate_run_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > 256 || !key.chars().all(ok) {
         return Err(fail(
             Exit::Usage,
-            format!("invalid --run-key '{key}': use 1 to 256 letters, digits, '.', '_', '-', ':' or '+'"),
+            format!(
+                "invalid --run-key '{}': use 1 to 256 letters, digits, '.', '_', '-', ':' or '+'",
+                crate::text::quoted(key)
+            ),
         ));
     }
     Ok(())

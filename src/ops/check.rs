@@ -25,7 +25,7 @@ pub async fn run(a: CheckArgs) -> Result<Exit> {
             } else {
                 format!("a holder's (slot {})", slot_name(e.slot))
             };
-            println!("token {} is {whose}", a.token);
+            outln!("token {} is {whose}", a.token);
             Ok(Exit::Ok)
         }
         Some(_) => stale("must stop: the election is paused".into()),

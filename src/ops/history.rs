@@ -6,28 +6,36 @@ use super::{fmt_ms, Ctx};
 use crate::cli::{HistoryArgs, Output};
 use crate::exit::Exit;
 use crate::records::history;
+use crate::text::escape;
 
 pub async fn run(a: HistoryArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.timeout).await?;
     match a.output {
         // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
-        Output::Json => println!("{}", serde_json::to_string(&recs)?),
+        Output::Json => {
+            outln!("{}", serde_json::to_string(&recs)?);
+        }
         Output::Text => {
-            println!(
+            outln!(
                 "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} END",
-                "TOKEN", "ID", "HOST", "PID", "STARTED", "ENDED"
+                "TOKEN",
+                "ID",
+                "HOST",
+                "PID",
+                "STARTED",
+                "ENDED"
             );
             for r in &recs {
-                println!(
+                outln!(
                     "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} {}",
                     r.token,
-                    r.id,
-                    r.host,
+                    escape(&r.id),
+                    escape(&r.host),
                     r.pid,
                     fmt_ms(r.started_ms),
                     ended_text(r).unwrap_or_else(|| "-".into()),
-                    end_text(r)
+                    escape(&end_text(r))
                 );
             }
         }

@@ -2,6 +2,24 @@
 //! records `run` keeps ([`crate::records`]).
 //!
 //! Every write here is a transaction guarded by a comparison, never a blind put or delete.
+//!
+//! Output goes through [`emit`] (the `outln!` and `out!` macros), so that a reader that goes
+//! away ends a command quietly instead of with a panic. Values read from etcd are shown with
+//! [`crate::text::escape`]: each stays on its line.
+
+/// `println!` for the operator commands: see [`emit`]. Evaluates to its [`Reader`].
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::ops::emit(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+
+/// `print!` for the operator commands: see [`emit`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::ops::emit(&format!($($arg)*))?
+    };
+}
 
 pub mod check;
 pub mod history;
@@ -20,6 +38,7 @@ use crate::cli::ElectionArgs;
 use crate::election::{Candidate, Election};
 use crate::etcd::bounded;
 use crate::etcd::Conn;
+use crate::exit::{fail, Exit};
 
 /// What every operator command starts from.
 pub struct Ctx {
@@ -222,4 +241,43 @@ pub struct Pause {
 pub fn fmt_ms(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Whether stdout still has a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    There,
+    /// It closed its end (`status | head -1`): the rest of the output is not wanted.
+    Gone,
+}
+
+/// Writes `text` to stdout. A reader that has gone away is not an error (the command exits as
+/// it would have, quietly, the way `git log | head` does without the signal); any other
+/// failure to write is, with one line and [`Exit::Software`].
+pub fn emit(text: &str) -> Result<Reader> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(Reader::There),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Reader::Gone),
+        Err(e) => Err(fail(
+            Exit::Software,
+            format!("cannot write the output: {e}"),
+        )),
+    }
+}
+
+/// Whether stdout's reader has gone away, as `poll` tells without writing: the write end of a
+/// pipe whose reader closed reports POLLERR, a hung-up terminal or socket POLLHUP.
+pub fn stdout_gone() -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::empty())];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(n) if n > 0 => fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP)),
+        _ => false,
+    }
 }

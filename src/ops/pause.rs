@@ -11,6 +11,7 @@ use crate::cli::{ElectionArgs, PauseArgs};
 use crate::election::unix_ms;
 use crate::etcd::bounded;
 use crate::exit::{fail, Exit};
+use crate::text::escape;
 
 pub async fn pause(a: PauseArgs) -> Result<Exit> {
     if a.reason.trim().is_empty() {
@@ -19,6 +20,7 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
             "--reason must not be empty: say why, for whoever finds the election paused",
         ));
     }
+    crate::config::one_line("--reason", &a.reason)?;
     let ctx = Ctx::connect(&a.election).await?;
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     let p = Pause {
@@ -33,13 +35,13 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
     let mut c = ctx.client.clone();
     let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
     if resp.succeeded() {
-        println!("paused {}: {}", ctx.election.name(), a.reason);
+        outln!("paused {}: {}", ctx.election.name(), a.reason);
     } else if let Some(old) = ctx.paused().await? {
-        println!(
+        outln!(
             "{} was already paused by {}: {}",
             ctx.election.name(),
-            old.by,
-            old.reason
+            escape(&old.by),
+            escape(&old.reason)
         );
     }
     Ok(Exit::Ok)
@@ -54,9 +56,9 @@ pub async fn resume(a: ElectionArgs) -> Result<Exit> {
     let mut c = ctx.client.clone();
     let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
     if resp.succeeded() {
-        println!("resumed {}", ctx.election.name());
+        outln!("resumed {}", ctx.election.name());
     } else {
-        println!("{} was not paused", ctx.election.name());
-    }
+        outln!("{} was not paused", ctx.election.name());
+    };
     Ok(Exit::Ok)
 }

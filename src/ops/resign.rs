@@ -59,10 +59,12 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         ));
     }
     let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-    println!(
-        "asked {} (token {}) to resign; waiting for it to stop its job",
-        leader.candidate.id, leader.token
-    );
+    // The request is written: a stdout that fails now must not keep it from being waited on.
+    let _ = super::emit(&format!(
+        "asked {} (token {}) to resign; waiting for it to stop its job\n",
+        crate::text::escape(&leader.candidate.id),
+        leader.token
+    ));
     let outcome = wait_gone(&ctx, &leader.key, rev, a.timeout).await;
     if outcome.is_err() {
         // Take back a request that did not act, unless it already did or another replaced
@@ -79,16 +81,17 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
     outcome?;
     let (after, _) = ctx.candidates().await?;
     match after.first() {
-        Some(_) if line.slots > 1 => println!(
+        Some(_) if line.slots > 1 => outln!(
             "resigned; holders now: {}",
             super::tokens(&after[..after.len().min(line.slots as usize)])
         ),
-        Some(n) => println!(
+        Some(n) => outln!(
             "resigned; next in line: {} (token {})",
-            n.candidate.id, n.token
+            crate::text::escape(&n.candidate.id),
+            n.token
         ),
-        None => println!("resigned; no candidate is waiting"),
-    }
+        None => outln!("resigned; no candidate is waiting"),
+    };
     Ok(Exit::Ok)
 }
 

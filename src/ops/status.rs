@@ -14,11 +14,20 @@ use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
 use crate::records::{history, unhealthy};
+use crate::text::escape;
 
-/// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`). A warning,
-/// so that `-q` keeps it: a cron mail should say who ran instead.
-pub async fn report_not_acquired(cfg: &RunConfig) {
+/// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`), or says
+/// that this worker's own health check kept it out (`unhealthy`). A warning, so that `-q`
+/// keeps it: a cron mail should say who ran instead, or why nobody here did.
+pub async fn report_not_acquired(cfg: &RunConfig, unhealthy: bool) {
     let name = cfg.election.name();
+    if unhealthy {
+        tracing::warn!(
+            election = name,
+            "not acquired: the health check is failing, so this worker did not campaign for {name}"
+        );
+        return;
+    }
     let who = async {
         let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
         let line = ctx.holders().await?;
@@ -27,7 +36,7 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
             (_, None) if line.slots > 1 && !(holders.is_empty() && line.draining.is_empty()) => {
                 let who: Vec<String> = holders
                     .iter()
-                    .map(|h| format!("{} (token {})", h.candidate.id, h.token))
+                    .map(|h| format!("{} (token {})", escape(&h.candidate.id), h.token))
                     .chain(line.draining.iter().map(|d| {
                         format!(
                             "a draining job whose key is gone (token {}, slot {})",
@@ -43,9 +52,16 @@ pub async fn report_not_acquired(cfg: &RunConfig) {
             }
             (Some(l), _) => format!(
                 "{name} is led by {} (host {}, pid {}, token {})",
-                l.candidate.id, l.candidate.host, l.candidate.pid, l.token
+                escape(&l.candidate.id),
+                escape(&l.candidate.host),
+                l.candidate.pid,
+                l.token
             ),
-            (None, Some(p)) => format!("{name} is paused by {}: {}", p.by, p.reason),
+            (None, Some(p)) => format!(
+                "{name} is paused by {}: {}",
+                escape(&p.by),
+                escape(&p.reason)
+            ),
             (None, None) => format!("{name} had another leader, whose term has ended since"),
         })
     };
@@ -176,13 +192,13 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "paused": paused,
                 "recent_terms": recent,
             });
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            outln!("{}", serde_json::to_string_pretty(&v)?);
         }
         Output::Text => {
-            println!("election:  {}", ctx.election.name());
+            outln!("election:  {}", ctx.election.name());
             if line.slots > 1 {
-                println!("slots:     {}", line.slots);
-                println!("holders:   {}", holders.len());
+                outln!("slots:     {}", line.slots);
+                outln!("holders:   {}", holders.len());
             }
             for Holder {
                 entry: h,
@@ -193,30 +209,30 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             } in &holders
             {
                 if line.slots > 1 {
-                    print!("  slot {}: ", slot_name(h.slot));
+                    out!("  slot {}: ", slot_name(h.slot));
                 } else {
-                    print!("leader:    ");
+                    out!("leader:    ");
                 }
-                println!(
+                outln!(
                     "{} (host {}, pid {}{}), token {}",
-                    h.candidate.id,
-                    h.candidate.host,
+                    escape(&h.candidate.id),
+                    escape(&h.candidate.host),
                     h.candidate.pid,
                     priority_text(&h.candidate),
                     h.token
                 );
                 let indent = if line.slots > 1 { "    " } else { "" };
                 if let Some(s) = since {
-                    println!("{indent}since:     {}", fmt_ms(*s));
+                    outln!("{indent}since:     {}", fmt_ms(*s));
                 }
                 if let Some(t) = ttl {
-                    println!("{indent}lease:     {t}s left");
+                    outln!("{indent}lease:     {t}s left");
                 }
                 if *cgroup == Some(false) {
-                    println!("{indent}job:       no cgroup (process group only)");
+                    outln!("{indent}job:       no cgroup (process group only)");
                 }
                 if let (Some(s), Some(t)) = (since, timeout) {
-                    println!(
+                    outln!(
                         "{indent}timeout:   {}, stops the job at {}",
                         crate::clock::human(std::time::Duration::from_millis(*t)),
                         fmt_ms(s + t)
@@ -224,75 +240,76 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 }
                 if let Some(r) = request.as_ref().filter(|r| r.token == h.token) {
                     match (&r.by, r.priority) {
-                        (Some(by), Some(p)) => println!(
-                            "{indent}handover:  requested by {by} (priority {p}); once this term's --min-term is over"
+                        (Some(by), Some(p)) => outln!(
+                            "{indent}handover:  requested by {} (priority {p}); once this term's --min-term is over",
+                            escape(by)
                         ),
-                        _ => println!("{indent}handover:  resign requested"),
-                    }
+                        _ => outln!("{indent}handover:  resign requested"),
+                    };
                 }
                 if let Some(due) = takeover_due(&h.candidate) {
-                    println!(
+                    outln!(
                         "{indent}job:       not started: takeover delay after an unclean end, until {}",
                         fmt_ms(due)
                     );
                 }
             }
             for d in &line.draining {
-                println!(
+                outln!(
                     "  slot {}: a draining job, token {} (its key is gone; the slot frees when the job ends)",
                     d.slot, d.token
                 );
             }
             if holders.is_empty() && line.slots == 1 {
-                println!("leader:    none");
+                outln!("leader:    none");
             }
             if let Some(p) = paused {
-                println!(
+                outln!(
                     "paused:    yes, since {} by {}: {}",
                     fmt_ms(p.since_ms),
-                    p.by,
-                    p.reason
+                    escape(&p.by),
+                    escape(&p.reason)
                 );
             } else {
-                println!("paused:    no");
+                outln!("paused:    no");
             }
             let waiting = line.waiting();
-            println!("waiting:   {}", waiting.len());
+            outln!("waiting:   {}", waiting.len());
             for (i, w) in waiting.iter().enumerate() {
-                println!(
+                outln!(
                     "  {}. {} (host {}, pid {}{})",
                     i + 1,
-                    w.candidate.id,
-                    w.candidate.host,
+                    escape(&w.candidate.id),
+                    escape(&w.candidate.host),
                     w.candidate.pid,
                     priority_text(&w.candidate)
                 );
             }
             if !unhealthy.is_empty() {
-                println!(
+                outln!(
                     "unhealthy: {} (out of line until their health check passes)",
                     unhealthy.len()
                 );
                 for u in &unhealthy {
-                    println!(
+                    outln!(
                         "  - {} (host {}, pid {}), since {}",
-                        u.candidate.id,
-                        u.candidate.host,
+                        escape(&u.candidate.id),
+                        escape(&u.candidate.host),
                         u.candidate.pid,
                         fmt_ms(u.unhealthy_since_ms)
                     );
                 }
             }
             if !recent.is_empty() {
-                println!("recent terms:");
+                outln!("recent terms:");
                 for r in recent.iter().rev() {
-                    println!(
+                    outln!(
                         "  token {:<8} {:<24} {} .. {}  {}",
                         r.token,
-                        r.id,
+                        escape(&r.id),
                         fmt_ms(r.started_ms),
                         super::history::ended_text(r).unwrap_or_else(|| "now".into()),
-                        super::history::end_text(r)
+                        escape(&super::history::end_text(r))
                     );
                 }
             }

@@ -10,10 +10,11 @@ use anyhow::Result;
 use etcd_client::WatchOptions;
 use serde_json::json;
 
-use super::{Ctx, Entry};
+use super::{Ctx, Entry, Reader};
 use crate::cli::{Output, WatchArgs};
 use crate::election::unix_ms;
 use crate::exit::Exit;
+use crate::text::escape;
 
 /// A holder as a line shows it: its token, slot, and when its job is due while it waits out
 /// a takeover delay.
@@ -24,6 +25,9 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
     let mut last: Option<(Vec<Shown>, bool)> = None;
     let mut c = ctx.client.clone();
     loop {
+        if super::stdout_gone() {
+            return Ok(Exit::Ok);
+        }
         let line = match ctx.holders().await {
             Ok(x) => x,
             Err(e) => {
@@ -44,7 +48,10 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
             paused,
         );
         if last.as_ref() != Some(&now) {
-            print(&a.output, ctx.election.name(), holders, line.slots, paused);
+            // Nobody reads the changes any more (`watch | head -1`): done.
+            if print(&a.output, ctx.election.name(), holders, line.slots, paused)? == Reader::Gone {
+                return Ok(Exit::Ok);
+            }
             last = Some(now);
         }
         // The candidates' prefix holds the line; the meta keys hold the pause switch and the
@@ -81,20 +88,37 @@ pub async fn run(a: WatchArgs) -> Result<Exit> {
                 continue;
             }
         }
-        // Wait for any change, then re-read.
+        // Wait for any change, then re-read; or end once nobody reads the changes, without
+        // waiting for one to find out (`watch | head -1`, as `tail -f` does).
         loop {
-            match stream.message().await {
-                Ok(Some(r)) if r.created() => continue,
-                _ => break,
+            tokio::select! {
+                m = stream.message() => match m {
+                    Ok(Some(r)) if r.created() => continue,
+                    _ => break,
+                },
+                _ = reader_gone() => return Ok(Exit::Ok),
             }
         }
     }
 }
 
-fn print(out: &Output, election: &str, holders: &[Entry], slots: u32, paused: bool) {
+/// Returns once stdout's reader has gone away (checked twice a second).
+async fn reader_gone() {
+    while !super::stdout_gone() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn print(
+    out: &Output,
+    election: &str,
+    holders: &[Entry],
+    slots: u32,
+    paused: bool,
+) -> Result<Reader> {
     let ts = super::fmt_ms(unix_ms());
     let view = |l: &Entry| json!({"id": l.candidate.id, "host": l.candidate.host, "pid": l.candidate.pid, "token": l.token, "takeover_until_ms": l.candidate.takeover_until_ms});
-    match out {
+    Ok(match out {
         Output::Json if slots > 1 => {
             let held: Vec<_> = holders
                 .iter()
@@ -112,7 +136,7 @@ fn print(out: &Output, election: &str, holders: &[Entry], slots: u32, paused: bo
                 "leader": holders.first().map(view),
                 "holders": held,
             });
-            println!("{v}");
+            outln!("{v}")
         }
         Output::Json => {
             let v = json!({
@@ -121,14 +145,14 @@ fn print(out: &Output, election: &str, holders: &[Entry], slots: u32, paused: bo
                 "paused": paused,
                 "leader": holders.first().map(view),
             });
-            println!("{v}");
+            outln!("{v}")
         }
         Output::Text => match (holders, paused) {
-            (_, true) => println!("{ts} {election}: paused"),
-            ([], false) => println!("{ts} {election}: no leader"),
-            ([l], false) if slots == 1 => println!(
+            (_, true) => outln!("{ts} {election}: paused"),
+            ([], false) => outln!("{ts} {election}: no leader"),
+            ([l], false) if slots == 1 => outln!(
                 "{ts} {election}: leader {} token {}{}",
-                l.candidate.id,
+                escape(&l.candidate.id),
                 l.token,
                 l.candidate
                     .takeover_until_ms
@@ -144,18 +168,18 @@ fn print(out: &Output, election: &str, holders: &[Entry], slots: u32, paused: bo
                     .map(|h| {
                         format!(
                             "{} token {} slot {}",
-                            h.candidate.id,
+                            escape(&h.candidate.id),
                             h.token,
                             super::check::slot_name(h.slot)
                         )
                     })
                     .collect();
-                println!(
+                outln!(
                     "{ts} {election}: {} of {slots} slots: {}",
                     held.len(),
                     who.join(", ")
-                );
+                )
             }
         },
-    }
+    })
 }

@@ -18,6 +18,7 @@
 //! neither costs a waiting candidate its place in line nor stops a running job.
 
 use std::ffi::OsString;
+use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
@@ -192,7 +193,7 @@ async fn run_once(check: &HealthCheck) -> bool {
 /// exits 137. Either way the check's group is killed before the guard exits.
 pub fn guard_main(argv: Vec<OsString>) -> ExitCode {
     let Some(command) = argv.get(2) else {
-        eprintln!("lead-exec: {GUARD_ARG}: no command");
+        let _ = writeln!(std::io::stderr(), "lead-exec: {GUARD_ARG}: no command");
         return ExitCode::from(64);
     };
     let guard = nix::unistd::getpid();
@@ -220,7 +221,8 @@ pub fn guard_main(argv: Vec<OsString>) -> ExitCode {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("cannot start /bin/sh: {e}");
+            // Not eprintln!, which panics when nobody reads stderr any more.
+            let _ = writeln!(std::io::stderr(), "cannot start /bin/sh: {e}");
             return ExitCode::from(127);
         }
     };

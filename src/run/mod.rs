@@ -31,8 +31,17 @@ use crate::{etcd, fencing, metrics, notify};
 use health::Health;
 use lifecycle::{step, Action, Event, Phase, Policy, StopReason};
 
-/// Runs until the job is done (or leadership is given up) and returns the exit code.
-pub async fn run(cfg: RunConfig) -> Result<Exit> {
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    pub exit: Exit,
+    /// It gave up ([`Exit::NotAcquired`]) because its own health check kept failing, not
+    /// because someone else holds the election.
+    pub unhealthy: bool,
+}
+
+/// Runs until the job is done (or leadership is given up) and returns how it ended.
+pub async fn run(cfg: RunConfig) -> Result<Ended> {
     crate::supervisor::preflight(&cfg.command[0])?;
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr).await?;
@@ -76,7 +85,10 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
             run_key = done,
             "run key already done; not running the job"
         );
-        return Ok(Exit::Ok);
+        return Ok(Ended {
+            exit: Exit::Ok,
+            unhealthy: false,
+        });
     }
     let give_up_at = match cfg.wait {
         Wait::For(d) => Some(Instant::now() + d),
@@ -105,8 +117,13 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         leader_watch: None,
         last_token: None,
         failure: None,
+        gave_up_unhealthy: false,
     };
-    d.drive().await
+    let exit = d.drive().await?;
+    Ok(Ended {
+        exit,
+        unhealthy: d.gave_up_unhealthy && matches!(exit, Exit::NotAcquired(_)),
+    })
 }
 
 /// The current term, while we lead.
@@ -158,6 +175,8 @@ struct Driver {
     /// The etcd error behind the last failed campaign: retried after a backoff, or (under
     /// `--no-wait`) what the run ends with.
     failure: Option<(&'static str, anyhow::Error)>,
+    /// The last campaign was given up while the health check was failing.
+    gave_up_unhealthy: bool,
 }
 
 /// Whether a new term's token is not above the previous one's: etcd's revisions went back
@@ -637,6 +656,7 @@ impl Driver {
             cfg,
             client,
             candidate,
+            gave_up_unhealthy,
             ..
         } = self;
         let rx = health.as_mut()?;
@@ -649,7 +669,8 @@ impl Driver {
         }
         let election = cfg.election.name();
         if cfg.wait == Wait::No {
-            tracing::warn!(election, "not campaigning: the health check is failing");
+            // The one line that says so is the run's last (see `report_not_acquired`).
+            *gave_up_unhealthy = true;
             return Some(Event::NotAcquired);
         }
         tracing::warn!(election, "not campaigning until the health check passes");
@@ -664,13 +685,26 @@ impl Driver {
         let out = tokio::select! {
             passed = rx.wait_for(|h| *h == Health::Healthy) => {
                 if passed.is_err() {
-                    std::future::pending::<()>().await;
+                    // The checks stopped running (a bug): no pass can come any more, but a
+                    // stop signal and --wait must still end the wait.
+                    tracing::error!(election, "the health check stopped running; waiting for a stop signal");
+                    tokio::select! {
+                        ev = stopping(signals) => Some(ev),
+                        _ = crate::clock::until(*give_up_at) => {
+                            *gave_up_unhealthy = true;
+                            Some(Event::NotAcquired)
+                        }
+                    }
+                } else {
+                    tracing::info!(election, "the health check passes; campaigning");
+                    None
                 }
-                tracing::info!(election, "the health check passes; campaigning");
-                None
             }
             ev = stopping(signals) => Some(ev),
-            _ = give_up => Some(Event::NotAcquired),
+            _ = give_up => {
+                *gave_up_unhealthy = true;
+                Some(Event::NotAcquired)
+            }
         };
         if let Some(lease) = shown {
             let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));

@@ -134,7 +134,8 @@ pub fn main(argv: Vec<OsString>) -> std::process::ExitCode {
     match run(&argv) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lead-exec: watchdog: {e:#}");
+            // Not eprintln!, which panics when nobody reads stderr any more.
+            let _ = writeln!(std::io::stderr(), "lead-exec: watchdog: {e:#}");
             std::process::ExitCode::from(70)
         }
     }
