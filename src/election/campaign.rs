@@ -479,6 +479,9 @@ impl Campaign<'_> {
         rev: i64,
         lease_rx: &mut watch::Receiver<LeaseState>,
     ) -> Result<Option<Outcome>> {
+        // Subscribed before the watch opens: a pin move while it opens would leave the watch
+        // on the endpoint just left, with nothing to tell us.
+        let mut moves = crate::etcd::failover::moves();
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
@@ -491,7 +494,6 @@ impl Campaign<'_> {
             };
         let give_up = crate::clock::until(self.give_up_at);
         tokio::pin!(give_up);
-        let mut moves = crate::etcd::failover::moves();
         loop {
             tokio::select! {
                 // The watch may sit on the endpoint just left: a fresh read decides.

@@ -352,6 +352,13 @@ struct Attempt {
     stream: Option<KeepAlive>,
 }
 
+/// An open keepalive stream and the endpoint it was opened to: a stream stays on its
+/// endpoint whatever the pin does since, so failures on it are that endpoint's.
+struct Idle {
+    stream: KeepAlive,
+    endpoint: usize,
+}
+
 /// Sends one keepalive: on `stream` if there is one, else by opening a stream (which sends
 /// one and waits for its answer).
 async fn attempt(
@@ -398,7 +405,7 @@ async fn keepalive_loop(
     let (ttl, margin) = (plan.ttl, plan.margin);
     let lease = format!("{id:x}");
     let mut inflight: JoinSet<Attempt> = JoinSet::new();
-    let mut idle: Option<KeepAlive> = None;
+    let mut idle: Option<Idle> = None;
     let mut next = Instant::now() + plan.interval;
     // Send time of the newest attempt that renewed: older failures are old news.
     let mut last_good = Instant::now();
@@ -427,9 +434,16 @@ async fn keepalive_loop(
                     tracing::debug!(lease, "keepalive answer overdue; trying the next endpoint");
                     failover::endpoint_failed(e);
                 }
-                let endpoint = failover::pinned();
+                // A stream open to an endpoint the pin has left is dropped: the next one goes
+                // where the watches go, so a silent pinned endpoint shows up here too, and a
+                // failure is blamed on the endpoint that had the request.
+                let pin = failover::pinned();
+                let (endpoint, stream) = match idle.take() {
+                    Some(i) if i.endpoint == pin => (i.endpoint, Some(i.stream)),
+                    _ => (pin, None),
+                };
                 awaiting = Some(endpoint);
-                let (c, stream) = (client.clone(), idle.take());
+                let c = client.clone();
                 // Even a successful answer is worthless after D: bound the attempt by the TTL.
                 let timeout = plan.timeout.max(ttl);
                 let sent = BootInstant::now();
@@ -461,8 +475,8 @@ async fn keepalive_loop(
                             next = a.sent_mono + plan.interval;
                             awaiting = None;
                         }
-                        if idle.is_none() {
-                            idle = a.stream;
+                        if idle.is_none() && a.endpoint == failover::pinned() {
+                            idle = a.stream.map(|stream| Idle { stream, endpoint: a.endpoint });
                         }
                     }
                     Err(why) => {

@@ -12,7 +12,8 @@
 //! - A unary request is buffered (they are small) and retried on the next endpoint when that
 //!   is safe: always for reads, and for writes only when the request cannot have been applied
 //!   (the connection was never made, or the member said it has no leader), as the Go client
-//!   does. A write that may have been applied is never sent twice.
+//!   does. A write that may have been applied is never sent twice, so it gets the caller's
+//!   whole command timeout; only a read is cut short to try the next endpoint in time.
 //! - A stream (keepalives, watches) cannot be replayed: its owner reopens it, and the reopened
 //!   stream goes to the new pin. [`endpoint_failed`] lets the owner report an endpoint that
 //!   stopped answering on a stream, which nothing below can see.
@@ -38,7 +39,7 @@ pub struct Router {
     members: Mutex<Vec<Member>>,
     changes: Mutex<Option<mpsc::Receiver<Change<Uri, Endpoint>>>>,
     pinned: AtomicUsize,
-    /// A bound on one attempt of a unary request when there is another endpoint to try.
+    /// A bound on one attempt of a read when there is another endpoint to try.
     attempt_timeout: Duration,
     /// Counts pin moves, so that stream owners can reopen on the new endpoint.
     moves: tokio::sync::watch::Sender<u64>,
@@ -357,7 +358,16 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
             *h = parts.headers.clone();
         }
         let req = b.body(Body::new(http_body_util::Full::new(bytes.clone())))?;
-        let (result, how) = if more {
+        // Only a read is cut short for the next endpoint: a write that timed out may still
+        // be applied and is never sent again, so a bound would only shorten the caller's
+        // command timeout (a member with slow commits answered writes after 1.5 s). A write
+        // the caller gives up on still moves the pin, through the guard.
+        let guard = PinGuard {
+            router: &router,
+            endpoint: i,
+            armed: kind == Kind::Write,
+        };
+        let (result, how) = if more && kind == Kind::Read {
             match tokio::time::timeout(router.attempt_timeout, ch.oneshot(req)).await {
                 Ok(r) => classified(r.map_err(BoxError::from)),
                 Err(_) => (
@@ -371,6 +381,7 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
         } else {
             classified(ch.oneshot(req).await.map_err(BoxError::from))
         };
+        guard.disarm();
         match verdict(kind, how, more) {
             Verdict::Done => return result,
             Verdict::FailedFinal => {
@@ -385,6 +396,28 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
                 );
                 router.failed(i);
             }
+        }
+    }
+}
+
+/// Moves the pin off an endpoint whose write was dropped unanswered: the caller's command
+/// timeout passed, so that endpoint is slow or gone, and the next request should go elsewhere.
+struct PinGuard<'a> {
+    router: &'a Router,
+    endpoint: usize,
+    armed: bool,
+}
+
+impl PinGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PinGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.router.failed(self.endpoint);
         }
     }
 }
