@@ -278,29 +278,48 @@ impl Lease {
     }
 
     /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next
-    /// candidate takes over at once.
+    /// candidate takes over at once. Tried again after each failure for up to `timeout`;
+    /// `true` when the lease is gone.
     ///
-    /// If etcd does not answer within `timeout` (no quorum, say), the revoke is retried in the
-    /// background: etcd extends every lease by its full TTL when it elects a new leader, so a
-    /// lease we merely abandon would hold up the next term for a TTL after the quorum returns.
-    pub async fn revoke(self, timeout: Duration) {
+    /// If etcd did not take it by then (no quorum, a lossy link), the revoke goes on in the
+    /// background for as long as this process lives: etcd extends every lease by its full
+    /// TTL when it elects a new leader, so a lease we merely abandon could hold up the next
+    /// term well past its TTL. Each background attempt gets `timeout` too: on a slow link,
+    /// shorter attempts never got an answer.
+    pub async fn revoke(self, timeout: Duration) -> bool {
         self.task.abort();
         let id = self.id;
         let mut c = self.client.clone();
-        if try_revoke(&mut c, id, timeout).await {
-            return;
+        let until = Instant::now() + timeout;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if try_revoke(&mut c, id, left.max(MIN_RENEWAL_TIMEOUT)).await {
+                return true;
+            }
+            if Instant::now() + REVOKE_PAUSE >= until {
+                break;
+            }
+            tokio::time::sleep(REVOKE_PAUSE).await;
         }
+        tracing::info!(
+            lease = format!("{id:x}"),
+            "etcd did not take the revoke in time; retrying in the background"
+        );
         let give_up = Instant::now() + REVOKE_RETRY_FOR;
         tokio::spawn(async move {
             while Instant::now() < give_up {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(REVOKE_PAUSE).await;
                 if try_revoke(&mut c, id, timeout).await {
                     return;
                 }
             }
         });
+        false
     }
 }
+
+/// Between revoke attempts that failed at once.
+const REVOKE_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long an abandoned lease keeps being revoked in the background.
 const REVOKE_RETRY_FOR: Duration = Duration::from_secs(300);

@@ -798,7 +798,9 @@ impl Driver {
         self.leader_watch = None;
         self.term = None;
         metrics::leading(false);
-        let timeout = self.cfg.conn.command_timeout.min(Duration::from_secs(1));
+        // The whole command timeout, retried within it: a lease we fail to revoke holds our
+        // key in line until it expires, which etcd may stretch (see `Lease::revoke`).
+        let timeout = self.cfg.conn.command_timeout;
         if let Some(lease) = self.lease.take() {
             if std::mem::take(&mut self.released) {
                 // Our key is gone already: nothing waits on this lease. If lead-exec exits
@@ -847,18 +849,47 @@ impl Driver {
                 tracing::warn!("run key: {e:#}");
             }
         }
-        // One commit closes the record and hands over leadership; without the start record
-        // (its write failed) the end is written on its own and the revoke hands over.
+        // One commit closes the record and hands over leadership.
         let released = match &started {
             Some(s) => {
                 history::record_end_and_release(client, e, timeout, term, slot, s, reason).await
             }
-            None => history::record_end(client, e, timeout, term, reason)
-                .await
-                .map(|()| false),
+            None => Ok(false),
         };
         match released {
-            Ok(r) => self.released = r,
+            Ok(true) => {
+                self.released = true;
+                return;
+            }
+            // Our key is gone or the record changed: nothing of ours to close; the revoke
+            // (resign) ends the lease.
+            Ok(false) if started.is_some() => return,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                "could not close the term and hand over in one commit: {e:#}; revoking the lease first"
+            ),
+        }
+        // The key goes first, so that the next term does not wait for the record: revoking
+        // the lease deletes it (and our slot key). The record follows, as a record guarded by
+        // itself, since the key that guarded it is gone.
+        let token = term.token;
+        if let Some(lease) = self.lease.take() {
+            lease.revoke(timeout).await;
+        }
+        self.released = true;
+        let (cfg, client) = (&self.cfg, &self.client);
+        let written = history::record_end_after_release(
+            client,
+            &cfg.election,
+            timeout,
+            token,
+            started.as_ref(),
+            reason,
+        )
+        .await;
+        match written {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(token, "term end not recorded: the record changed"),
             Err(e) => tracing::warn!("history: {e:#}"),
         }
     }
