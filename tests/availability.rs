@@ -130,3 +130,27 @@ fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeo
     assert_eq!(w.code(secs(30)), 0, "{}", w.log_text());
     assert_eq!(lines(&dir.path().join("ran")), vec!["ran"]);
 }
+
+/// A member whose commits take 1.5 s (its fdatasync delayed), listed with a dead endpoint:
+/// a write gets the whole `--command-timeout` even when another endpoint could be tried, so
+/// `pause` succeeds and `run` leads. Cut to a per-attempt bound, every write failed after 1 s
+/// and was applied anyway.
+#[test]
+fn slow_commits_get_the_whole_command_timeout_with_several_endpoints() {
+    let etcd = Etcd::slow_commits(std::time::Duration::from_millis(1500));
+    let dir = tempfile::tempdir().unwrap();
+    let dead = format!("127.0.0.1:{}", free_port());
+    let eps = format!("{},{dead}", etcd.endpoints());
+    let t0 = std::time::Instant::now();
+    let (code, _, err) = run(&["pause", "slow", "--endpoints", &eps, "--reason", "slow disk"]);
+    eprintln!("pause with a slowed member and a dead one: exit {code} after {:?}", t0.elapsed());
+    assert_eq!(code, 0, "pause: {err}");
+    assert_eq!(etcd.keys("lead-exec/meta/slow/paused").len(), 1);
+    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/led");
+    let args = run_args_with(&[], "slow-run", &eps, &["--no-wait"], &job);
+    let t0 = std::time::Instant::now();
+    let mut w = spawn(dir.path(), "w", &args);
+    assert_eq!(w.code(secs(60)), 0, "{}", w.log_text());
+    eprintln!("run with a slowed member and a dead one: led and exited 0 after {:?}", t0.elapsed());
+    assert_eq!(lines(&dir.path().join("led")).len(), 1);
+}

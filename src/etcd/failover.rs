@@ -97,6 +97,12 @@ impl Router {
         Some((i, members[i].channel.clone()))
     }
 
+    /// Endpoint `j`'s channel, wherever the pin is.
+    fn member(&self, j: usize) -> Option<(usize, tonic::transport::Channel)> {
+        let members = self.members.lock().expect("router lock");
+        members.get(j).map(|m| (j, m.channel.clone()))
+    }
+
     fn len(&self) -> usize {
         self.members.lock().expect("router lock").len()
     }
@@ -346,10 +352,17 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
     let (parts, body) = req.into_parts();
     let bytes = body.collect().await?.to_bytes();
     let mut attempt = 0;
+    // The first endpoint whose read was cut short: it answers, only slowly (a linearizable
+    // read waits for commits in flight). If every other one fails, the read goes back to it
+    // with the rest of the caller's time rather than failing on the last one tried.
+    let mut slow: Option<usize> = None;
     loop {
         attempt += 1;
         let more = attempt < n;
-        let (i, ch) = router.current().ok_or("no etcd endpoint")?;
+        let (i, ch) = match slow.filter(|_| attempt > n) {
+            Some(j) => router.member(j).ok_or("no etcd endpoint")?,
+            None => router.current().ok_or("no etcd endpoint")?,
+        };
         let mut b = Request::builder()
             .method(parts.method.clone())
             .uri(parts.uri.clone())
@@ -370,13 +383,16 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
         let (result, how) = if more && kind == Kind::Read {
             match tokio::time::timeout(router.attempt_timeout, ch.oneshot(req)).await {
                 Ok(r) => classified(r.map_err(BoxError::from)),
-                Err(_) => (
-                    Err(BoxError::from(format!(
-                        "no answer within {}ms",
-                        router.attempt_timeout.as_millis()
-                    ))),
-                    Attempt::Lost,
-                ),
+                Err(_) => {
+                    slow = slow.or(Some(i));
+                    (
+                        Err(BoxError::from(format!(
+                            "no answer within {}ms",
+                            router.attempt_timeout.as_millis()
+                        ))),
+                        Attempt::Lost,
+                    )
+                }
             }
         } else {
             classified(ch.oneshot(req).await.map_err(BoxError::from))
@@ -384,6 +400,10 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
         guard.disarm();
         match verdict(kind, how, more) {
             Verdict::Done => return result,
+            Verdict::FailedFinal if kind == Kind::Read && attempt == n && slow.is_some() => {
+                tracing::debug!(?how, "etcd read failed everywhere; back to the slow endpoint");
+                router.failed(i);
+            }
             Verdict::FailedFinal => {
                 router.failed(i);
                 return result;
