@@ -592,8 +592,7 @@ where
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        if crate::exit::exit_of(&e) != Exit::Unavailable || Instant::now() + RETRY_PAUSE >= until
-        {
+        if crate::exit::exit_of(&e) != Exit::Unavailable || Instant::now() + RETRY_PAUSE >= until {
             return Err(e);
         }
         tracing::debug!("etcd request failed, trying again: {e:#}");

@@ -297,7 +297,10 @@ mod tests {
         assert!(!me.same_process(&reused), "a reused pid");
         let foreign = Candidate::parse(b"w1");
         assert!(!me.same_process(&foreign));
-        assert!(!foreign.same_process(&foreign), "foreign values never match");
+        assert!(
+            !foreign.same_process(&foreign),
+            "foreign values never match"
+        );
     }
 
     #[test]

@@ -401,7 +401,10 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
         match verdict(kind, how, more) {
             Verdict::Done => return result,
             Verdict::FailedFinal if kind == Kind::Read && attempt == n && slow.is_some() => {
-                tracing::debug!(?how, "etcd read failed everywhere; back to the slow endpoint");
+                tracing::debug!(
+                    ?how,
+                    "etcd read failed everywhere; back to the slow endpoint"
+                );
                 router.failed(i);
             }
             Verdict::FailedFinal => {
