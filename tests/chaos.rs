@@ -435,3 +435,63 @@ fn one_blackholed_endpoint_keeps_the_term() {
     }
     done(c);
 }
+
+/// Waits until every worker's log says it moved off endpoint `k` (its proxy for member k).
+fn wait_moved_off(c: &Cluster, k: usize) {
+    for w in &c.workers {
+        let from = format!("from=http://{}/", w.proxies[k].endpoint());
+        let moved = wait_until(secs(20), || w.log_text().contains(&from));
+        assert!(moved, "{} never left endpoint {k}\n{}", w.name, c.logs());
+    }
+}
+
+/// Faults on one endpoint after another: replies held on the first, then the second
+/// blackholed. Keepalives and watches follow the pin together (a keepalive stream open to
+/// an endpoint the pin has left is dropped), so the term is kept, and when the leader then
+/// dies a waiter, whose watch had to leave the blackholed endpoint, takes over within the
+/// liveness bound (TTL + 2 s).
+#[test]
+fn faults_on_one_endpoint_after_another_keep_the_term_and_the_takeover_bound() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m =
+        c.mark("replies held on endpoint 0, then endpoint 1 blackholed, then the leader killed");
+    for w in &c.workers {
+        w.proxies[0].set(Mode::HoldReplies);
+    }
+    wait_moved_off(&c, 0);
+    // The held replies arrive now, late: old streams to endpoint 0 answer again.
+    for w in &c.workers {
+        w.proxies[0].set(Mode::Pass);
+    }
+    for w in &c.workers {
+        w.proxies[1].set(Mode::Blackhole);
+    }
+    wait_moved_off(&c, 1);
+    let kept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert_term_kept(&mut c, t, 2 * TTL, "endpoint 0 then endpoint 1")
+    }));
+    if let Err(e) = kept {
+        for w in &c.workers {
+            w.proxies[1].set(Mode::Pass);
+        }
+        std::panic::resume_unwind(e);
+    }
+    let killed = std::time::Instant::now();
+    c.kill(i);
+    let (j, _) = c.wait_term_after(t, TTL + secs(20));
+    let takeover = killed.elapsed();
+    eprintln!("takeover {takeover:?} after the leader was killed (TTL {TTL:?})");
+    for w in &c.workers {
+        w.proxies[1].set(Mode::Pass);
+    }
+    c.heal(m);
+    assert_ne!(i, j);
+    assert!(
+        takeover <= TTL + secs(2),
+        "takeover took {takeover:?}, over TTL + 2 s\n{}",
+        c.logs()
+    );
+    c.start_worker(i);
+    done(c);
+}
