@@ -397,7 +397,15 @@ impl Driver {
     ) -> Result<Result<Lease>> {
         let lease = first.await?;
         if let Some(probe) = self.probe.take() {
-            probe.await??;
+            match probe.await? {
+                // A granted lease proves a quorum that answers: a probe that only ran out of
+                // time waited for that grant's commit (slow disks make a linearizable read
+                // wait for the commits in flight).
+                Err(e) if lease.is_ok() && crate::exit::exit_of(&e) == Exit::Unavailable => {
+                    tracing::debug!("start-up probe: {e:#}; the lease was granted meanwhile");
+                }
+                r => r?,
+            }
         }
         notify::ready();
         Ok(match lease {
