@@ -278,19 +278,19 @@ impl Lease {
     }
 
     /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next
-    /// candidate takes over at once. Tried again after each failure for up to `timeout`;
-    /// `true` when the lease is gone.
+    /// candidate takes over at once. Tried again after each failure for up to `wait`; `true`
+    /// when the lease is gone.
     ///
     /// If etcd did not take it by then (no quorum, a lossy link), the revoke goes on in the
     /// background for as long as this process lives: etcd extends every lease by its full
     /// TTL when it elects a new leader, so a lease we merely abandon could hold up the next
-    /// term well past its TTL. Each background attempt gets `timeout` too: on a slow link,
-    /// shorter attempts never got an answer.
-    pub async fn revoke(self, timeout: Duration) -> bool {
+    /// term well past its TTL. Each background attempt gets `attempt` (the command timeout):
+    /// on a slow link, shorter attempts never got an answer.
+    pub async fn revoke(self, wait: Duration, attempt: Duration) -> bool {
         self.task.abort();
         let id = self.id;
         let mut c = self.client.clone();
-        let until = Instant::now() + timeout;
+        let until = Instant::now() + wait;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if try_revoke(&mut c, id, left.max(MIN_RENEWAL_TIMEOUT)).await {
@@ -309,7 +309,7 @@ impl Lease {
         tokio::spawn(async move {
             while Instant::now() < give_up {
                 tokio::time::sleep(REVOKE_PAUSE).await;
-                if try_revoke(&mut c, id, timeout).await {
+                if try_revoke(&mut c, id, attempt).await {
                     return;
                 }
             }

@@ -373,7 +373,8 @@ impl Driver {
             }
             // A refusal (a slot count the election does not run with) would only repeat.
             Err(e) if crate::exit::exit_of(&e) == Exit::Usage => {
-                lease.revoke(self.cfg.conn.command_timeout).await;
+                let t = self.cfg.conn.command_timeout;
+                lease.revoke(t, t).await;
                 return Err(e);
             }
             Err(e) => {
@@ -806,16 +807,18 @@ impl Driver {
         self.leader_watch = None;
         self.term = None;
         metrics::leading(false);
-        // The whole command timeout, retried within it: a lease we fail to revoke holds our
-        // key in line until it expires, which etcd may stretch (see `Lease::revoke`).
-        let timeout = self.cfg.conn.command_timeout;
+        // A second at most before campaigning again or exiting; after that the revoke goes
+        // on in the background with whole command timeouts, which a slow link needs (see
+        // `Lease::revoke`). A term's own end waits longer for it (see `record_end`).
+        let attempt = self.cfg.conn.command_timeout;
+        let wait = attempt.min(Duration::from_secs(1));
         if let Some(lease) = self.lease.take() {
             if std::mem::take(&mut self.released) {
                 // Our key is gone already: nothing waits on this lease. If lead-exec exits
                 // first, it simply expires.
-                tokio::spawn(lease.revoke(timeout));
+                tokio::spawn(lease.revoke(wait, attempt));
             } else {
-                lease.revoke(timeout).await;
+                lease.revoke(wait, attempt).await;
             }
         }
     }
@@ -881,10 +884,16 @@ impl Driver {
         // the lease deletes it (and our slot key). The record follows, as a record guarded by
         // itself, since the key that guarded it is gone.
         let token = term.token;
-        if let Some(lease) = self.lease.take() {
-            lease.revoke(timeout).await;
-        }
+        let gone = match self.lease.take() {
+            Some(lease) => lease.revoke(timeout, timeout).await,
+            None => true,
+        };
         self.released = true;
+        if !gone {
+            // etcd took neither: a third wait for the record would only delay the exit.
+            tracing::warn!(token, "term end not recorded: etcd did not answer");
+            return;
+        }
         let (cfg, client) = (&self.cfg, &self.client);
         let written = history::record_end_after_release(
             client,
