@@ -436,38 +436,47 @@ fn one_blackholed_endpoint_keeps_the_term() {
     done(c);
 }
 
-/// Waits until every worker's log says it moved off endpoint `k` (its proxy for member k).
-fn wait_moved_off(c: &Cluster, k: usize) {
-    for w in &c.workers {
-        let from = format!("from=http://{}/", w.proxies[k].endpoint());
-        let moved = wait_until(secs(20), || w.log_text().contains(&from));
-        assert!(moved, "{} never left endpoint {k}\n{}", w.name, c.logs());
-    }
-}
-
-/// Faults on one endpoint after another: replies held on the first, then the second
-/// blackholed. Keepalives and watches follow the pin together (a keepalive stream open to
-/// an endpoint the pin has left is dropped), so the term is kept, and when the leader then
-/// dies a waiter, whose watch had to leave the blackholed endpoint, takes over within the
-/// liveness bound (TTL + 2 s).
+/// Faults on one endpoint after another. Replies are held on endpoints 0 and 1; each
+/// worker's keepalive overdue on 0 moves its pin to 1, and 0 then answers again, late: the
+/// answer must not bring back a stream to 0 while the pin (and every watch) is on 1. Then
+/// endpoint 1 is blackholed. Keepalives and watches follow the pin together, so the term is
+/// kept, and when the leader dies a waiter, whose watch had to leave the blackholed endpoint,
+/// takes over within the liveness bound (TTL + 2 s) instead of when an HTTP/2 ping times out.
 #[test]
 fn faults_on_one_endpoint_after_another_keep_the_term_and_the_takeover_bound() {
     let mut c = Cluster::start(3, TTL);
     let (i, t) = c.wait_leader();
-    let m =
-        c.mark("replies held on endpoint 0, then endpoint 1 blackholed, then the leader killed");
+    let m = c.mark(
+        "replies held on endpoints 0 and 1, then endpoint 1 blackholed, then the leader killed",
+    );
     for w in &c.workers {
         w.proxies[0].set(Mode::HoldReplies);
+        w.proxies[1].set(Mode::HoldReplies);
     }
-    wait_moved_off(&c, 0);
-    // The held replies arrive now, late: old streams to endpoint 0 answer again.
+    // Each worker's endpoint 0 answers again as soon as that worker has left it, while its
+    // first try on endpoint 1 still waits.
+    let mut released = vec![false; c.workers.len()];
+    let all = wait_until(secs(20), || {
+        for (k, w) in c.workers.iter().enumerate() {
+            let from = format!("from=http://{}/", w.proxies[0].endpoint());
+            if !released[k] && w.log_text().contains(&from) {
+                w.proxies[0].set(Mode::Pass);
+                released[k] = true;
+            }
+        }
+        released.iter().all(|r| *r)
+    });
+    assert!(
+        all,
+        "not every worker left endpoint 0: {released:?}\n{}",
+        c.logs()
+    );
     for w in &c.workers {
-        w.proxies[0].set(Mode::Pass);
+        w.proxies[1].set(Mode::Pass);
     }
     for w in &c.workers {
         w.proxies[1].set(Mode::Blackhole);
     }
-    wait_moved_off(&c, 1);
     let kept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         assert_term_kept(&mut c, t, 2 * TTL, "endpoint 0 then endpoint 1")
     }));
