@@ -130,3 +130,140 @@ fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeo
     assert_eq!(w.code(secs(30)), 0, "{}", w.log_text());
     assert_eq!(lines(&dir.path().join("ran")), vec!["ran"]);
 }
+
+/// A member whose commits take 1.5 s (its fdatasync delayed), listed with a dead endpoint:
+/// a write gets the whole `--command-timeout` even when another endpoint could be tried, so
+/// `pause` succeeds and `run` leads. Cut to a per-attempt bound, every write failed after 1 s
+/// and was applied anyway.
+#[test]
+fn slow_commits_get_the_whole_command_timeout_with_several_endpoints() {
+    let etcd = Etcd::slow_commits(std::time::Duration::from_millis(1500));
+    let dir = tempfile::tempdir().unwrap();
+    let dead = format!("127.0.0.1:{}", free_port());
+    let eps = format!("{},{dead}", etcd.endpoints());
+    let t0 = std::time::Instant::now();
+    let (code, _, err) = run(&[
+        "pause",
+        "slow",
+        "--endpoints",
+        &eps,
+        "--reason",
+        "slow disk",
+    ]);
+    eprintln!(
+        "pause with a slowed member and a dead one: exit {code} after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(code, 0, "pause: {err}");
+    assert_eq!(etcd.keys("lead-exec/meta/slow/paused").len(), 1);
+    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/led");
+    let args = run_args_with(&[], "slow-run", &eps, &["--no-wait"], &job);
+    let t0 = std::time::Instant::now();
+    let mut w = spawn(dir.path(), "w", &args);
+    assert_eq!(w.code(secs(60)), 0, "{}", w.log_text());
+    eprintln!(
+        "run with a slowed member and a dead one: led and exited 0 after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(lines(&dir.path().join("led")).len(), 1);
+}
+
+/// The candidate keys of an election, in line order.
+fn line(etcd: &Etcd, name: &str) -> Vec<String> {
+    etcd.keys(&format!("lead-exec/elections/{name}/"))
+}
+
+/// A waiting candidate whose watch breaks while etcd has no leader reads the line again, and
+/// again, within `--command-timeout`: it keeps its place instead of leaving the line.
+#[test]
+fn a_waiting_candidate_keeps_its_place_through_an_etcd_leader_election() {
+    let etcd = Etcd::start3();
+    let dir = tempfile::tempdir().unwrap();
+    let all = etcd.endpoints();
+    let one = etcd.members[0].endpoint();
+    // Leases that outlive the outage by far: only the line is at stake.
+    let lease = ["--ttl", "20s", "--grace", "1s", "--safety-margin", "1s"];
+    let holds = script(
+        dir.path(),
+        "echo $FENCING_TOKEN > $D/first; while [ ! -e $D/go ]; do sleep 0.05; done",
+    );
+    let first_args = run_args_with(&lease, "inline", &all, &["--id", "first"], &holds);
+    let mut first = spawn(dir.path(), "first", &first_args);
+    wait_line(&dir.path().join("first"), secs(10), |_| true);
+    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/second");
+    // On the member that loses its leader only: its reads fail with "no leader".
+    let second_args = run_args_with(&lease, "inline", &one, &["--id", "second", "-v"], &job);
+    let mut second = spawn(dir.path(), "second", &second_args);
+    second.wait_log("waiting behind first", secs(10));
+    let before = line(&etcd, "inline");
+    assert_eq!(before.len(), 2, "{before:?}");
+    let json = etcd.ctl(&["get", &before[1], "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let place = v["kvs"][0]["create_revision"].as_i64().unwrap();
+    etcd.members[1].stop();
+    etcd.members[2].stop();
+    // etcd cancels a require-leader watch after about three election timeouts without a
+    // leader (1.5 s here); the candidate then reads the line and finds no leader.
+    second.wait_log("no leader", secs(10));
+    etcd.members[1].cont();
+    etcd.members[2].cont();
+    etcd.wait_healthy(secs(20));
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let token = wait_int(&dir.path().join("second"), secs(20));
+    assert_eq!(first.code(secs(10)), 0, "{}", first.log_text());
+    assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
+    // It led on the place it had: the key it created before the outage.
+    assert_eq!(token, place, "{}", second.log_text());
+}
+
+/// A key of ours from an earlier campaign (its creating transaction applied, its answer lost,
+/// then its revoke lost too) is recognised by the process identity in its value and revoked:
+/// the candidate never waits behind itself.
+#[test]
+fn a_candidate_never_queues_behind_its_own_orphaned_key() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let holds = script(
+        dir.path(),
+        "echo $FENCING_TOKEN > $D/first; while [ ! -e $D/go ]; do sleep 0.05; done",
+    );
+    let mut first = spawn(
+        dir.path(),
+        "first",
+        &run_args("orphan", &ep, &["--id", "first"], &holds),
+    );
+    wait_line(&dir.path().join("first"), secs(10), |_| true);
+    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/second");
+    let mut second = spawn(
+        dir.path(),
+        "second",
+        &run_args("orphan", &ep, &["--id", "second"], &job),
+    );
+    second.wait_log("waiting behind first", secs(10));
+    let keys = line(&etcd, "orphan");
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let own = &keys[1];
+    let value = etcd.ctl(&["get", "--print-value-only", own]);
+    // The orphan: the same value on a lease this process does not hold, ahead of the key it
+    // creates next.
+    let granted = etcd.ctl(&["lease", "grant", "60"]);
+    let lease = granted.split_whitespace().nth(1).unwrap().to_string();
+    let orphan = format!("lead-exec/elections/orphan/{lease}");
+    etcd.ctl(&["put", &format!("--lease={lease}"), &orphan, value.trim()]);
+    // Out of line: the candidate campaigns again, on a new lease, behind the orphan.
+    let own_lease = own.rsplit('/').next().unwrap();
+    etcd.ctl(&["lease", "revoke", own_lease]);
+    let gone = wait_until(secs(10), || !line(&etcd, "orphan").contains(&orphan));
+    assert!(gone, "the orphaned key stayed:\n{}", second.log_text());
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_line(&dir.path().join("second"), secs(10), |_| true);
+    assert_eq!(first.code(secs(10)), 0, "{}", first.log_text());
+    assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
+    let log = second.log_text();
+    assert!(!log.contains("waiting behind second"), "{log}");
+    assert!(
+        log.contains("a key of ours from an earlier campaign"),
+        "{log}"
+    );
+}

@@ -435,3 +435,72 @@ fn one_blackholed_endpoint_keeps_the_term() {
     }
     done(c);
 }
+
+/// Faults on one endpoint after another. Replies are held on endpoints 0 and 1; each
+/// worker's keepalive overdue on 0 moves its pin to 1, and 0 then answers again, late: the
+/// answer must not bring back a stream to 0 while the pin (and every watch) is on 1. Then
+/// endpoint 1 is blackholed. Keepalives and watches follow the pin together, so the term is
+/// kept, and when the leader dies a waiter, whose watch had to leave the blackholed endpoint,
+/// takes over within the liveness bound (TTL + 2 s) instead of when an HTTP/2 ping times out.
+#[test]
+fn faults_on_one_endpoint_after_another_keep_the_term_and_the_takeover_bound() {
+    let mut c = Cluster::start(3, TTL);
+    let (i, t) = c.wait_leader();
+    let m = c.mark(
+        "replies held on endpoints 0 and 1, then endpoint 1 blackholed, then the leader killed",
+    );
+    for w in &c.workers {
+        w.proxies[0].set(Mode::HoldReplies);
+        w.proxies[1].set(Mode::HoldReplies);
+    }
+    // Each worker's endpoint 0 answers again as soon as that worker has left it, while its
+    // first try on endpoint 1 still waits.
+    let mut released = vec![false; c.workers.len()];
+    let all = wait_until(secs(20), || {
+        for (k, w) in c.workers.iter().enumerate() {
+            let from = format!("from=http://{}/", w.proxies[0].endpoint());
+            if !released[k] && w.log_text().contains(&from) {
+                w.proxies[0].set(Mode::Pass);
+                released[k] = true;
+            }
+        }
+        released.iter().all(|r| *r)
+    });
+    assert!(
+        all,
+        "not every worker left endpoint 0: {released:?}\n{}",
+        c.logs()
+    );
+    for w in &c.workers {
+        w.proxies[1].set(Mode::Pass);
+    }
+    for w in &c.workers {
+        w.proxies[1].set(Mode::Blackhole);
+    }
+    let kept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert_term_kept(&mut c, t, 2 * TTL, "endpoint 0 then endpoint 1")
+    }));
+    if let Err(e) = kept {
+        for w in &c.workers {
+            w.proxies[1].set(Mode::Pass);
+        }
+        std::panic::resume_unwind(e);
+    }
+    let killed = std::time::Instant::now();
+    c.kill(i);
+    let (j, _) = c.wait_term_after(t, TTL + secs(20));
+    let takeover = killed.elapsed();
+    eprintln!("takeover {takeover:?} after the leader was killed (TTL {TTL:?})");
+    for w in &c.workers {
+        w.proxies[1].set(Mode::Pass);
+    }
+    c.heal(m);
+    assert_ne!(i, j);
+    assert!(
+        takeover <= TTL + secs(2),
+        "takeover took {takeover:?}, over TTL + 2 s\n{}",
+        c.logs()
+    );
+    c.start_worker(i);
+    done(c);
+}

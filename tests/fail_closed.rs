@@ -340,3 +340,55 @@ fn a_wiped_etcd_is_reported_as_a_token_regression() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
+
+/// A term that ends while its worker is cut off from etcd cannot hand over in one commit: the
+/// worker revokes its lease first, retrying within `--command-timeout`, so the next leader
+/// starts as soon as the link is back instead of after the whole lease; the end record
+/// follows.
+#[test]
+fn a_term_that_ends_while_cut_off_hands_over_as_soon_as_etcd_is_back() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let (direct, cut) = (etcd.endpoints(), proxy.endpoint());
+    // A long lease: without the revoke, the next leader would wait for it.
+    let lease = ["--ttl", "20s", "--grace", "1s", "--safety-margin", "1s"];
+    let ends = script(
+        dir.path(),
+        "echo $FENCING_TOKEN > $D/first; while [ ! -e $D/go ]; do sleep 0.05; done",
+    );
+    let first_args = run_args_with(
+        &lease,
+        "cutoff",
+        &cut,
+        &["--id", "first", "--command-timeout", "3s"],
+        &ends,
+    );
+    let mut first = spawn(dir.path(), "first", &first_args);
+    wait_line(&dir.path().join("first"), secs(10), |_| true);
+    let next_job = script(dir.path(), "echo $FENCING_TOKEN > $D/next");
+    let next_args = run_args_with(&lease, "cutoff", &direct, &["--id", "next"], &next_job);
+    let mut next = spawn(dir.path(), "next", &next_args);
+    next.wait_log("waiting behind first", secs(10));
+    proxy.set(Mode::Reset);
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    first.wait_log("job ended", secs(10));
+    // The link stays cut for a second after the job ended.
+    std::thread::sleep(secs(1));
+    let healed = Instant::now();
+    proxy.set(Mode::Pass);
+    wait_line(&dir.path().join("next"), secs(25), |_| true);
+    let gap = healed.elapsed();
+    eprintln!("next term started {gap:?} after the link came back");
+    assert!(
+        gap < secs(5),
+        "the next term started {gap:?} after the link came back (TTL 20 s)\n{}",
+        first.log_text()
+    );
+    assert_eq!(first.code(secs(10)), 0, "{}", first.log_text());
+    assert_eq!(next.code(secs(10)), 0, "{}", next.log_text());
+    let (code, out, err) = run(&["history", "cutoff", "--endpoints", &direct]);
+    assert_eq!(code, 0, "{err}");
+    let first_term = out.lines().find(|l| l.contains("first")).unwrap_or("");
+    assert!(first_term.contains("exit 0"), "{out}");
+}

@@ -149,25 +149,24 @@ impl Campaign<'_> {
             if let LeaseState::Lost(r) = *lease_rx.borrow() {
                 return Ok(Some(Outcome::Lost(r)));
             }
-            // The older keys, nearest first, as many as can keep us out.
+            // The older keys, nearest first, as many as can keep us out. With their values:
+            // one of them may be ours, from a campaign whose outcome we never heard.
             let opts = GetOptions::new()
                 .with_prefix()
                 .with_max_create_revision(my_rev - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(i64::from(self.slots));
-            let opts = if self.slots > 1 {
-                opts.with_keys_only()
-            } else {
-                opts
-            };
-            let resp = bounded(
-                self.timeout,
-                "etcd",
-                client.get(self.election.candidates(), Some(opts)),
-            )
+            let prefix = self.election.candidates();
+            let resp = patient(self.timeout, || {
+                let (mut c, opts, prefix) = (client.clone(), opts.clone(), prefix.clone());
+                async move { c.get(prefix, Some(opts)).await }
+            })
             .await?;
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
             let older = resp.kvs();
+            if self.revoke_orphans(older).await? {
+                continue;
+            }
             if !may_hold(older.len(), self.slots) {
                 if self.wait == Wait::No {
                     return Ok(Some(Outcome::NotAcquired));
@@ -207,7 +206,11 @@ impl Campaign<'_> {
                     TxnOp::get(key.clone(), None),
                     TxnOp::get(self.election.paused_key(), None),
                 ]);
-            let resp = bounded(self.timeout, "etcd", client.txn(confirm)).await?;
+            let resp = patient(self.timeout, || {
+                let (mut c, t) = (client.clone(), confirm.clone());
+                async move { c.txn(t).await }
+            })
+            .await?;
             if resp.succeeded() && must_yield(&resp.op_responses(), my_rev, self.priority) {
                 // Out of line; the next creation puts us behind the one we let pass.
                 let leave = Txn::new()
@@ -505,6 +508,41 @@ impl Campaign<'_> {
         }
     }
 
+    /// Revokes the leases of older keys that this process created on leases it no longer
+    /// holds: a campaign whose creating transaction was applied but whose answer was lost,
+    /// or a revoke that did not get through. Such a key would keep us waiting behind
+    /// ourselves until its lease expires. `true` when one was revoked (read the line again).
+    async fn revoke_orphans(&self, older: &[etcd_client::KeyValue]) -> Result<bool> {
+        let me = Candidate::parse(self.value.as_bytes());
+        let mut revoked = false;
+        for kv in older {
+            // Ours are always on a lease; a key without one was put by someone else.
+            let ours = kv.lease() != 0 && me.same_process(&Candidate::parse(kv.value()));
+            if !ours || kv.lease() == self.lease.id {
+                continue;
+            }
+            let lease = kv.lease();
+            tracing::info!(
+                election = self.election.name(),
+                key = %String::from_utf8_lossy(kv.key()),
+                "a key of ours from an earlier campaign is still in line; revoking its lease"
+            );
+            let gone: Result<()> = patient(self.timeout, || {
+                let mut c = self.client.clone();
+                async move {
+                    match c.lease_revoke(lease).await {
+                        Err(e) if super::lease::says_gone(&e) => Ok(()),
+                        r => r.map(|_| ()),
+                    }
+                }
+            })
+            .await;
+            gone?;
+            revoked = true;
+        }
+        Ok(revoked)
+    }
+
     /// Waits until `key` (every key under it, with `prefix`) is deleted after revision `rev`.
     /// `None` means: look again (deleted, or the watch broke and a fresh read must decide).
     async fn wait_for_delete(
@@ -515,6 +553,9 @@ impl Campaign<'_> {
         rev: i64,
         lease_rx: &mut watch::Receiver<LeaseState>,
     ) -> Result<Option<Outcome>> {
+        // Subscribed before the watch opens: a pin move while it opens would leave the watch
+        // on the endpoint just left, with nothing to tell us.
+        let mut moves = crate::etcd::failover::moves();
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
@@ -522,12 +563,19 @@ impl Campaign<'_> {
         let mut stream =
             match tokio::time::timeout(self.timeout, client.watch(key, Some(opts))).await {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(classify(e)),
+                Ok(Err(e)) => {
+                    let e = classify(e);
+                    if crate::exit::exit_of(&e) != Exit::Unavailable {
+                        return Err(e);
+                    }
+                    // The read that follows waits out the trouble (see `patient`).
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    return Ok(None);
+                }
                 Err(_) => return Ok(None),
             };
         let give_up = crate::clock::until(self.give_up_at);
         tokio::pin!(give_up);
-        let mut moves = crate::etcd::failover::moves();
         loop {
             tokio::select! {
                 // The watch may sit on the endpoint just left: a fresh read decides.
@@ -558,6 +606,33 @@ impl Campaign<'_> {
                 _ = &mut give_up => return Ok(Some(Outcome::NotAcquired)),
             }
         }
+    }
+}
+
+/// Pause between tries of a request that found etcd unavailable.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Runs an etcd request that is safe to repeat (a read, a compare-and-read, a guarded
+/// delete, a revoke), again after each `Unavailable` failure, until it succeeds or `timeout`
+/// has passed since the first try. A waiting candidate keeps its place in line through an
+/// etcd leader election or a failover this way, instead of giving it up on one failed read.
+async fn patient<T, F, Fut>(timeout: Duration, mut request: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let until = Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let e = match bounded(left.max(RETRY_PAUSE), "etcd", request()).await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if crate::exit::exit_of(&e) != Exit::Unavailable || Instant::now() + RETRY_PAUSE >= until {
+            return Err(e);
+        }
+        tracing::debug!("etcd request failed, trying again: {e:#}");
+        tokio::time::sleep(RETRY_PAUSE).await;
     }
 }
 

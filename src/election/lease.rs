@@ -278,29 +278,48 @@ impl Lease {
     }
 
     /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next
-    /// candidate takes over at once.
+    /// candidate takes over at once. Tried again after each failure for up to `wait`; `true`
+    /// when the lease is gone.
     ///
-    /// If etcd does not answer within `timeout` (no quorum, say), the revoke is retried in the
-    /// background: etcd extends every lease by its full TTL when it elects a new leader, so a
-    /// lease we merely abandon would hold up the next term for a TTL after the quorum returns.
-    pub async fn revoke(self, timeout: Duration) {
+    /// If etcd did not take it by then (no quorum, a lossy link), the revoke goes on in the
+    /// background for as long as this process lives: etcd extends every lease by its full
+    /// TTL when it elects a new leader, so a lease we merely abandon could hold up the next
+    /// term well past its TTL. Each background attempt gets `attempt` (the command timeout):
+    /// on a slow link, shorter attempts never got an answer.
+    pub async fn revoke(self, wait: Duration, attempt: Duration) -> bool {
         self.task.abort();
         let id = self.id;
         let mut c = self.client.clone();
-        if try_revoke(&mut c, id, timeout).await {
-            return;
+        let until = Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if try_revoke(&mut c, id, left.max(MIN_RENEWAL_TIMEOUT)).await {
+                return true;
+            }
+            if Instant::now() + REVOKE_PAUSE >= until {
+                break;
+            }
+            tokio::time::sleep(REVOKE_PAUSE).await;
         }
+        tracing::info!(
+            lease = format!("{id:x}"),
+            "etcd did not take the revoke in time; retrying in the background"
+        );
         let give_up = Instant::now() + REVOKE_RETRY_FOR;
         tokio::spawn(async move {
             while Instant::now() < give_up {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                if try_revoke(&mut c, id, timeout).await {
+                tokio::time::sleep(REVOKE_PAUSE).await;
+                if try_revoke(&mut c, id, attempt).await {
                     return;
                 }
             }
         });
+        false
     }
 }
+
+/// Between revoke attempts that failed at once.
+const REVOKE_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long an abandoned lease keeps being revoked in the background.
 const REVOKE_RETRY_FOR: Duration = Duration::from_secs(300);
@@ -352,6 +371,13 @@ struct Attempt {
     stream: Option<KeepAlive>,
 }
 
+/// An open keepalive stream and the endpoint it was opened to: a stream stays on its
+/// endpoint whatever the pin does since, so failures on it are that endpoint's.
+struct Idle {
+    stream: KeepAlive,
+    endpoint: usize,
+}
+
 /// Sends one keepalive: on `stream` if there is one, else by opening a stream (which sends
 /// one and waits for its answer).
 async fn attempt(
@@ -398,7 +424,7 @@ async fn keepalive_loop(
     let (ttl, margin) = (plan.ttl, plan.margin);
     let lease = format!("{id:x}");
     let mut inflight: JoinSet<Attempt> = JoinSet::new();
-    let mut idle: Option<KeepAlive> = None;
+    let mut idle: Option<Idle> = None;
     let mut next = Instant::now() + plan.interval;
     // Send time of the newest attempt that renewed: older failures are old news.
     let mut last_good = Instant::now();
@@ -427,9 +453,16 @@ async fn keepalive_loop(
                     tracing::debug!(lease, "keepalive answer overdue; trying the next endpoint");
                     failover::endpoint_failed(e);
                 }
-                let endpoint = failover::pinned();
+                // A stream open to an endpoint the pin has left is dropped: the next one goes
+                // where the watches go, so a silent pinned endpoint shows up here too, and a
+                // failure is blamed on the endpoint that had the request.
+                let pin = failover::pinned();
+                let (endpoint, stream) = match idle.take() {
+                    Some(i) if i.endpoint == pin => (i.endpoint, Some(i.stream)),
+                    _ => (pin, None),
+                };
                 awaiting = Some(endpoint);
-                let (c, stream) = (client.clone(), idle.take());
+                let c = client.clone();
                 // Even a successful answer is worthless after D: bound the attempt by the TTL.
                 let timeout = plan.timeout.max(ttl);
                 let sent = BootInstant::now();
@@ -461,8 +494,8 @@ async fn keepalive_loop(
                             next = a.sent_mono + plan.interval;
                             awaiting = None;
                         }
-                        if idle.is_none() {
-                            idle = a.stream;
+                        if idle.is_none() && a.endpoint == failover::pinned() {
+                            idle = a.stream.map(|stream| Idle { stream, endpoint: a.endpoint });
                         }
                     }
                     Err(why) => {

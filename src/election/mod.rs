@@ -214,6 +214,17 @@ impl Candidate {
         })
     }
 
+    /// Whether both values were written by the same lead-exec process: same host, pid and
+    /// start time (a pid reused later starts at another time). Foreign values never match.
+    pub fn same_process(&self, other: &Candidate) -> bool {
+        self.pid != 0
+            && self.started_ms != 0
+            && self.pid == other.pid
+            && self.started_ms == other.started_ms
+            && self.host == other.host
+            && self.id == other.id
+    }
+
     pub fn encode(&self) -> String {
         serde_json::to_string(self).expect("candidate serializes")
     }
@@ -297,6 +308,23 @@ mod tests {
         assert_eq!(c.id, "etcdctl-proposal");
         let me = Candidate::this_process("w1");
         assert_eq!(Candidate::parse(me.encode().as_bytes()), me);
+    }
+
+    #[test]
+    fn a_process_recognises_its_own_values_only() {
+        let me = Candidate::this_process("w1");
+        let mut later = me.clone();
+        later.takeover_until_ms = Some(5);
+        assert!(me.same_process(&later));
+        let mut reused = me.clone();
+        reused.started_ms += 1;
+        assert!(!me.same_process(&reused), "a reused pid");
+        let foreign = Candidate::parse(b"w1");
+        assert!(!me.same_process(&foreign));
+        assert!(
+            !foreign.same_process(&foreign),
+            "foreign values never match"
+        );
     }
 
     #[test]

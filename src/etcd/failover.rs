@@ -12,7 +12,8 @@
 //! - A unary request is buffered (they are small) and retried on the next endpoint when that
 //!   is safe: always for reads, and for writes only when the request cannot have been applied
 //!   (the connection was never made, or the member said it has no leader), as the Go client
-//!   does. A write that may have been applied is never sent twice.
+//!   does. A write that may have been applied is never sent twice, so it gets the caller's
+//!   whole command timeout; only a read is cut short to try the next endpoint in time.
 //! - A stream (keepalives, watches) cannot be replayed: its owner reopens it, and the reopened
 //!   stream goes to the new pin. [`endpoint_failed`] lets the owner report an endpoint that
 //!   stopped answering on a stream, which nothing below can see.
@@ -38,7 +39,7 @@ pub struct Router {
     members: Mutex<Vec<Member>>,
     changes: Mutex<Option<mpsc::Receiver<Change<Uri, Endpoint>>>>,
     pinned: AtomicUsize,
-    /// A bound on one attempt of a unary request when there is another endpoint to try.
+    /// A bound on one attempt of a read when there is another endpoint to try.
     attempt_timeout: Duration,
     /// Counts pin moves, so that stream owners can reopen on the new endpoint.
     moves: tokio::sync::watch::Sender<u64>,
@@ -94,6 +95,12 @@ impl Router {
         }
         let i = self.pinned.load(Ordering::SeqCst) % members.len();
         Some((i, members[i].channel.clone()))
+    }
+
+    /// Endpoint `j`'s channel, wherever the pin is.
+    fn member(&self, j: usize) -> Option<(usize, tonic::transport::Channel)> {
+        let members = self.members.lock().expect("router lock");
+        members.get(j).map(|m| (j, m.channel.clone()))
     }
 
     fn len(&self) -> usize {
@@ -345,10 +352,17 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
     let (parts, body) = req.into_parts();
     let bytes = body.collect().await?.to_bytes();
     let mut attempt = 0;
+    // The first endpoint whose read was cut short: it answers, only slowly (a linearizable
+    // read waits for commits in flight). If every other one fails, the read goes back to it
+    // with the rest of the caller's time rather than failing on the last one tried.
+    let mut slow: Option<usize> = None;
     loop {
         attempt += 1;
         let more = attempt < n;
-        let (i, ch) = router.current().ok_or("no etcd endpoint")?;
+        let (i, ch) = match slow.filter(|_| attempt > n) {
+            Some(j) => router.member(j).ok_or("no etcd endpoint")?,
+            None => router.current().ok_or("no etcd endpoint")?,
+        };
         let mut b = Request::builder()
             .method(parts.method.clone())
             .uri(parts.uri.clone())
@@ -357,22 +371,42 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
             *h = parts.headers.clone();
         }
         let req = b.body(Body::new(http_body_util::Full::new(bytes.clone())))?;
-        let (result, how) = if more {
+        // Only a read is cut short for the next endpoint: a write that timed out may still
+        // be applied and is never sent again, so a bound would only shorten the caller's
+        // command timeout (a member with slow commits answered writes after 1.5 s). A write
+        // the caller gives up on still moves the pin, through the guard.
+        let guard = PinGuard {
+            router: &router,
+            endpoint: i,
+            armed: kind == Kind::Write,
+        };
+        let (result, how) = if more && kind == Kind::Read {
             match tokio::time::timeout(router.attempt_timeout, ch.oneshot(req)).await {
                 Ok(r) => classified(r.map_err(BoxError::from)),
-                Err(_) => (
-                    Err(BoxError::from(format!(
-                        "no answer within {}ms",
-                        router.attempt_timeout.as_millis()
-                    ))),
-                    Attempt::Lost,
-                ),
+                Err(_) => {
+                    slow = slow.or(Some(i));
+                    (
+                        Err(BoxError::from(format!(
+                            "no answer within {}ms",
+                            router.attempt_timeout.as_millis()
+                        ))),
+                        Attempt::Lost,
+                    )
+                }
             }
         } else {
             classified(ch.oneshot(req).await.map_err(BoxError::from))
         };
+        guard.disarm();
         match verdict(kind, how, more) {
             Verdict::Done => return result,
+            Verdict::FailedFinal if kind == Kind::Read && attempt == n && slow.is_some() => {
+                tracing::debug!(
+                    ?how,
+                    "etcd read failed everywhere; back to the slow endpoint"
+                );
+                router.failed(i);
+            }
             Verdict::FailedFinal => {
                 router.failed(i);
                 return result;
@@ -385,6 +419,28 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
                 );
                 router.failed(i);
             }
+        }
+    }
+}
+
+/// Moves the pin off an endpoint whose write was dropped unanswered: the caller's command
+/// timeout passed, so that endpoint is slow or gone, and the next request should go elsewhere.
+struct PinGuard<'a> {
+    router: &'a Router,
+    endpoint: usize,
+    armed: bool,
+}
+
+impl PinGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PinGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.router.failed(self.endpoint);
         }
     }
 }

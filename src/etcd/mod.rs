@@ -118,8 +118,9 @@ pub async fn open(conn: &Conn) -> Result<Client> {
             }
         })
         .collect();
-    // A healthy member answers in milliseconds: half the shorter timeout per attempt lets
-    // a request (the probe below included) reach a second endpoint in time.
+    // A healthy member answers a read in milliseconds: half the shorter timeout per attempt
+    // lets a read (the probe below included) reach a second endpoint in time. Writes are not
+    // cut short (see `failover`).
     let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
     let router = failover::Router::new(attempt);
     bounded(

@@ -258,21 +258,35 @@ fn trim_end(existing: &[Vec<u8>], keep: usize, new_key: &str) -> Option<Vec<u8>>
     )
 }
 
-/// Writes the end of our term, if our key still guards it.
-pub async fn record_end(
+/// Writes the end of our term once our key is gone: the term ended while etcd could not take
+/// [`record_end_and_release`], and the lease was revoked first so that the next term does not
+/// wait for this write. Guarded by the start record being unchanged since we wrote it (or,
+/// without it, since read here): a record someone else closed meanwhile is left alone.
+pub async fn record_end_after_release(
     client: &Client,
     e: &Election,
     timeout: Duration,
-    term: Term<'_>,
+    token: i64,
+    started: Option<&Started>,
     reason: TermEnd,
-) -> Result<()> {
-    let token = term.token;
-    let guard = Compare::create_revision(term.key, CompareOp::Equal, token);
-    let ok = finish(client, e, token, reason, guard, timeout).await?;
-    if !ok {
-        tracing::debug!(token, "term end not recorded: our leader key is gone");
-    }
-    Ok(())
+) -> Result<bool> {
+    let hk = e.history_key(token);
+    let Some(started) = started else {
+        // Any record of this term will do: the read in `finish` guards the write.
+        let any = Compare::create_revision(hk.clone(), CompareOp::Greater, 0);
+        return finish(client, e, token, reason, any, timeout).await;
+    };
+    let mut rec = started.record.clone();
+    rec.close(reason);
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            hk.clone(),
+            CompareOp::Equal,
+            started.rev,
+        )])
+        .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
+    let mut c = client.clone();
+    Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
 }
 
 /// Marks a term ended, in one transaction with `guard` (and the record unchanged since read).

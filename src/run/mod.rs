@@ -402,7 +402,8 @@ impl Driver {
             }
             // A refusal (a slot count the election does not run with) would only repeat.
             Err(e) if crate::exit::exit_of(&e) == Exit::Usage => {
-                lease.revoke(self.cfg.conn.command_timeout).await;
+                let t = self.cfg.conn.command_timeout;
+                lease.revoke(t, t).await;
                 return Err(e);
             }
             Err(e) => {
@@ -426,7 +427,15 @@ impl Driver {
     ) -> Result<Result<Lease>> {
         let lease = first.await?;
         if let Some(probe) = self.probe.take() {
-            probe.await??;
+            match probe.await? {
+                // A granted lease proves a quorum that answers: a probe that only ran out of
+                // time waited for that grant's commit (slow disks make a linearizable read
+                // wait for the commits in flight).
+                Err(e) if lease.is_ok() && crate::exit::exit_of(&e) == Exit::Unavailable => {
+                    tracing::debug!("start-up probe: {e:#}; the lease was granted meanwhile");
+                }
+                r => r?,
+            }
         }
         notify::ready();
         Ok(match lease {
@@ -944,14 +953,18 @@ impl Driver {
         self.leader_watch = None;
         self.term = None;
         metrics::leading(false);
-        let timeout = self.cfg.conn.command_timeout.min(Duration::from_secs(1));
+        // A second at most before campaigning again or exiting; after that the revoke goes
+        // on in the background with whole command timeouts, which a slow link needs (see
+        // `Lease::revoke`). A term's own end waits longer for it (see `record_end`).
+        let attempt = self.cfg.conn.command_timeout;
+        let wait = attempt.min(Duration::from_secs(1));
         if let Some(lease) = self.lease.take() {
             if std::mem::take(&mut self.released) {
                 // Our key is gone already: nothing waits on this lease. If lead-exec exits
                 // first, it simply expires.
-                tokio::spawn(lease.revoke(timeout));
+                tokio::spawn(lease.revoke(wait, attempt));
             } else {
-                lease.revoke(timeout).await;
+                lease.revoke(wait, attempt).await;
             }
         }
     }
@@ -993,18 +1006,53 @@ impl Driver {
                 tracing::warn!("run key: {e:#}");
             }
         }
-        // One commit closes the record and hands over leadership; without the start record
-        // (its write failed) the end is written on its own and the revoke hands over.
+        // One commit closes the record and hands over leadership.
         let released = match &started {
             Some(s) => {
                 history::record_end_and_release(client, e, timeout, term, slot, s, reason).await
             }
-            None => history::record_end(client, e, timeout, term, reason)
-                .await
-                .map(|()| false),
+            None => Ok(false),
         };
         match released {
-            Ok(r) => self.released = r,
+            Ok(true) => {
+                self.released = true;
+                return;
+            }
+            // Our key is gone or the record changed: nothing of ours to close; the revoke
+            // (resign) ends the lease.
+            Ok(false) if started.is_some() => return,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                "could not close the term and hand over in one commit: {e:#}; revoking the lease first"
+            ),
+        }
+        // The key goes first, so that the next term does not wait for the record: revoking
+        // the lease deletes it (and our slot key). The record follows, as a record guarded by
+        // itself, since the key that guarded it is gone.
+        let token = term.token;
+        let gone = match self.lease.take() {
+            Some(lease) => lease.revoke(timeout, timeout).await,
+            None => true,
+        };
+        self.released = true;
+        if !gone {
+            // etcd took neither: a third wait for the record would only delay the exit.
+            tracing::warn!(token, "term end not recorded: etcd did not answer");
+            return;
+        }
+        let (cfg, client) = (&self.cfg, &self.client);
+        let written = history::record_end_after_release(
+            client,
+            &cfg.election,
+            timeout,
+            token,
+            started.as_ref(),
+            reason,
+        )
+        .await;
+        match written {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(token, "term end not recorded: the record changed"),
             Err(e) => tracing::warn!("history: {e:#}"),
         }
     }

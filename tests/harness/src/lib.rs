@@ -73,6 +73,19 @@ pub fn locate(binary: &str, package: &str) -> Result<PathBuf, String> {
     Err(format!("`{binary}` not found on PATH: install the Debian package `{package}` (apt-get install {package}); bash .ci/run does this"))
 }
 
+/// A tool from PATH (never from `$ETCD_BIN_DIR`). Missing is a failure that names the
+/// package, never a skip.
+pub fn need_tool(binary: &str, package: &str) -> PathBuf {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|dir| Path::new(dir).join(binary))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("`{binary}` not found on PATH: install the Debian package `{package}` (apt-get install {package}); bash .ci/run does this")
+        })
+}
+
 /// A free loopback port for a server. Taken below Linux's ephemeral range (32768 and up), so
 /// that no outgoing connection of a parallel test can take it between this check and the
 /// server's bind; each call hands out a different port.
@@ -100,12 +113,20 @@ pub struct Member {
     args: Vec<String>,
     /// Applied to every start of the process (an example detaches its children, say).
     setup: fn(&mut Command),
+    /// Each start runs etcd under strace with these arguments (see [`Etcd::slow_commits`]).
+    strace: Option<Vec<String>>,
 }
 
 impl Member {
     /// One etcd on its own in `dir`: data in `dir/NAME`, log in `dir/NAME.log`. `setup`
     /// shapes the process before each start. For the examples: tests use [`Etcd`].
     pub fn single(dir: &Path, name: &str, setup: fn(&mut Command)) -> Member {
+        let mut m = Member::unstarted(dir, name, setup);
+        m.spawn();
+        m
+    }
+
+    fn unstarted(dir: &Path, name: &str, setup: fn(&mut Command)) -> Member {
         let (client, peer) = (free_port(), free_port());
         let peer_url = format!("http://127.0.0.1:{peer}");
         let client_url = format!("http://127.0.0.1:{client}");
@@ -127,7 +148,7 @@ impl Member {
         ]
         .map(String::from)
         .to_vec();
-        let mut m = Member {
+        Member {
             name: name.to_string(),
             client_port: client,
             peer_port: peer,
@@ -135,9 +156,8 @@ impl Member {
             child: None,
             args,
             setup,
-        };
-        m.spawn();
-        m
+            strace: None,
+        }
     }
 
     /// Where the member logs.
@@ -159,7 +179,15 @@ impl Member {
             .append(true)
             .open(self.log())
             .unwrap();
-        let mut cmd = Command::new(need("etcd", "etcd-server"));
+        let etcd = need("etcd", "etcd-server");
+        let mut cmd = match &self.strace {
+            Some(trace) => {
+                let mut c = Command::new(need_tool("strace", "strace"));
+                c.args(trace).arg(etcd);
+                c
+            }
+            None => Command::new(etcd),
+        };
         cmd.args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -170,6 +198,12 @@ impl Member {
     }
 
     pub fn kill(&mut self) {
+        // strace detaches from its tracee when it dies: etcd must be killed by its own pid.
+        if let (Some(c), Some(_)) = (&self.child, &self.strace) {
+            for pid in children(c.id() as i32) {
+                signal(pid, libc::SIGKILL);
+            }
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -281,6 +315,7 @@ impl Etcd {
                 child: None,
                 args,
                 setup: |_| {},
+                strace: None,
             };
             m.spawn();
             members.push(m);
@@ -293,6 +328,36 @@ impl Etcd {
         if scheme == "http" {
             e.wait_healthy(Duration::from_secs(20));
         }
+        e
+    }
+
+    /// One member whose every commit takes `delay` longer (its fdatasync delayed under
+    /// strace), while reads and lease renewals, which need no commit, stay fast.
+    pub fn slow_commits(delay: Duration) -> Etcd {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = Member::unstarted(dir.path(), "slow", |_| {});
+        m.strace = Some(
+            [
+                "-f",
+                "-qq",
+                "-o",
+                "/dev/null",
+                "-e",
+                "trace=fdatasync",
+                "-e",
+                &format!("inject=fdatasync:delay_enter={}", delay.as_micros()),
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+        m.spawn();
+        let e = Etcd {
+            members: vec![m],
+            dir,
+            ctl_args: Vec::new(),
+        };
+        // Start-up commits are slowed too: etcd 3.5 took 45 s to answer here.
+        e.wait_healthy(Duration::from_secs(120));
         e
     }
 
@@ -365,6 +430,22 @@ pub fn signal(pid: i32, sig: i32) {
 }
 
 /// Whether `pid` exists at all, zombies included (a zombie is a process nobody reaped).
+/// The direct children of a process, from every one of its threads.
+pub fn children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
 pub fn exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
