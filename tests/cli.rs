@@ -624,12 +624,15 @@ fn huge_durations_are_usage_errors_naming_the_flag_and_the_longest_run() {
         );
     }
     // At the maximum, each works (grace and margin under the longest lease etcd grants).
-    for (flag, extra) in flags {
+    // Each in an election of its own: a first leader with --takeover-delay after terms that
+    // ran without one waits the delay out.
+    for (i, (flag, extra)) in flags.iter().enumerate() {
+        let election = format!("huge{i}");
         let lease: &[&str] = match *flag {
             "--grace" | "--safety-margin" => &["--ttl", "9000000000s"],
             _ => &FAST,
         };
-        let mut args = vec!["run", "huge", "--endpoints", &ep, flag, "100years"];
+        let mut args = vec!["run", &election, "--endpoints", &ep, flag, "100years"];
         args.extend_from_slice(lease);
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "sh", "-c", "exit 5"]);
