@@ -717,7 +717,7 @@ impl Driver {
         };
         if let Some(lease) = shown {
             let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
-            lease.revoke(timeout).await;
+            lease.revoke(timeout, cfg.conn.command_timeout).await;
         }
         out
     }
