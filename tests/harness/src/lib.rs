@@ -4,6 +4,7 @@
 //! checker ([`chaos`]).
 
 pub mod chaos;
+pub mod measure;
 pub mod proxy;
 
 use std::fs;
