@@ -53,7 +53,7 @@ pub(crate) const EVERY_MS: &str = "300";
 /// Batches each new leader settles before the next step, so every term is visible.
 pub(crate) const BATCHES_PER_TERM: u32 = 5;
 /// A pause between steps, only so that a person can read along.
-pub(crate) const READING_PAUSE: Duration = Duration::from_millis(1500);
+const READING_PAUSE: Duration = Duration::from_millis(1500);
 /// Exit codes that matter here (see lead-exec's `exit` module and the ledger's usage).
 pub(crate) const EXIT_UNAVAILABLE: i32 = 69;
 pub(crate) const EXIT_NO_LEADER: i32 = 3;
