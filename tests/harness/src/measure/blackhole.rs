@@ -85,6 +85,7 @@ impl Proxy {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Blackholes right after the next answer from etcd has been forwarded.
     pub fn arm(&self) {
         self.shared.state.lock().unwrap().mode = Mode::Armed;
     }

@@ -191,6 +191,7 @@ impl Drop for HttpEtcd {
     }
 }
 
+/// Deletes under a prefix as etcd streams them, timed on arrival; dropping it ends the watch.
 pub struct DeleteWatch {
     pub rx: Receiver<Instant>,
     stream: TcpStream,

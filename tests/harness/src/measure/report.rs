@@ -13,6 +13,7 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
+/// One line of the table.
 pub struct Row {
     pub scenario: String,
     pub metric: String,

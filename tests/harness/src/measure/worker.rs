@@ -24,6 +24,7 @@ pub enum Tool {
     Etcdctl,
 }
 
+/// Both tools, in the order the scenarios alternate them.
 pub const TOOLS: [Tool; 2] = [Tool::LeadExec, Tool::Etcdctl];
 
 impl Tool {
@@ -47,6 +48,7 @@ impl Tool {
     }
 }
 
+/// One wrapper to start: which tool, on which election, running `sh -c script`.
 pub struct WorkerSpec<'a> {
     pub tool: Tool,
     pub election: &'a str,
@@ -79,7 +81,8 @@ impl<'a> WorkerSpec<'a> {
     }
 }
 
-/// Starts one worker (`bin` is lead-exec; its stderr goes to `logs/ELECTION-ID.log`) in a process group of its own, so that it can be killed whole.
+/// Starts one worker in a process group of its own, so that it can be killed whole. `bin` is
+/// lead-exec; the wrapper's stderr goes to `logs/ELECTION-ID.log`.
 pub fn spawn(bin: &Path, logs: &Path, w: WorkerSpec) -> io::Result<Worker> {
     let mut cmd = match w.tool {
         Tool::LeadExec => {
