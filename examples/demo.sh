@@ -5,7 +5,7 @@
 #
 # Installs what is missing (etcd-server for a throwaway etcd; protobuf-compiler and
 # libprotobuf-dev, whose well-known .proto files etcd-client's build imports), then builds
-# and runs the narrated demo (examples/demo.rs), about 15 seconds once built.
+# and runs the narrated demo (examples/demo/), about 15 seconds once built.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,9 +1,10 @@
 //! The harness that lead-exec's integration tests and examples share: real etcd processes on
 //! free loopback ports, a fault proxy ([`proxy`]), the built binary, helpers that wait for
-//! events (a file line, a key, an exit) instead of sleeping, and the Jepsen-style history
-//! checker ([`chaos`]).
+//! events (a file line, a key, an exit) instead of sleeping, the Jepsen-style history
+//! checker ([`chaos`]), and what the benchmarks measure with ([`measure`]).
 
 pub mod chaos;
+pub mod measure;
 pub mod proxy;
 
 use std::fs;
