@@ -57,7 +57,9 @@
 //! - [`config`]: checks the flags into a safe [`config::RunConfig`] of the crate's own types;
 //!   [`logging`] sets up tracing from them.
 //! - [`cli`]: the flags as typed; clap stays here.
-//! - [`election`]: key layout, [`election::lease`] (keepalive timer and the deadline D),
+//! - [`election`]: key layout, [`election::lease`] (the lease, its keepalive task and the
+//!   deadline D), [`election::schedule`] (when, where and until when keepalives go out,
+//!   decided without I/O; the task carries it out),
 //!   [`election::campaign`] (etcd's election protocol plus confirmation),
 //!   [`election::leader`] (what a leader watches for: [`election::leader::LeaderWatch`]).
 //! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
@@ -69,7 +71,8 @@
 //!   CLOCK_BOOTTIME, Prometheus, systemd, values made safe to print.
 //!
 //! The safety decisions are pure functions with unit and property tests:
-//! [`run::lifecycle::step`], [`supervisor::enforcer::Enforcer`], and the renewal arithmetic in
+//! [`run::lifecycle::step`], [`supervisor::enforcer::Enforcer`],
+//! [`election::schedule::Schedule`] (the keepalive schedule), and the renewal arithmetic in
 //! [`election::lease`] ([`election::lease::Renewal`], [`election::lease::renewed`]).
 
 pub mod cli;

@@ -4,7 +4,8 @@
 //! The server cannot expire the lease before the request reached it, and the request reached
 //! it after we sent it, so D is never later than the server's expiry (up to clock-rate error,
 //! which the margin covers). The etcd client gives us only a stream; the timer, the retries and
-//! reopening a broken stream are ours.
+//! reopening a broken stream are ours: [`super::schedule`] decides them, the keepalive task here
+//! carries them out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +14,9 @@ use anyhow::Result;
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 
+use super::schedule::{reuse_stream, Action, Event, Reply, Schedule};
 use crate::clock::{human, BootInstant};
 use crate::etcd::{bounded, failover};
 use crate::exit::{fail, Exit};
@@ -352,21 +354,12 @@ impl Drop for Lease {
 
 type KeepAlive = (LeaseKeeper, LeaseKeepAliveStream);
 
-/// What one renewal attempt learned.
-enum Answer {
-    /// Renewed: the lease lives at least until the attempt's send time + TTL.
-    Alive,
-    /// etcd says the lease does not exist any more.
-    Gone,
-}
-
 /// One renewal attempt, as its own task so that a slow one keeps counting while the next
 /// one goes out elsewhere.
 struct Attempt {
     sent: BootInstant,
-    sent_mono: Instant,
     endpoint: usize,
-    result: Result<Answer, String>,
+    result: Result<Reply, String>,
     /// The stream, back in step (its one request answered), for the next attempt to reuse.
     stream: Option<KeepAlive>,
 }
@@ -379,17 +372,18 @@ struct Idle {
 }
 
 /// Sends one keepalive: on `stream` if there is one, else by opening a stream (which sends
-/// one and waits for its answer).
+/// one and waits for its answer). Never answers [`Reply::Failed`]: failures come as `Err`
+/// with their reason.
 async fn attempt(
     mut client: Client,
     id: i64,
     stream: Option<KeepAlive>,
     timeout: Duration,
-) -> (Result<Answer, String>, Option<KeepAlive>) {
+) -> (Result<Reply, String>, Option<KeepAlive>) {
     let Some((mut keeper, mut responses)) = stream else {
         return match tokio::time::timeout(timeout, client.lease_keep_alive(id)).await {
-            Ok(Ok(ka)) => (Ok(Answer::Alive), Some(ka)),
-            Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
+            Ok(Ok(ka)) => (Ok(Reply::Alive), Some(ka)),
+            Ok(Err(e)) if says_gone(&e) => (Ok(Reply::Gone), None),
             Ok(Err(e)) => (Err(format!("keepalive stream: {e}")), None),
             Err(_) => (Err("keepalive stream: no answer".into()), None),
         };
@@ -398,118 +392,89 @@ async fn attempt(
         return (Err(format!("keepalive send: {e}")), None);
     }
     match tokio::time::timeout(timeout, responses.message()).await {
-        Ok(Ok(Some(r))) if r.ttl() <= 0 => (Ok(Answer::Gone), None),
-        Ok(Ok(Some(_))) => (Ok(Answer::Alive), Some((keeper, responses))),
-        Ok(Err(e)) if says_gone(&e) => (Ok(Answer::Gone), None),
+        Ok(Ok(Some(r))) if r.ttl() <= 0 => (Ok(Reply::Gone), None),
+        Ok(Ok(Some(_))) => (Ok(Reply::Alive), Some((keeper, responses))),
+        Ok(Err(e)) if says_gone(&e) => (Ok(Reply::Gone), None),
         Ok(Err(e)) => (Err(format!("keepalive answer: {e}")), None),
         Ok(Ok(None)) => (Err("keepalive stream closed".into()), None),
         Err(_) => (Err("keepalive answer: no answer".into()), None),
     }
 }
 
-/// Most attempts in flight at once: enough to ride over a slow and a dead endpoint together.
-const MAX_IN_FLIGHT: usize = 4;
-
+/// Carries out the [`Schedule`]: the timer, the attempts in flight, their streams and the
+/// endpoint router are here; every decision is the schedule's.
 async fn keepalive_loop(
     client: Client,
     id: i64,
     plan: Renewal,
-    mut deadline: BootInstant,
+    deadline: BootInstant,
     tx: watch::Sender<LeaseState>,
     renew: Arc<Notify>,
 ) {
-    // A failure that came back at once (a refused connection, "no leader") is retried after
-    // this pause rather than in a tight loop.
-    let pause = (plan.timeout / 8).clamp(Duration::from_millis(10), Duration::from_millis(50));
-    let (ttl, margin) = (plan.ttl, plan.margin);
     let lease = format!("{id:x}");
+    let mut schedule = Schedule::new(plan, deadline, BootInstant::now());
     let mut inflight: JoinSet<Attempt> = JoinSet::new();
     let mut idle: Option<Idle> = None;
-    let mut next = Instant::now() + plan.interval;
-    // Send time of the newest attempt that renewed: older failures are old news.
-    let mut last_good = Instant::now();
-    // The endpoint of the newest attempt while it has no answer.
-    let mut awaiting: Option<usize> = None;
-    loop {
-        // Checked on every wake: after a freeze, an answer now could extend a lease whose job
-        // the watchdog has already killed. Declare the loss instead.
-        if deadline.has_passed() {
-            tracing::warn!(lease, "no keepalive succeeded before the deadline");
-            tx.send_replace(LeaseState::Lost(Loss::Deadline));
-            return;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(deadline.remaining()) => continue,
-            // A renewal wanted now (before a spawn): the next attempt goes out at once.
-            _ = renew.notified() => next = Instant::now(),
-            _ = sleep_until(next) => {
-                if inflight.len() >= MAX_IN_FLIGHT {
-                    next = Instant::now() + pause;
-                    continue;
+    while let Some(wake) = schedule.next_wake() {
+        let (event, why) = tokio::select! {
+            _ = tokio::time::sleep(wake.remaining()) => {
+                (Event::Tick { in_flight: inflight.len() }, None)
+            }
+            _ = renew.notified() => (Event::Renew, None),
+            Some(joined) = inflight.join_next(), if !inflight.is_empty() => {
+                let Ok(a) = joined else { continue };
+                if let Ok(Reply::Alive) = a.result {
+                    crate::metrics::keepalive_rtt(BootInstant::now().saturating_since(a.sent));
+                    if idle.is_none() && a.endpoint == failover::pinned() {
+                        idle = a.stream.map(|stream| Idle { stream, endpoint: a.endpoint });
+                    }
                 }
-                // The last attempt is overdue: its endpoint is slow or gone, so the next one
-                // goes elsewhere (a stream hides that from the channel below).
-                if let Some(e) = awaiting.take() {
+                let (reply, why) = match a.result {
+                    Ok(r) => (r, None),
+                    Err(why) => (Reply::Failed, Some(why)),
+                };
+                (Event::Answer { sent: a.sent, endpoint: a.endpoint, reply }, why)
+            }
+        };
+        match schedule.on(BootInstant::now(), event) {
+            None => {}
+            Some(Action::Send { overdue }) => {
+                if let Some(e) = overdue {
                     tracing::debug!(lease, "keepalive answer overdue; trying the next endpoint");
                     failover::endpoint_failed(e);
                 }
-                // A stream open to an endpoint the pin has left is dropped: the next one goes
-                // where the watches go, so a silent pinned endpoint shows up here too, and a
-                // failure is blamed on the endpoint that had the request.
-                let pin = failover::pinned();
-                let (endpoint, stream) = match idle.take() {
-                    Some(i) if i.endpoint == pin => (i.endpoint, Some(i.stream)),
-                    _ => (pin, None),
-                };
-                awaiting = Some(endpoint);
-                let c = client.clone();
-                // Even a successful answer is worthless after D: bound the attempt by the TTL.
-                let timeout = plan.timeout.max(ttl);
+                let endpoint = failover::pinned();
+                let stream = idle
+                    .take()
+                    .filter(|i| reuse_stream(i.endpoint, endpoint))
+                    .map(|i| i.stream);
+                let (c, timeout) = (client.clone(), schedule.attempt_timeout());
                 let sent = BootInstant::now();
-                let sent_mono = Instant::now();
                 inflight.spawn(async move {
                     let (result, stream) = attempt(c, id, stream, timeout).await;
-                    Attempt { sent, sent_mono, endpoint, result, stream }
+                    Attempt {
+                        sent,
+                        endpoint,
+                        result,
+                        stream,
+                    }
                 });
-                // Unless it answers in time, the next attempt goes out then, on the next
-                // endpoint, while this one may still answer.
-                next = sent_mono + plan.timeout;
+                schedule.sent(sent, endpoint);
             }
-            Some(joined) = inflight.join_next(), if !inflight.is_empty() => {
-                let Ok(a) = joined else { continue };
-                match a.result {
-                    Ok(Answer::Gone) => {
-                        tracing::warn!(lease, "etcd says the lease is gone");
-                        tx.send_replace(LeaseState::Lost(Loss::Expired));
-                        return;
-                    }
-                    Ok(Answer::Alive) => {
-                        crate::metrics::keepalive_rtt(a.sent_mono.elapsed());
-                        if let Some(d) = renewed(deadline, a.sent, ttl, margin) {
-                            deadline = d;
-                            tx.send_replace(LeaseState::Alive { deadline });
-                        }
-                        if a.sent_mono >= last_good {
-                            last_good = a.sent_mono;
-                            next = a.sent_mono + plan.interval;
-                            awaiting = None;
-                        }
-                        if idle.is_none() && a.endpoint == failover::pinned() {
-                            idle = a.stream.map(|stream| Idle { stream, endpoint: a.endpoint });
-                        }
-                    }
-                    Err(why) => {
-                        if a.sent_mono < last_good {
-                            continue;
-                        }
-                        tracing::debug!(lease, "{why}; retrying on the next endpoint");
-                        failover::endpoint_failed(a.endpoint);
-                        if awaiting == Some(a.endpoint) {
-                            awaiting = None;
-                        }
-                        next = next.min(Instant::now() + pause);
-                    }
+            Some(Action::EndpointFailed(e)) => {
+                let why = why.unwrap_or_default();
+                tracing::debug!(lease, "{why}; retrying on the next endpoint");
+                failover::endpoint_failed(e);
+            }
+            Some(Action::Publish(deadline)) => {
+                tx.send_replace(LeaseState::Alive { deadline });
+            }
+            Some(Action::Lost(loss)) => {
+                match loss {
+                    Loss::Expired => tracing::warn!(lease, "etcd says the lease is gone"),
+                    _ => tracing::warn!(lease, "no keepalive succeeded before the deadline"),
                 }
+                tx.send_replace(LeaseState::Lost(loss));
             }
         }
     }

@@ -24,6 +24,7 @@
 pub mod campaign;
 pub mod leader;
 pub mod lease;
+pub mod schedule;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
