@@ -21,7 +21,7 @@
 //! that shares no three letters in a row with "lead-exec", so that no group signal and no
 //! `pkill`/`killall` by name reaches both; and [`Job::wait`] kills the group at D itself when
 //! the watchdog has not reported it gone. Nothing lead-exec does waits on the watchdog: its
-//! pipe is non-blocking, and what a frozen watchdog cannot take yet waits in [`Ctl`], the
+//! pipe is non-blocking, and what a frozen watchdog cannot take yet waits in lead-exec, the
 //! newest deadline in place of older ones.
 
 pub mod detach;
