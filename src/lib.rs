@@ -40,8 +40,8 @@
 //! leader to hand over, with the same token-guarded request as `resign`.
 //!
 //! With `--slots N` the N oldest keys hold instead of the first alone (see
-//! [`election::campaign`]); each holder gets its own token and a slot index no other running
-//! holder has.
+//! [`election::campaign::slots`]); each holder gets its own token and a slot index no other
+//! running holder has.
 //!
 //! # Layout
 //!
@@ -60,7 +60,8 @@
 //! - [`election`]: key layout, [`election::lease`] (the lease, its keepalive task and the
 //!   deadline D), [`election::schedule`] (when, where and until when keepalives go out,
 //!   decided without I/O; the task carries it out),
-//!   [`election::campaign`] (etcd's election protocol plus confirmation),
+//!   [`election::campaign`] (etcd's election protocol plus confirmation, with
+//!   [`election::campaign::slots`] and [`election::campaign::priority`] beside it),
 //!   [`election::leader`] (what a leader watches for: [`election::leader::LeaderWatch`]).
 //! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
 //! - [`supervisor`]: the job under its watchdog. [`supervisor::enforcer`] decides, without

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
-use crate::election::campaign::{Campaign, Outcome, Wait, Waiting};
+use crate::election::campaign::{Campaign, Outcome, Wait};
 use crate::election::leader::{LeaderEvent, LeaderWatch};
 use crate::election::lease::{Lease, LeaseState, Loss};
 use crate::election::{unix_ms, Candidate};
@@ -304,37 +304,9 @@ impl Driver {
             let mut last_wait = None;
             let run = camp.run(|w| {
                 if last_wait.as_ref() != Some(w) {
-                    match w {
-                        Waiting::Behind { value, .. } => {
-                            let who = Candidate::parse(value).id;
-                            tracing::info!(election, "waiting behind {who}");
-                            notify::status(&format!("waiting behind {who}"));
-                        }
-                        Waiting::SlotsFull { ahead } => {
-                            let n = self.cfg.slots;
-                            tracing::info!(
-                                election,
-                                "waiting for one of {n} slots ({ahead} ahead)"
-                            );
-                            notify::status(&format!("waiting for one of {n} slots"));
-                        }
-                        Waiting::SlotKeysTaken => {
-                            tracing::info!(
-                                election,
-                                "holding; waiting for a draining holder to free its slot"
-                            );
-                            notify::status("waiting for a slot to be freed");
-                        }
-                        Waiting::Paused => {
-                            tracing::info!(election, "election paused; waiting for resume");
-                            notify::status("paused");
-                        }
-                        Waiting::Yielding => {
-                            tracing::info!(
-                                election,
-                                "letting a higher-priority candidate pass; queueing again"
-                            );
-                        }
+                    tracing::info!(election, "{w}");
+                    if let Some(status) = w.status() {
+                        notify::status(&status);
                     }
                     last_wait = Some(w.clone());
                 }

@@ -1,0 +1,279 @@
+//! The campaign: etcd's election protocol, plus a confirmation before any spawn.
+//!
+//! 1. Create `PREFIX/<lease hex>` with our lease, only if absent. Its create revision is our
+//!    place in line and, if we win, our fencing token.
+//! 2. While a key with a lower create revision exists, watch the nearest one until it is
+//!    deleted (never poll). Watching only the predecessor keeps a deletion from waking every
+//!    candidate at once.
+//! 3. Confirm in one transaction that our key still has that create revision and that the
+//!    election is not paused. A lease that expired while we queued fails here and never spawns.
+//!    An uncontended candidate needs no separate confirmation: the transaction that creates its
+//!    key also reads the head of the line and the pause switch, atomically.
+//!
+//! [`protocol`] holds those requests. Two options bend the line without changing its rule:
+//! [`slots`] lets the N oldest keys hold instead of the oldest alone, and [`priority`] lets a
+//! candidate pass the head of the line to a younger one of higher priority. [`settings`] keeps
+//! every candidate of an election on the same `--slots` and `--takeover-delay`.
+
+pub mod priority;
+pub mod protocol;
+pub mod settings;
+pub mod slots;
+
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use tokio::time::Instant;
+
+use super::lease::{Lease, LeaseState, Loss};
+use super::{Candidate, Election};
+use priority::must_yield;
+use protocol::{existing_create_revision, holds_unpaused, patient};
+use slots::may_hold;
+
+/// How a campaign ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// We lead, confirmed. `token` is our key's create revision; `slot` is ours among the
+    /// holders (0 when there is one slot).
+    Elected { token: i64, key: String, slot: u32 },
+    /// Someone else leads and the wait policy gave up.
+    NotAcquired,
+    /// Our lease or key went away while we waited.
+    Lost(Loss),
+}
+
+/// How long a candidate waits in line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    Forever,
+    No,
+    For(Duration),
+}
+
+/// What we need to campaign.
+pub struct Campaign<'a> {
+    pub client: &'a Client,
+    pub election: &'a Election,
+    pub lease: &'a Lease,
+    /// The candidate key's value (see [`super::Candidate`]).
+    pub value: String,
+    pub wait: Wait,
+    /// When `--wait` gives up, if it does.
+    pub give_up_at: Option<Instant>,
+    pub timeout: Duration,
+    /// `--slots`: how many candidates hold at once.
+    pub slots: u32,
+    /// `--priority` (only with one slot).
+    pub priority: u32,
+    /// `--takeover-delay` (only with one slot); every candidate must agree on it.
+    pub takeover_delay: Duration,
+    /// Set when this candidate turned a takeover delay on, for an election whose earlier
+    /// terms ran without one: their workers wrote no start record before their jobs, so the
+    /// history cannot say how the last of them ended.
+    pub delay_turned_on: std::sync::atomic::AtomicBool,
+}
+
+/// Why we are still waiting. Its `Display` is the log line; [`InLine::status`] the shorter
+/// `sd_notify` status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InLine {
+    Behind {
+        key: String,
+        value: Vec<u8>,
+    },
+    /// Every one of `slots` is held by an older candidate (`ahead` of them, at least N).
+    SlotsFull {
+        ahead: usize,
+        slots: u32,
+    },
+    /// We hold, but every slot key is still taken (a holder whose key went is draining).
+    SlotKeysTaken,
+    Paused,
+    /// At the head of the line, letting a higher-priority candidate pass.
+    Yielding,
+}
+
+impl fmt::Display for InLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InLine::Behind { value, .. } => {
+                write!(f, "waiting behind {}", Candidate::parse(value).id)
+            }
+            InLine::SlotsFull { ahead, slots } => {
+                write!(f, "waiting for one of {slots} slots ({ahead} ahead)")
+            }
+            InLine::SlotKeysTaken => {
+                f.write_str("holding; waiting for a draining holder to free its slot")
+            }
+            InLine::Paused => f.write_str("election paused; waiting for resume"),
+            InLine::Yielding => {
+                f.write_str("letting a higher-priority candidate pass; queueing again")
+            }
+        }
+    }
+}
+
+impl InLine {
+    /// The systemd status text, if this wait changes it.
+    pub fn status(&self) -> Option<String> {
+        match self {
+            InLine::Behind { .. } => Some(self.to_string()),
+            InLine::SlotsFull { slots, .. } => Some(format!("waiting for one of {slots} slots")),
+            InLine::SlotKeysTaken => Some("waiting for a slot to be freed".into()),
+            InLine::Paused => Some("paused".into()),
+            InLine::Yielding => None,
+        }
+    }
+}
+
+impl Campaign<'_> {
+    pub async fn run(&self, mut on_wait: impl FnMut(&InLine)) -> Result<Outcome> {
+        loop {
+            match self.queue_once(&mut on_wait).await? {
+                Some(outcome) => return Ok(outcome),
+                None => on_wait(&InLine::Yielding),
+            }
+        }
+    }
+
+    /// One place in line: from creating our key to an outcome, or (`None`) to letting a
+    /// higher-priority candidate pass.
+    async fn queue_once(&self, on_wait: &mut impl FnMut(&InLine)) -> Result<Option<Outcome>> {
+        let mut client = self.client.clone();
+        let key = self.election.candidate_key(self.lease.id);
+        let (created, my_rev) = self.create(&mut client, &key).await?;
+        tracing::debug!(key, my_rev, "candidate key created");
+        let mut lease_rx = self.lease.subscribe();
+        if created.is_some_and(|ops| holds_unpaused(&ops, my_rev)) {
+            return self
+                .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait)
+                .await
+                .map(Some);
+        }
+        if self.priority > 0 {
+            self.ask_for_handover(&mut client).await;
+        }
+
+        loop {
+            if let LeaseState::Lost(r) = *lease_rx.borrow() {
+                return Ok(Some(Outcome::Lost(r)));
+            }
+            // The older keys, nearest first, as many as can keep us out. With their values:
+            // one of them may be ours, from a campaign whose outcome we never heard.
+            let opts = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(my_rev - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(i64::from(self.slots));
+            let prefix = self.election.candidates();
+            let resp = patient(self.timeout, || {
+                let (mut c, opts, prefix) = (client.clone(), opts.clone(), prefix.clone());
+                async move { c.get(prefix, Some(opts)).await }
+            })
+            .await?;
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let older = resp.kvs();
+            if self.revoke_orphans(older).await? {
+                continue;
+            }
+            if !may_hold(older.len(), self.slots) {
+                if self.wait == Wait::No {
+                    return Ok(Some(Outcome::NotAcquired));
+                }
+                let (why, watched, prefix) = self.ahead_of_us(older);
+                on_wait(&why);
+                match self
+                    .wait_for_delete(&mut client, watched, prefix, rev, &mut lease_rx)
+                    .await?
+                {
+                    Some(outcome) => return Ok(Some(outcome)),
+                    None => continue,
+                }
+            }
+            let resp = self.confirm(&client, &key, my_rev).await?;
+            if resp.succeeded() && must_yield(&resp.op_responses(), my_rev, self.priority) {
+                // Out of line; the next creation puts us behind the one we let pass.
+                self.leave_line(&mut client, &key, my_rev).await?;
+                return Ok(None);
+            }
+            if resp.succeeded() {
+                return self
+                    .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait)
+                    .await
+                    .map(Some);
+            }
+            let ops = resp.op_responses();
+            if existing_create_revision(&ops[..1]) != Some(my_rev) {
+                return Ok(Some(Outcome::Lost(Loss::KeyDeleted)));
+            }
+            if self.wait == Wait::No {
+                return Ok(Some(Outcome::NotAcquired));
+            }
+            on_wait(&InLine::Paused);
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            if let Some(outcome) = self
+                .wait_for_delete(
+                    &mut client,
+                    self.election.paused_key().into_bytes(),
+                    false,
+                    rev,
+                    &mut lease_rx,
+                )
+                .await?
+            {
+                return Ok(Some(outcome));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_wait_logs_its_line_and_sets_its_status() {
+        let behind = InLine::Behind {
+            key: "lead-exec/elections/settle/1".into(),
+            value: Candidate::this_process("w1").encode().into_bytes(),
+        };
+        let cases = [
+            (behind, "waiting behind w1", Some("waiting behind w1")),
+            (
+                InLine::Behind {
+                    key: "k".into(),
+                    value: b"etcdctl-elect".to_vec(),
+                },
+                "waiting behind etcdctl-elect",
+                Some("waiting behind etcdctl-elect"),
+            ),
+            (
+                InLine::SlotsFull { ahead: 3, slots: 2 },
+                "waiting for one of 2 slots (3 ahead)",
+                Some("waiting for one of 2 slots"),
+            ),
+            (
+                InLine::SlotKeysTaken,
+                "holding; waiting for a draining holder to free its slot",
+                Some("waiting for a slot to be freed"),
+            ),
+            (
+                InLine::Paused,
+                "election paused; waiting for resume",
+                Some("paused"),
+            ),
+            (
+                InLine::Yielding,
+                "letting a higher-priority candidate pass; queueing again",
+                None,
+            ),
+        ];
+        for (wait, line, status) in cases {
+            assert_eq!(wait.to_string(), line);
+            assert_eq!(wait.status().as_deref(), status, "{line}");
+        }
+    }
+}

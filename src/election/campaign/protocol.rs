@@ -1,0 +1,319 @@
+//! The etcd requests of the protocol: create our key if absent, wait for a key ahead to go,
+//! and retry what is safe to retry. The order they run in is [`super::Campaign::run`]'s.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::settings::{agree, disagree, disagree_delay, same};
+use super::{Campaign, Outcome};
+use crate::election::lease::{LeaseState, Loss};
+use crate::election::Candidate;
+use crate::etcd::{bounded, classify};
+use crate::exit::Exit;
+
+impl Campaign<'_> {
+    /// Creates our key, only if absent and only if the election runs with our slot count, and
+    /// reads in the same transaction the head of the line and the pause switch, so that an
+    /// uncontended candidate is confirmed by this one round trip. Returns those reads (`None`
+    /// when an earlier attempt had created the key) and our key's create revision.
+    pub(super) async fn create(
+        &self,
+        client: &mut Client,
+        key: &str,
+    ) -> Result<(Option<Vec<TxnOpResponse>>, i64)> {
+        let e = self.election;
+        let head = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(i64::from(self.slots))
+            .with_keys_only();
+        let mut then = vec![
+            TxnOp::put(
+                key,
+                self.value.clone(),
+                Some(PutOptions::new().with_lease(self.lease.id)),
+            ),
+            TxnOp::get(e.candidates(), Some(head)),
+            TxnOp::get(e.paused_key(), Some(GetOptions::new().with_count_only())),
+        ];
+        if self.priority > 0 {
+            // Same transaction, so its mod revision is our key's create revision: others tell
+            // by it whether we are younger than they are.
+            then.push(TxnOp::put(
+                e.priority_key(self.lease.id),
+                self.priority.to_string(),
+                Some(PutOptions::new().with_lease(self.lease.id)),
+            ));
+        }
+        let absent = Compare::create_revision(key, CompareOp::Equal, 0);
+        let agreed = self.agreed();
+        let create = Txn::new()
+            .when([
+                absent.clone(),
+                agree(e.slots_key(), &agreed.slots),
+                agree(e.takeover_delay_key(), &agreed.delay),
+            ])
+            .and_then(then.clone())
+            .or_else([
+                TxnOp::get(key, None),
+                TxnOp::get(e.slots_key(), None),
+                TxnOp::get(e.takeover_delay_key(), None),
+            ]);
+        // Nobody else is in the election: its settings are ours to set, in the same
+        // transaction that makes us its first candidate.
+        let set = |k: String, v: &Option<String>| match v {
+            Some(v) => TxnOp::put(k, v.clone(), None),
+            None => TxnOp::delete(k, None),
+        };
+        let sets = vec![
+            set(e.slots_key(), &agreed.slots),
+            set(e.takeover_delay_key(), &agreed.delay),
+        ];
+        let empty = Compare::version(e.candidates(), CompareOp::Equal, 0).with_prefix();
+        let reset = Txn::new()
+            .when([absent, empty])
+            .and_then([sets, then.to_vec()].concat())
+            .or_else([
+                TxnOp::get(e.slots_key(), None),
+                TxnOp::get(e.takeover_delay_key(), None),
+            ]);
+        // A retry only follows a concurrent change: candidates that arrived together on an
+        // empty election with the same count, one of which set it first.
+        let mut attempts = 0;
+        let (resp, ops) = loop {
+            attempts += 1;
+            let resp = bounded(self.timeout, "etcd", client.txn(create.clone())).await?;
+            let ops = resp.op_responses();
+            if resp.succeeded() {
+                break (resp, ops);
+            }
+            // Created by an earlier attempt whose answer was lost: it passed the checks then.
+            if let Some(rev) = existing_create_revision(&ops[..1]) {
+                return Ok((None, rev));
+            }
+            let had_delay = matches!(ops.get(2), Some(TxnOpResponse::Get(g)) if g.count() > 0);
+            let resp = bounded(self.timeout, "etcd", client.txn(reset.clone())).await?;
+            let ops = resp.op_responses();
+            if resp.succeeded() {
+                if !had_delay && agreed.delay.is_some() {
+                    self.delay_turned_on
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                tracing::info!(
+                    election = e.name(),
+                    slots = self.slots,
+                    takeover_delay = %crate::clock::human(self.takeover_delay),
+                    "no other candidate: the election now runs with these settings"
+                );
+                // The rewrites went first: the rest answer as in the creating transaction.
+                break (resp, ops[2..].to_vec());
+            }
+            let stored = |i: usize| match ops.get(i) {
+                Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                _ => None,
+            };
+            let (slots, delay) = (stored(0), stored(1));
+            if !same(&slots, &agreed.slots) {
+                return Err(disagree(e, slots.as_deref(), self.slots));
+            }
+            if !same(&delay, &agreed.delay) {
+                return Err(disagree_delay(e, delay.as_deref(), self.takeover_delay));
+            }
+            if attempts >= 3 {
+                return Err(disagree(e, slots.as_deref(), self.slots));
+            }
+        };
+        let my_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        anyhow::ensure!(
+            my_rev > 0,
+            "etcd returned no revision for our candidate key"
+        );
+        Ok((Some(ops), my_rev))
+    }
+
+    /// First in line: confirms that our key still has create revision `my_rev` and that the
+    /// election is not paused. The same read tells whether a younger candidate of higher
+    /// priority waits behind us (see [`super::priority::must_yield`]); on failure it reads our
+    /// key and the pause switch instead.
+    pub(super) async fn confirm(
+        &self,
+        client: &Client,
+        key: &str,
+        my_rev: i64,
+    ) -> Result<TxnResponse> {
+        let confirm = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, my_rev),
+                Compare::version(self.election.paused_key(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::get(
+                self.election.priority_prefix(),
+                Some(GetOptions::new().with_prefix()),
+            )])
+            .or_else([
+                TxnOp::get(key, None),
+                TxnOp::get(self.election.paused_key(), None),
+            ]);
+        patient(self.timeout, || {
+            let (mut c, t) = (client.clone(), confirm.clone());
+            async move { c.txn(t).await }
+        })
+        .await
+    }
+
+    /// Revokes the leases of older keys that this process created on leases it no longer
+    /// holds: a campaign whose creating transaction was applied but whose answer was lost,
+    /// or a revoke that did not get through. Such a key would keep us waiting behind
+    /// ourselves until its lease expires. `true` when one was revoked (read the line again).
+    pub(super) async fn revoke_orphans(&self, older: &[KeyValue]) -> Result<bool> {
+        let me = Candidate::parse(self.value.as_bytes());
+        let mut revoked = false;
+        for kv in older {
+            // Ours are always on a lease; a key without one was put by someone else.
+            let ours = kv.lease() != 0 && me.same_process(&Candidate::parse(kv.value()));
+            if !ours || kv.lease() == self.lease.id {
+                continue;
+            }
+            let lease = kv.lease();
+            tracing::info!(
+                election = self.election.name(),
+                key = %String::from_utf8_lossy(kv.key()),
+                "a key of ours from an earlier campaign is still in line; revoking its lease"
+            );
+            let gone: Result<()> = patient(self.timeout, || {
+                let mut c = self.client.clone();
+                async move {
+                    match c.lease_revoke(lease).await {
+                        Err(e) if crate::election::lease::says_gone(&e) => Ok(()),
+                        r => r.map(|_| ()),
+                    }
+                }
+            })
+            .await;
+            gone?;
+            revoked = true;
+        }
+        Ok(revoked)
+    }
+
+    /// Waits until `key` (every key under it, with `prefix`) is deleted after revision `rev`.
+    /// `None` means: look again (deleted, or the watch broke and a fresh read must decide).
+    pub(super) async fn wait_for_delete(
+        &self,
+        client: &mut Client,
+        key: Vec<u8>,
+        prefix: bool,
+        rev: i64,
+        lease_rx: &mut watch::Receiver<LeaseState>,
+    ) -> Result<Option<Outcome>> {
+        // Subscribed before the watch opens: a pin move while it opens would leave the watch
+        // on the endpoint just left, with nothing to tell us.
+        let mut moves = crate::etcd::failover::moves();
+        let opts = WatchOptions::new()
+            .with_start_revision(rev + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let opts = if prefix { opts.with_prefix() } else { opts };
+        let mut stream =
+            match tokio::time::timeout(self.timeout, client.watch(key, Some(opts))).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    let e = classify(e);
+                    if crate::exit::exit_of(&e) != Exit::Unavailable {
+                        return Err(e);
+                    }
+                    // The read that follows waits out the trouble (see `patient`).
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    return Ok(None);
+                }
+                Err(_) => return Ok(None),
+            };
+        let give_up = crate::clock::until(self.give_up_at);
+        tokio::pin!(give_up);
+        loop {
+            tokio::select! {
+                // The watch may sit on the endpoint just left: a fresh read decides.
+                _ = crate::etcd::failover::moved(&mut moves) => return Ok(None),
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() || resp.compact_revision() != 0 {
+                            // Compacted past our revision: a fresh read decides.
+                            return Ok(None);
+                        }
+                        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                            return Ok(None);
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        return Ok(None);
+                    }
+                },
+                changed = lease_rx.changed() => {
+                    if changed.is_err() {
+                        return Ok(Some(Outcome::Lost(Loss::Deadline)));
+                    }
+                    if let LeaseState::Lost(r) = *lease_rx.borrow() {
+                        return Ok(Some(Outcome::Lost(r)));
+                    }
+                }
+                _ = &mut give_up => return Ok(Some(Outcome::NotAcquired)),
+            }
+        }
+    }
+}
+
+/// Pause between tries of a request that found etcd unavailable.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Runs an etcd request that is safe to repeat (a read, a compare-and-read, a guarded
+/// delete, a revoke), again after each `Unavailable` failure, until it succeeds or `timeout`
+/// has passed since the first try. A waiting candidate keeps its place in line through an
+/// etcd leader election or a failover this way, instead of giving it up on one failed read.
+pub(super) async fn patient<T, F, Fut>(timeout: Duration, mut request: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let until = Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let e = match bounded(left.max(RETRY_PAUSE), "etcd", request()).await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if crate::exit::exit_of(&e) != Exit::Unavailable || Instant::now() + RETRY_PAUSE >= until {
+            return Err(e);
+        }
+        tracing::debug!("etcd request failed, trying again: {e:#}");
+        tokio::time::sleep(RETRY_PAUSE).await;
+    }
+}
+
+/// Whether the creating transaction saw our key among the first N of the line (the head
+/// was read with limit N) and no pause.
+pub(super) fn holds_unpaused(ops: &[TxnOpResponse], my_rev: i64) -> bool {
+    let holds = match ops.get(1) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().iter().any(|kv| kv.create_revision() == my_rev),
+        _ => false,
+    };
+    let paused = match ops.get(2) {
+        Some(TxnOpResponse::Get(g)) => g.count() > 0,
+        _ => true,
+    };
+    holds && !paused
+}
+
+/// The create revision of the key that the first read in `ops` found, if it found one.
+pub(super) fn existing_create_revision(ops: &[TxnOpResponse]) -> Option<i64> {
+    ops.iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+        _ => None,
+    })
+}
