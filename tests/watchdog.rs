@@ -1212,7 +1212,17 @@ fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    let mut args = vec!["--reuid=nobody", "--regid=nogroup", "--clear-groups", bin()];
+    // Without cargo's LD_LIBRARY_PATH, which may point into a directory only root can read
+    // (a toolchain under /root): the system's libraries are what an unprivileged user gets.
+    let mut args = vec![
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "env",
+        "-u",
+        "LD_LIBRARY_PATH",
+        bin(),
+    ];
     args.extend(run_args(
         "nocg",
         &ep,
