@@ -1187,6 +1187,73 @@ fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
     assert_no_check_left(&marker);
 }
 
+/// A guard that is SIGKILLed takes only the check's shell with it (PR_SET_PDEATHSIG); what
+/// the shell started runs on in the check's group, holding the output pipe. lead-exec kills
+/// that group itself, without waiting for its own exit. The guard shows as `lexec-health`
+/// to `pgrep` and `ps -o comm`, not as "exe".
+#[test]
+fn a_health_check_does_not_outlive_its_sigkilled_guard() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let marker = format!("1000.{}7", std::process::id());
+    // Hangs on its first run only; passes afterwards.
+    let check = script(
+        dir.path(),
+        &format!(
+            "n=$(cat $D/count 2>/dev/null || echo 0); echo $((n+1)) > $D/count; \
+             [ $n -gt 0 ] && exit 0; echo $$ > $D/hanging; sleep {marker}; exit 0"
+        ),
+    );
+    let args = [
+        "--id",
+        "g",
+        "--health-cmd",
+        &check,
+        "--health-interval",
+        "2s",
+        "--health-failures",
+        "5",
+    ];
+    let mut w = spawn(
+        dir.path(),
+        "g",
+        &run_args("hguard", &ep, &args, "exec sleep 60"),
+    );
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    let guard = children(w.pid())
+        .into_iter()
+        .find(|p| comm(*p) == "lexec-health");
+    let Some(guard) = guard else {
+        let names: Vec<String> = children(w.pid()).into_iter().map(comm).collect();
+        w.signal(libc::SIGKILL);
+        assert_no_check_left(&marker);
+        panic!("no child of lead-exec is named lexec-health: {names:?}");
+    };
+    let sleeper = || {
+        marked(&marker)
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .map(|c| c.starts_with(b"sleep\0"))
+                    .unwrap_or(false)
+            })
+            .collect::<Vec<i32>>()
+    };
+    assert!(!sleeper().is_empty(), "the check does not hang in sleep");
+    signal(guard, libc::SIGKILL);
+    let gone = wait_until(secs(6), || sleeper().is_empty());
+    let left = sleeper();
+    assert!(alive(w.pid()), "lead-exec ended:\n{}", w.log_text());
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+    assert!(
+        gone,
+        "the check's sleep outlived its killed guard while lead-exec ran: {left:?}"
+    );
+}
+
 #[test]
 fn a_stop_signal_during_the_timeouts_grace_keeps_the_timeout_in_the_exit_and_history() {
     let etcd = Etcd::start();
