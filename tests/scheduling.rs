@@ -1187,6 +1187,49 @@ fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
     assert_no_check_left(&marker);
 }
 
+/// A higher-priority candidate that asked for the term and then crashed leaves its request on
+/// the leader's lease; the leader rightly keeps the term (nobody higher is in line), and
+/// `status` must not go on showing a handover that will never come.
+#[test]
+fn status_drops_a_handover_request_whose_requester_is_gone() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), "echo $FENCING_TOKEN >> $D/terms; exec sleep 60");
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("prgone", &ep, &["--id", "a", "--min-term", "60s"], &job),
+    );
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut c = spawn(
+        dir.path(),
+        "c",
+        &run_args("prgone", &ep, &["--id", "c", "--priority", "10"], &job),
+    );
+    c.wait_log("asked a (priority 0", secs(10));
+    let status = || run(&["status", "prgone", "--endpoints", &ep]).1;
+    let out = status();
+    assert!(out.contains("handover:  requested by c"), "{out}");
+    c.signal(libc::SIGKILL);
+    c.wait(secs(10));
+    // c's key goes with its lease (TTL 3 s).
+    let gone = wait_until(secs(15), || status().contains("waiting:   0"));
+    assert!(gone, "c's key stayed:\n{}", status());
+    let out = status();
+    let (_, js, _) = run(&["status", "prgone", "--endpoints", &ep, "-o", "json"]);
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    assert!(!out.contains("handover:"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert!(v["leader"]["handover_requested"].is_null(), "{js}");
+    assert_eq!(
+        lines(&dir.path().join("terms")).len(),
+        1,
+        "a gave its term up"
+    );
+}
+
 /// A guard that is SIGKILLed takes only the check's shell with it (PR_SET_PDEATHSIG); what
 /// the shell started runs on in the check's group, holding the output pipe. lead-exec kills
 /// that group itself, without waiting for its own exit. The guard shows as `lexec-health`
