@@ -537,6 +537,31 @@ fn a_frozen_watchdog_does_not_keep_the_job_past_the_deadline() {
     w.wait(secs(15));
 }
 
+/// When lead-exec gives up on a frozen watchdog, the log line names the watchdog it kills,
+/// not only the job's pid (which read as the watchdog's).
+#[test]
+fn the_log_names_the_frozen_watchdog_it_kills() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, _pid, _gc, wd, _key) =
+        start_heartbeat(dir.path(), &etcd, "wdname", &proxy.endpoint());
+    let _stopped = StoppedWatchdog(wd);
+    signal(wd, libc::SIGSTOP);
+    proxy.set(Mode::Blackhole);
+    w.wait_log("killing the watchdog", secs(20));
+    let log = w.log_text();
+    proxy.set(Mode::Pass);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(15));
+    let line = log
+        .lines()
+        .find(|l| l.contains("killing the watchdog"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(line.contains(&format!("watchdog={wd}")), "{line}");
+}
+
 /// A watchdog a test stopped: killed when the test ends, passed or failed, so that none is
 /// left stopped on the host (only while it still is a watchdog: its pid may be reused).
 struct StoppedWatchdog(i32);
