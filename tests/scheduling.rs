@@ -1187,6 +1187,116 @@ fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
     assert_no_check_left(&marker);
 }
 
+/// A higher-priority candidate that asked for the term and then crashed leaves its request on
+/// the leader's lease; the leader rightly keeps the term (nobody higher is in line), and
+/// `status` must not go on showing a handover that will never come.
+#[test]
+fn status_drops_a_handover_request_whose_requester_is_gone() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), "echo $FENCING_TOKEN >> $D/terms; exec sleep 60");
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("prgone", &ep, &["--id", "a", "--min-term", "60s"], &job),
+    );
+    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut c = spawn(
+        dir.path(),
+        "c",
+        &run_args("prgone", &ep, &["--id", "c", "--priority", "10"], &job),
+    );
+    c.wait_log("asked a (priority 0", secs(10));
+    let status = || run(&["status", "prgone", "--endpoints", &ep]).1;
+    let out = status();
+    assert!(out.contains("handover:  requested by c"), "{out}");
+    c.signal(libc::SIGKILL);
+    c.wait(secs(10));
+    // c's key goes with its lease (TTL 3 s).
+    let gone = wait_until(secs(15), || status().contains("waiting:   0"));
+    assert!(gone, "c's key stayed:\n{}", status());
+    let out = status();
+    let (_, js, _) = run(&["status", "prgone", "--endpoints", &ep, "-o", "json"]);
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    assert!(!out.contains("handover:"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert!(v["leader"]["handover_requested"].is_null(), "{js}");
+    assert_eq!(
+        lines(&dir.path().join("terms")).len(),
+        1,
+        "a gave its term up"
+    );
+}
+
+/// A guard that is SIGKILLed takes only the check's shell with it (PR_SET_PDEATHSIG); what
+/// the shell started runs on in the check's group, holding the output pipe. lead-exec kills
+/// that group itself, without waiting for its own exit. The guard shows as `lexec-health`
+/// to `pgrep` and `ps -o comm`, not as "exe".
+#[test]
+fn a_health_check_does_not_outlive_its_sigkilled_guard() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let marker = format!("1000.{}7", std::process::id());
+    // Hangs on its first run only; passes afterwards.
+    let check = script(
+        dir.path(),
+        &format!(
+            "n=$(cat $D/count 2>/dev/null || echo 0); echo $((n+1)) > $D/count; \
+             [ $n -gt 0 ] && exit 0; echo $$ > $D/hanging; sleep {marker}; exit 0"
+        ),
+    );
+    let args = [
+        "--id",
+        "g",
+        "--health-cmd",
+        &check,
+        "--health-interval",
+        "2s",
+        "--health-failures",
+        "5",
+    ];
+    let mut w = spawn(
+        dir.path(),
+        "g",
+        &run_args("hguard", &ep, &args, "exec sleep 60"),
+    );
+    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    let guard = children(w.pid())
+        .into_iter()
+        .find(|p| comm(*p) == "lexec-health");
+    let Some(guard) = guard else {
+        let names: Vec<String> = children(w.pid()).into_iter().map(comm).collect();
+        w.signal(libc::SIGKILL);
+        assert_no_check_left(&marker);
+        panic!("no child of lead-exec is named lexec-health: {names:?}");
+    };
+    let sleeper = || {
+        marked(&marker)
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .map(|c| c.starts_with(b"sleep\0"))
+                    .unwrap_or(false)
+            })
+            .collect::<Vec<i32>>()
+    };
+    assert!(!sleeper().is_empty(), "the check does not hang in sleep");
+    signal(guard, libc::SIGKILL);
+    let gone = wait_until(secs(6), || sleeper().is_empty());
+    let left = sleeper();
+    assert!(alive(w.pid()), "lead-exec ended:\n{}", w.log_text());
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert_no_check_left(&marker);
+    assert!(
+        gone,
+        "the check's sleep outlived its killed guard while lead-exec ran: {left:?}"
+    );
+}
+
 #[test]
 fn a_stop_signal_during_the_timeouts_grace_keeps_the_timeout_in_the_exit_and_history() {
     let etcd = Etcd::start();

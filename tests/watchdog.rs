@@ -537,6 +537,62 @@ fn a_frozen_watchdog_does_not_keep_the_job_past_the_deadline() {
     w.wait(secs(15));
 }
 
+/// A job that exits on its own while its watchdog is stopped (`pkill -STOP warden`) ends its
+/// term with its own exit code once the watchdog is continued, and runs once. The SIGCHLD
+/// waiting for the continued watchdog interrupted its poll, and it judged the group by the
+/// deadline it had before the stop (the extensions still unread in its pipe): the end read as
+/// a lease deadline, and lead-exec campaigned and ran the job a second time.
+#[test]
+fn a_job_that_exits_while_its_watchdog_is_stopped_runs_once() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "echo $FENCING_TOKEN >> $D/terms; echo $PPID > $D/watchdog; sleep 1; exit 3",
+    );
+    let mut w = spawn(dir.path(), "w", &run_args("wdexit", &ep, &[], &job));
+    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    let _stopped = StoppedWatchdog(wd);
+    signal(wd, libc::SIGSTOP);
+    // Well past the deadline the watchdog had when it was stopped (TTL 3 s), while
+    // lead-exec renews and sends extensions.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    signal(wd, libc::SIGCONT);
+    assert_eq!(w.code(secs(20)), 3, "{}", w.log_text());
+    assert_eq!(
+        lines(&dir.path().join("terms")).len(),
+        1,
+        "the job ran again:\n{}",
+        w.log_text()
+    );
+}
+
+/// When lead-exec gives up on a frozen watchdog, the log line names the watchdog it kills,
+/// not only the job's pid (which read as the watchdog's).
+#[test]
+fn the_log_names_the_frozen_watchdog_it_kills() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, _pid, _gc, wd, _key) =
+        start_heartbeat(dir.path(), &etcd, "wdname", &proxy.endpoint());
+    let _stopped = StoppedWatchdog(wd);
+    signal(wd, libc::SIGSTOP);
+    proxy.set(Mode::Blackhole);
+    w.wait_log("killing the watchdog", secs(20));
+    let log = w.log_text();
+    proxy.set(Mode::Pass);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(15));
+    let line = log
+        .lines()
+        .find(|l| l.contains("killing the watchdog"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(line.contains(&format!("watchdog={wd}")), "{line}");
+}
+
 /// A watchdog a test stopped: killed when the test ends, passed or failed, so that none is
 /// left stopped on the host (only while it still is a watchdog: its pid may be reused).
 struct StoppedWatchdog(i32);

@@ -135,7 +135,20 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
     let line = ctx.holders().await?;
     let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
     let unhealthy = unhealthy::list(&ctx.client, &ctx.election, ctx.timeout).await?;
-    let request = handover_request(&ctx).await?;
+    // A request from a higher-priority candidate lapses with it: the leader hands over only
+    // if such a candidate is still in line once its --min-term is over, and keeps the term
+    // (the request left in place) otherwise. A requester that crashed or gave up is no
+    // pending handover.
+    let request = handover_request(&ctx).await?.filter(|r| {
+        r.priority.is_none()
+            || line.holders().iter().any(|h| {
+                h.token == r.token
+                    && line
+                        .waiting()
+                        .iter()
+                        .any(|w| w.candidate.priority > h.candidate.priority)
+            })
+    });
     let mut holders = Vec::new();
     for h in line.holders() {
         let ttl_left = match h.lease {

@@ -4,14 +4,17 @@
 //! timeout, in a process group of its own: never in the job's group, so stopping the job
 //! never stops a check and a hung check is killed whole. Its output goes to the log.
 //!
-//! Each check runs under a guard: lead-exec re-executed in a hidden mode ([`GUARD_ARG`]), in
-//! a process group of its own, that starts the check and holds the read end of a pipe whose
+//! Each check runs under a guard: lead-exec re-executed in a hidden mode ([`GUARD_ARG`]) and
+//! named `lexec-health`, leading a process group of its own that the check shares, that
+//! starts the check and holds the read end of a pipe whose
 //! only writer is lead-exec. When the pipe closes (lead-exec exits, however it ends, SIGKILL
 //! included, or gives up on a check that ran past its timeout), the guard SIGKILLs the check's
 //! group. So no check outlives lead-exec: a cron job that runs lead-exec every minute does not
 //! pile up shells. `PR_SET_PDEATHSIG` alone would not do: it reaches only the direct child,
 //! and fires when the forking thread exits rather than the process. The guard also kills what
-//! a check leaves behind in its group once the shell exits.
+//! a check leaves behind in its group once the shell exits. A guard that is itself killed
+//! cannot: lead-exec then kills the group (its id is the guard's pid) once the guard is seen
+//! dead by a signal, or when the check runs out of time, whichever comes first.
 //!
 //! A worker campaigns only once a check has passed. It becomes unhealthy after
 //! `--health-failures` failures in a row, and healthy again on the next pass: one flaky check
@@ -150,11 +153,19 @@ async fn run_once(check: &HealthCheck) -> bool {
             return false;
         }
     };
+    // The check runs in its guard's process group, whose id is the guard's pid.
+    let group = child.id() as i32;
     let mut waited = tokio::task::spawn_blocking(move || child.wait_with_output());
     let result = match tokio::time::timeout(check.interval, &mut waited).await {
         Ok(r) => r,
         Err(_) => {
-            // The guard kills the check's group when its pipe closes, then exits.
+            // The guard kills the check's group when its pipe closes, then exits. A guard
+            // that was killed itself cannot: what it left in its group holds the output pipes
+            // open, and the wait would never end. The guard is not reaped yet (the wait has
+            // not returned), so its pid, the group's id, is nobody else's.
+            if !waited.is_finished() {
+                kill_group(group);
+            }
             drop(life_w);
             let _ = tokio::time::timeout(Duration::from_secs(5), waited).await;
             tracing::warn!(
@@ -165,6 +176,15 @@ async fn run_once(check: &HealthCheck) -> bool {
         }
     };
     drop(life_w);
+    if let Ok(Ok(out)) = &result {
+        use std::os::unix::process::ExitStatusExt;
+        // A guard killed by a signal (SIGKILL, the OOM killer) took only the shell with it
+        // (PR_SET_PDEATHSIG): what the check started runs on in the group. While any of it
+        // lives, the group's id cannot be reused.
+        if out.status.signal().is_some() {
+            kill_group(group);
+        }
+    }
     match result {
         Ok(Ok(out)) => {
             let text = output_tail(&out.stdout, &out.stderr);
@@ -187,21 +207,34 @@ async fn run_once(check: &HealthCheck) -> bool {
     }
 }
 
-/// The guard: runs `/bin/sh -c CHECK` (`argv[2]`) in a process group of its own, with the
+/// The guard: runs `/bin/sh -c CHECK` (`argv[2]`) in the guard's process group, with the
 /// guard's stdout and stderr, and exits with its status (128 + N for a signal). When its
-/// stdin (lead-exec's pipe) closes or has data first, it SIGKILLs the check's group and
-/// exits 137. Either way the check's group is killed before the guard exits.
+/// stdin (lead-exec's pipe) closes or has data first, it SIGKILLs the rest of the group and
+/// exits 137. Either way the rest of the group is killed before the guard exits.
 pub fn guard_main(argv: Vec<OsString>) -> ExitCode {
     let Some(command) = argv.get(2) else {
         let _ = writeln!(std::io::stderr(), "lead-exec: {GUARD_ARG}: no command");
         return ExitCode::from(64);
     };
+    // `ps -o comm`, `pgrep` and `top` show this name, not "exe" (it runs as /proc/self/exe).
+    if let Ok(name) = std::ffi::CString::new(GUARD_NAME) {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string we own.
+        unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong) };
+    }
     let guard = nix::unistd::getpid();
+    // lead-exec starts the guard as the leader of a group of its own; make sure of it, since
+    // the end kills every other member of the group.
+    if nix::unistd::getpgrp() != guard && nix::unistd::setpgid(guard, guard).is_err() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "lead-exec: {GUARD_ARG}: no process group"
+        );
+        return ExitCode::from(70);
+    }
+    // The check stays in the guard's process group (lead-exec made one for the guard), so
+    // that lead-exec knows its id and can kill what is left should the guard be killed.
     let mut cmd = std::process::Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(command)
-        .stdin(Stdio::null())
-        .process_group(0);
+    cmd.arg("-c").arg(command).stdin(Stdio::null());
     // SAFETY: prctl, getppid and reset_signals' system calls are async-signal-safe. The guard has one thread, so the
     // death signal follows the guard itself: a SIGKILLed guard takes the shell with it.
     unsafe {
@@ -228,12 +261,9 @@ pub fn guard_main(argv: Vec<OsString>) -> ExitCode {
     };
     let pid = child.id() as i32;
     let exited = wait_exit_or_eof(pid);
-    // The shell is not reaped yet (at most a zombie), so its group id cannot be reused: the
-    // kill reaches only the check and whatever it left behind.
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    // The group is ours (its id is our pid): the kill reaches only the check and whatever
+    // it left behind.
+    kill_group_but_me();
     let status = child.wait();
     if !exited {
         return ExitCode::from(137);
@@ -251,6 +281,57 @@ pub fn guard_main(argv: Vec<OsString>) -> ExitCode {
 
 /// Blocks until the check (`pid`) exits (`true`, left unreaped) or stdin is readable or
 /// closed (`false`).
+/// SIGKILL to a check's group (the guard's), from lead-exec.
+fn kill_group(pgid: i32) {
+    if pgid > 1 {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pgid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// The guard's end: SIGKILL to every other member of its process group (the check and what
+/// it left behind). `killpg` would kill the guard too, so the members are found in /proc,
+/// again until none is left: a member killed cannot fork any more, and one forked before the
+/// kill is found on the next pass.
+fn kill_group_but_me() {
+    let me = std::process::id() as i32;
+    let pgrp = nix::unistd::getpgrp().as_raw();
+    for _ in 0..100 {
+        let mut found = false;
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // Fields after the command name, which may hold spaces and parentheses.
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            let mut f = rest.split_whitespace();
+            let state = f.next().unwrap_or("Z");
+            let group = f.nth(1).and_then(|g| g.parse::<i32>().ok());
+            if group == Some(pgrp) && state != "Z" && state != "X" {
+                found = true;
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        if !found {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn wait_exit_or_eof(pid: i32) -> bool {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;

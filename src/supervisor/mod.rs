@@ -529,7 +529,7 @@ impl Job {
                         self.kill_directly();
                     } else if self.abandon_at.is_some_and(|t| now >= t) {
                         self.abandon_at = None;
-                        tracing::warn!(pid = self.pid, "the watchdog has not reported the job's group gone; killing the watchdog");
+                        tracing::warn!(pid = self.pid, watchdog = self.watchdog.id(), "the watchdog has not reported the job's group gone; killing the watchdog");
                         self.watchdog.kill();
                     }
                 }

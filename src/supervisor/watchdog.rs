@@ -348,7 +348,15 @@ fn supervise(
             if err.kind() != std::io::ErrorKind::Interrupted {
                 return Err(err).context("poll");
             }
-            continue;
+            // A signal (the SIGCHLD of the job's exit, delivered when a stopped watchdog is
+            // continued) says nothing about what is ready: look at everything, every read
+            // being non-blocking. Going straight back to the deadline check instead judged a
+            // watchdog continued after a stop by the deadline it had before it: the
+            // extensions waiting in the pipe unread, a job that had exited on its own was
+            // reported stopped at the deadline, and lead-exec ran it again on a new term.
+            for f in &mut fds {
+                f.revents = libc::POLLIN;
+            }
         }
         drain(&mut io.wake_r);
         io.timer.drain();
