@@ -575,23 +575,12 @@ fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
 #[test]
 fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
     use std::io::Read;
-    use std::os::fd::AsRawFd;
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
-    // A pipe already full (one page, filled here), whose reader reads nothing: the first write
-    // to it blocks, as it does once a stopped reader has let 64 KiB pile up.
-    let (reader, writer) = pipe();
-    let w = writer.as_raw_fd();
-    // SAFETY: fcntl and write on a descriptor we own; O_NONBLOCK is cleared again before the
-    // child shares the description.
-    unsafe {
-        assert!(libc::fcntl(w, libc::F_SETPIPE_SZ, 4096) >= 4096);
-        let flags = libc::fcntl(w, libc::F_GETFL);
-        libc::fcntl(w, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        while libc::write(w, b"x".as_ptr().cast(), 1) == 1 {}
-        libc::fcntl(w, libc::F_SETFL, flags);
-    }
+    // A pipe already full, whose reader reads nothing: the first write to it blocks, as it
+    // does once a stopped reader has let 64 KiB pile up.
+    let (reader, writer) = full_pipe();
     // Trace from every crate: about 50 kB of log a second (driven by timers: keepalives, HTTP/2
     // pings, checks), so the 256 KiB queue overflows within the 12 s below.
     let job = heartbeat(dir.path(), "a");
@@ -638,19 +627,9 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
 
 #[test]
 fn an_exit_is_not_held_up_by_a_log_pipe_nobody_reads() {
-    use std::os::fd::AsRawFd;
     // As above, but the pipe stays full to the end: the last lines are given up after a bound.
     let etcd = Etcd::start();
-    let (reader, writer) = pipe();
-    let w = writer.as_raw_fd();
-    // SAFETY: as in the test above.
-    unsafe {
-        assert!(libc::fcntl(w, libc::F_SETPIPE_SZ, 4096) >= 4096);
-        let flags = libc::fcntl(w, libc::F_GETFL);
-        libc::fcntl(w, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        while libc::write(w, b"x".as_ptr().cast(), 1) == 1 {}
-        libc::fcntl(w, libc::F_SETFL, flags);
-    }
+    let (reader, writer) = full_pipe();
     let started = std::time::Instant::now();
     let mut a = spawn_with_stderr(
         &run_args("stuck", &etcd.endpoints(), &[], "exit 7"),
@@ -667,4 +646,21 @@ fn an_exit_is_not_held_up_by_a_log_pipe_nobody_reads() {
     };
     assert_eq!(status.code(), Some(7));
     drop(reader);
+}
+
+/// A pipe of one page, filled here: (read end, write end). The first write to it blocks.
+fn full_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let (reader, writer) = pipe();
+    let w = writer.as_raw_fd();
+    // SAFETY: fcntl and write on a descriptor we own; O_NONBLOCK is cleared again before a
+    // child shares the description.
+    unsafe {
+        assert!(libc::fcntl(w, libc::F_SETPIPE_SZ, 4096) >= 4096);
+        let flags = libc::fcntl(w, libc::F_GETFL);
+        libc::fcntl(w, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        while libc::write(w, b"x".as_ptr().cast(), 1) == 1 {}
+        libc::fcntl(w, libc::F_SETFL, flags);
+    }
+    (reader, writer)
 }

@@ -998,7 +998,7 @@ impl Drop for TestCgroup {
 const NEW_PID_NS: [&str; 4] = ["unshare", "--kill-child", "-pf", "--mount-proc"];
 
 /// Checks that this host lets us make PID namespaces (util-linux's `unshare`, as root).
-fn pid_namespaces() -> bool {
+fn need_pid_namespaces() {
     let ok = std::process::Command::new(NEW_PID_NS[0])
         .args(&NEW_PID_NS[1..])
         .arg("true")
@@ -1010,7 +1010,6 @@ fn pid_namespaces() -> bool {
         ok,
         "cannot make a PID namespace (`unshare -pf --mount-proc`, package util-linux, as root)"
     );
-    ok
 }
 
 /// Whether a job's heartbeats (see [`heartbeat_job`]) go on: one newer than `after` comes.
@@ -1027,9 +1026,7 @@ fn beats_after(dir: &std::path::Path, after: i128) -> bool {
 /// live job of the host, whose watchdog's pid means nothing in its namespace, for a stale one.
 #[test]
 fn a_job_start_in_another_pid_namespace_leaves_a_host_job_alone() {
-    if !pid_namespaces() {
-        return;
-    }
+    need_pid_namespaces();
     let Some(cg) = TestCgroup::new("nshost") else {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
@@ -1085,9 +1082,7 @@ fn a_job_start_in_another_pid_namespace_leaves_a_host_job_alone() {
 /// the host is some other process; a job start on the host must leave it alone.
 #[test]
 fn a_job_start_on_the_host_leaves_a_job_in_a_pid_namespace_alone() {
-    if !pid_namespaces() {
-        return;
-    }
+    need_pid_namespaces();
     let Some(cg) = TestCgroup::new("nsjob") else {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
@@ -1143,9 +1138,7 @@ fn a_job_start_on_the_host_leaves_a_job_in_a_pid_namespace_alone() {
 /// nor stops lead-exec from killing the job's group when the watchdog is SIGKILLed.
 #[test]
 fn a_leftover_cgroup_by_the_same_name_neither_uncontains_nor_spares_the_job() {
-    if !pid_namespaces() {
-        return;
-    }
+    need_pid_namespaces();
     let Some(cg) = TestCgroup::new("leftover") else {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
