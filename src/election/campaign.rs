@@ -79,6 +79,8 @@ pub enum Wait {
 /// What we need to campaign.
 pub struct Campaign<'a> {
     pub client: &'a Client,
+    /// The client's router: its pin moves strand our watches.
+    pub router: &'a crate::etcd::failover::Router,
     pub election: &'a Election,
     pub lease: &'a Lease,
     /// The candidate key's value (see [`super::Candidate`]).
@@ -555,7 +557,7 @@ impl Campaign<'_> {
     ) -> Result<Option<Outcome>> {
         // Subscribed before the watch opens: a pin move while it opens would leave the watch
         // on the endpoint just left, with nothing to tell us.
-        let mut moves = crate::etcd::failover::moves();
+        let mut moves = self.router.moves();
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);

@@ -10,6 +10,7 @@ use etcd_client::{
 };
 
 use super::Election;
+use crate::etcd::Ctx;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaderEvent {
@@ -119,17 +120,17 @@ pub struct LeaderWatch {
 
 impl LeaderWatch {
     /// Watches the term whose key is `key` and whose token is `token`.
-    pub fn new(client: &Client, election: &Election, key: &str, token: i64) -> LeaderWatch {
+    pub fn new(ctx: &Ctx, key: &str, token: i64) -> LeaderWatch {
         LeaderWatch {
-            client: client.clone(),
+            client: ctx.client.clone(),
             key: key.to_string(),
-            paused: election.paused_key(),
-            resign: election.resign_key(),
+            paused: ctx.election.paused_key(),
+            resign: ctx.election.resign_key(),
             token,
             preempt_seen: None,
             rev: token,
             stream: None,
-            moves: crate::etcd::failover::moves(),
+            moves: ctx.router.moves(),
         }
     }
 

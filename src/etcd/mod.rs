@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -13,6 +14,7 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 pub mod failover;
 
+use crate::election::Election;
 use crate::exit::{fail, Exit};
 
 /// Top of every key this program writes.
@@ -62,16 +64,28 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// The etcd scope: what every request about one election needs. The router is the client's
+/// own (it routes the client's requests), so the owners of streams, which alone see a
+/// stream go silent, get it from here.
+#[derive(Clone)]
+pub struct Ctx {
+    pub client: Client,
+    pub router: Arc<failover::Router>,
+    pub election: Election,
+    /// `--command-timeout`: the bound on every request.
+    pub timeout: Duration,
+}
+
 /// Connects and proves the cluster answers, within the dial timeout.
-pub async fn connect(conn: &Conn) -> Result<Client> {
-    let client = open(conn).await?;
-    probe(&client, conn).await?;
-    Ok(client)
+pub async fn connect(conn: &Conn, election: Election) -> Result<Ctx> {
+    let ctx = open(conn, election).await?;
+    probe(&ctx.client, conn).await?;
+    Ok(ctx)
 }
 
 /// Builds the client. Its channel connects lazily, on the first request: without
 /// credentials to exchange, nothing is sent yet, so what goes first is the caller's choice.
-pub async fn open(conn: &Conn) -> Result<Client> {
+pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(conn.dial_timeout)
         // HTTP/2 pings close a connection that went silent. etcd refuses pings more often
@@ -123,13 +137,20 @@ pub async fn open(conn: &Conn) -> Result<Client> {
     // cut short (see `failover`).
     let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
     let router = failover::Router::new(attempt);
-    bounded(
+    let builder = failover::Builder(router.clone());
+    let client = bounded(
         conn.dial_timeout,
         &what(conn),
-        Client::connect_with_balanced_channel(&endpoints, Some(opts), failover::Builder(router)),
+        Client::connect_with_balanced_channel(&endpoints, Some(opts), builder),
     )
     .await
-    .map_err(|e| explain(conn, e))
+    .map_err(|e| explain(conn, e))?;
+    Ok(Ctx {
+        client,
+        router,
+        election,
+        timeout: conn.command_timeout,
+    })
 }
 
 /// Proves, within the dial timeout, that the cluster answers and has a quorum: one cheap

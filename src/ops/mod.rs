@@ -31,7 +31,7 @@ pub mod watch;
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::ElectionArgs;
@@ -40,13 +40,9 @@ use crate::etcd::bounded;
 use crate::etcd::Conn;
 use crate::exit::{fail, Exit};
 
-/// What every operator command starts from.
-pub struct Ctx {
-    pub client: Client,
-    pub election: Election,
-    pub timeout: Duration,
-}
+pub use crate::etcd::Ctx;
 
+/// What every operator command starts from.
 impl Ctx {
     pub async fn connect(a: &ElectionArgs) -> Result<Ctx> {
         let election = Election::new(&a.election)?;
@@ -55,12 +51,7 @@ impl Ctx {
     }
 
     pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
-        let client = crate::etcd::connect(conn).await?;
-        Ok(Ctx {
-            client,
-            election,
-            timeout: conn.command_timeout,
-        })
+        crate::etcd::connect(conn, election).await
     }
 
     /// Candidates in line order (the first one leads), read linearizably.

@@ -12,7 +12,6 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::Client;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -22,6 +21,7 @@ use crate::election::campaign::{Campaign, Outcome, Wait, Waiting};
 use crate::election::leader::{LeaderEvent, LeaderWatch};
 use crate::election::lease::{Lease, LeaseState, Loss};
 use crate::election::{unix_ms, Candidate};
+use crate::etcd::Ctx;
 use crate::exit::Exit;
 use crate::records::history::{self, TermEnd};
 use crate::records::{self, runkey};
@@ -52,20 +52,20 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
     // The watchdog starts while we connect and campaign: a won term then pays only for the
     // job's own fork and exec. The requests go first, so that the spawn (on this thread, see
     // `supervisor`) overlaps their round trips instead of preceding them.
-    let client = etcd::open(&cfg.conn).await?;
+    let ctx = etcd::open(&cfg.conn, cfg.election.clone()).await?;
     let candidate = Candidate {
         priority: cfg.priority,
         ..Candidate::this_process(&cfg.id)
     };
     let probe = {
-        let (c, conn) = (client.clone(), cfg.conn.clone());
+        let (c, conn) = (ctx.client.clone(), cfg.conn.clone());
         tokio::spawn(async move { etcd::probe(&c, &conn).await })
     };
     // Without a health check or a run key to consult first, the first campaign's lease grant
     // goes out beside the probe, on the connection it opens.
     let fast = cfg.health.is_none() && cfg.run_key.is_none();
     let first_lease = fast.then(|| {
-        let (c, cfg) = (client.clone(), cfg.clone());
+        let (c, cfg) = (ctx.clone(), cfg.clone());
         tokio::spawn(async move { grant(&c, &cfg).await })
     });
     for _ in 0..CONNECT_POLLS {
@@ -79,7 +79,7 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
         notify::ready();
         None
     };
-    if let Some(done) = already_done(&client, &cfg).await? {
+    if let Some(done) = already_done(&ctx, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
             run_key = done,
@@ -96,7 +96,7 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
     };
     let mut d = Driver {
         cfg,
-        client,
+        ctx,
         candidate,
         health,
         standby,
@@ -136,7 +136,8 @@ struct Term {
 
 struct Driver {
     cfg: RunConfig,
-    client: Client,
+    /// The etcd scope: client, router, election, command timeout.
+    ctx: Ctx,
     /// Our candidate key's value.
     candidate: Candidate,
     /// What `--health-cmd` says, if given.
@@ -276,7 +277,7 @@ impl Driver {
         let started = Instant::now();
         let granted = match self.first_lease.take() {
             Some(first) => self.first_grant(first).await?,
-            None => grant(&self.client, &self.cfg).await,
+            None => grant(&self.ctx, &self.cfg).await,
         };
         let lease = match granted {
             Ok(l) => l,
@@ -289,7 +290,8 @@ impl Driver {
         let election = self.cfg.election.name().to_string();
         let (outcome, delay_turned_on) = {
             let camp = Campaign {
-                client: &self.client,
+                client: &self.ctx.client,
+                router: &self.ctx.router,
                 election: &self.cfg.election,
                 lease: &lease,
                 value,
@@ -379,12 +381,7 @@ impl Driver {
                 if let LeaseState::Alive { deadline } = lease.state() {
                     metrics::ttl_remaining(deadline.remaining());
                 }
-                self.leader_watch = Some(LeaderWatch::new(
-                    &self.client,
-                    &self.cfg.election,
-                    &key,
-                    token,
-                ));
+                self.leader_watch = Some(LeaderWatch::new(&self.ctx, &key, token));
                 self.term = Some(Term { token, key, slot });
                 self.delayed = None;
                 self.preempt_at = None;
@@ -440,7 +437,7 @@ impl Driver {
         notify::ready();
         Ok(match lease {
             Ok(l) => Ok(l),
-            Err(_) => grant(&self.client, &self.cfg).await,
+            Err(_) => grant(&self.ctx, &self.cfg).await,
         })
     }
 
@@ -452,7 +449,7 @@ impl Driver {
             return Ok(lost);
         }
         // Another worker may have finished this run key while we queued.
-        if let Some(k) = already_done(&self.client, &self.cfg).await? {
+        if let Some(k) = already_done(&self.ctx, &self.cfg).await? {
             tracing::info!(
                 election = self.cfg.election.name(),
                 run_key = k,
@@ -588,7 +585,7 @@ impl Driver {
 
     /// Writes the term's start record, in a task of its own.
     fn start_record(&self, token: i64) -> tokio::task::JoinHandle<Option<history::Started>> {
-        let (client, cfg) = (self.client.clone(), self.cfg.clone());
+        let (client, cfg) = (self.ctx.client.clone(), self.cfg.clone());
         let key = self
             .term
             .as_ref()
@@ -633,7 +630,7 @@ impl Driver {
             // Earlier terms ran without a delay, so without a start record before their jobs:
             // the last record need not be the last term's. Only an election that never ran
             // a term (no record at all) starts at once.
-            let ran = history::read(&self.client, e, 1, timeout).await;
+            let ran = history::read(&self.ctx.client, e, 1, timeout).await;
             if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
                 tracing::warn!(
                     election = e.name(),
@@ -642,7 +639,7 @@ impl Driver {
                 return Some(d);
             }
         }
-        match history::previous_unclean(&self.client, e, timeout, token).await {
+        match history::previous_unclean(&self.ctx.client, e, timeout, token).await {
             Ok(false) => None,
             Ok(true) => Some(d),
             Err(err) => {
@@ -663,7 +660,7 @@ impl Driver {
             signals,
             give_up_at,
             cfg,
-            client,
+            ctx,
             candidate,
             gave_up_unhealthy,
             ..
@@ -686,7 +683,7 @@ impl Driver {
         notify::status("unhealthy: waiting for the health check to pass");
         // Bounded tighter than a request: a pass or a signal must not wait on an etcd in trouble.
         let bound = cfg.conn.command_timeout.min(Duration::from_secs(1));
-        let shown = tokio::time::timeout(bound, show_unhealthy(client, cfg, candidate))
+        let shown = tokio::time::timeout(bound, show_unhealthy(ctx, cfg, candidate))
             .await
             .ok()
             .flatten();
@@ -739,7 +736,7 @@ impl Driver {
         let until = Instant::now() + d;
         self.show_takeover(unix_ms() + d.as_millis() as u64).await;
         let Driver {
-            client,
+            ctx,
             cfg,
             lease,
             leader_watch,
@@ -768,7 +765,7 @@ impl Driver {
                         // No job runs yet: handing over costs nothing, so --min-term waits for
                         // none (and etcd trouble is no reason to keep the term); but a request
                         // whose candidate has left the line is ignored.
-                        LeaderEvent::Preempted => match outranked(client, cfg, token).await {
+                        LeaderEvent::Preempted => match outranked(ctx, cfg, token).await {
                             Some(false) => continue,
                             _ => Event::ResignRequested,
                         },
@@ -803,7 +800,7 @@ impl Driver {
                 value.encode(),
                 Some(etcd_client::PutOptions::new().with_lease(lease.id)),
             )]);
-        let mut c = self.client.clone();
+        let mut c = self.ctx.client.clone();
         let timeout = self.cfg.conn.command_timeout;
         if let Err(e) = etcd::bounded(timeout, "etcd", c.txn(txn)).await {
             tracing::debug!("takeover delay not shown in status: {e:#}");
@@ -814,7 +811,7 @@ impl Driver {
     async fn wait_leading(&mut self, phase: Phase) -> Event {
         let draining = matches!(phase, Phase::Draining { .. });
         let Driver {
-            client,
+            ctx,
             job,
             lease,
             leader_watch,
@@ -841,7 +838,7 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = async { tokio::time::sleep_until(preempt_at.expect("checked")).await }, if !draining && preempt_at.is_some() => {
-                    match outranked(client, cfg, token).await {
+                    match outranked(ctx, cfg, token).await {
                         Some(true) => {
                             tracing::info!(
                                 election = cfg.election.name(),
@@ -992,7 +989,7 @@ impl Driver {
         let Some(term) = self.term.as_ref() else {
             return;
         };
-        let (cfg, client) = (&self.cfg, &self.client);
+        let (cfg, client) = (&self.cfg, &self.ctx.client);
         let (e, timeout) = (&cfg.election, cfg.conn.command_timeout);
         let slot = (cfg.slots > 1).then_some(term.slot);
         let term = records::Term {
@@ -1040,7 +1037,7 @@ impl Driver {
             tracing::warn!(token, "term end not recorded: etcd did not answer");
             return;
         }
-        let (cfg, client) = (&self.cfg, &self.client);
+        let (cfg, client) = (&self.cfg, &self.ctx.client);
         let written = history::record_end_after_release(
             client,
             &cfg.election,
@@ -1065,7 +1062,8 @@ const PREEMPT_RETRY: Duration = Duration::from_secs(1);
 /// Whether a higher-priority candidate is still in line behind term `token` (see
 /// [`crate::election::leader::outranked_in_line`]); `None` when etcd did not answer. The
 /// read is bounded by a second, since the leader forwards no deadline while it waits.
-async fn outranked(client: &Client, cfg: &RunConfig, token: i64) -> Option<bool> {
+async fn outranked(ctx: &Ctx, cfg: &RunConfig, token: i64) -> Option<bool> {
+    let client = &ctx.client;
     let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
     let e = &cfg.election;
     match crate::election::leader::outranked_in_line(client, e, token, cfg.priority, timeout).await
@@ -1096,9 +1094,8 @@ async fn outranked(client: &Client, cfg: &RunConfig, token: i64) -> Option<bool>
 const CONNECT_POLLS: usize = 4;
 
 /// A lease for one campaign, kept alive from now on.
-async fn grant(client: &Client, cfg: &RunConfig) -> Result<Lease> {
-    let timeout = cfg.conn.command_timeout;
-    Lease::grant(client, cfg.ttl, cfg.grace, cfg.safety_margin, timeout).await
+async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
+    Lease::grant(ctx, cfg.ttl, cfg.grace, cfg.safety_margin).await
 }
 
 /// A watchdog for the next job, or none if it cannot start now (the start is tried again
@@ -1111,9 +1108,9 @@ fn standby(cfg: &RunConfig) -> Option<Standby> {
 
 /// Shows this worker in `status` as out of line, on a lease of its own, kept alive until it is
 /// revoked. Best effort: the worker stays out of line whether or not this lands.
-async fn show_unhealthy(client: &Client, cfg: &RunConfig, candidate: &Candidate) -> Option<Lease> {
-    let timeout = cfg.conn.command_timeout;
-    let lease = grant(client, cfg)
+async fn show_unhealthy(ctx: &Ctx, cfg: &RunConfig, candidate: &Candidate) -> Option<Lease> {
+    let (client, timeout) = (&ctx.client, ctx.timeout);
+    let lease = grant(ctx, cfg)
         .await
         .inspect_err(|e| tracing::debug!("not shown as unhealthy in status: {e:#}"))
         .ok()?;
@@ -1136,10 +1133,11 @@ async fn stopping(signals: &mut mpsc::UnboundedReceiver<i32>) -> Event {
 }
 
 /// `Some(key)` if `--run-key` was given and is already recorded as done.
-async fn already_done(client: &Client, cfg: &RunConfig) -> Result<Option<String>> {
+async fn already_done(ctx: &Ctx, cfg: &RunConfig) -> Result<Option<String>> {
     let Some(k) = &cfg.run_key else {
         return Ok(None);
     };
-    let done = runkey::already_done(client, &cfg.election, cfg.conn.command_timeout, k).await?;
+    let done =
+        runkey::already_done(&ctx.client, &cfg.election, cfg.conn.command_timeout, k).await?;
     Ok(done.then(|| k.clone()))
 }
