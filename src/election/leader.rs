@@ -103,6 +103,8 @@ fn outranked<'a>(
 
 pub struct LeaderWatch {
     client: Client,
+    /// `--command-timeout`, for the re-read and for opening the watch.
+    timeout: Duration,
     key: String,
     paused: String,
     resign: String,
@@ -123,6 +125,7 @@ impl LeaderWatch {
     pub fn new(ctx: &Ctx, key: &str, token: i64) -> LeaderWatch {
         LeaderWatch {
             client: ctx.client.clone(),
+            timeout: ctx.timeout,
             key: key.to_string(),
             paused: ctx.election.paused_key(),
             resign: ctx.election.resign_key(),
@@ -211,7 +214,7 @@ impl LeaderWatch {
 
     /// Re-reads the state, then watches from just after it.
     async fn open(&mut self) -> Result<Option<LeaderEvent>, etcd_client::Error> {
-        let timeout = Duration::from_secs(5);
+        let timeout = self.timeout;
         let read = async {
             let own = self
                 .client
