@@ -13,7 +13,6 @@ use super::{fmt_ms, Ctx, Entry};
 use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
-use crate::records::{history, unhealthy};
 use crate::text::escape;
 
 /// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`), or says
@@ -133,8 +132,8 @@ struct Holder<'a> {
 pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::connect(&a.election).await?;
     let line = ctx.holders().await?;
-    let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
-    let unhealthy = unhealthy::list(&ctx.client, &ctx.election, ctx.timeout).await?;
+    let recent = ctx.history(5).await?;
+    let unhealthy = ctx.unhealthy().await?;
     let request = handover_request(&ctx).await?;
     let mut holders = Vec::new();
     for h in line.holders() {

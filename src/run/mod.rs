@@ -23,8 +23,8 @@ use crate::election::lease::{Lease, LeaseState, Loss};
 use crate::election::{unix_ms, Candidate};
 use crate::etcd::Ctx;
 use crate::exit::Exit;
+use crate::records;
 use crate::records::history::{self, TermEnd};
-use crate::records::{self, runkey};
 use crate::supervisor::protocol::GroupEnd;
 use crate::supervisor::{Job, JobSpec, Launch, Standby};
 use crate::{etcd, fencing, metrics, notify};
@@ -585,7 +585,7 @@ impl Driver {
 
     /// Writes the term's start record, in a task of its own.
     fn start_record(&self, token: i64) -> tokio::task::JoinHandle<Option<history::Started>> {
-        let (client, cfg) = (self.ctx.client.clone(), self.cfg.clone());
+        let (ctx, cfg) = (self.ctx.clone(), self.cfg.clone());
         let key = self
             .term
             .as_ref()
@@ -599,13 +599,9 @@ impl Driver {
                 key: &key,
                 id: &cfg.id,
             };
-            let (timeout, keep) = (cfg.conn.command_timeout, cfg.history_keep);
-            history::record_start(
-                &client,
-                &cfg.election,
-                timeout,
+            ctx.record_start(
                 term,
-                keep,
+                cfg.history_keep,
                 history::StartFacts {
                     takeover_delay: delayed,
                     job_cgroup,
@@ -625,12 +621,12 @@ impl Driver {
         if d.is_zero() {
             return None;
         }
-        let (e, timeout) = (&self.cfg.election, self.cfg.conn.command_timeout);
+        let e = &self.cfg.election;
         if turned_on {
             // Earlier terms ran without a delay, so without a start record before their jobs:
             // the last record need not be the last term's. Only an election that never ran
             // a term (no record at all) starts at once.
-            let ran = history::read(&self.ctx.client, e, 1, timeout).await;
+            let ran = self.ctx.history(1).await;
             if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
                 tracing::warn!(
                     election = e.name(),
@@ -639,7 +635,7 @@ impl Driver {
                 return Some(d);
             }
         }
-        match history::previous_unclean(&self.ctx.client, e, timeout, token).await {
+        match self.ctx.previous_unclean(token).await {
             Ok(false) => None,
             Ok(true) => Some(d),
             Err(err) => {
@@ -989,8 +985,8 @@ impl Driver {
         let Some(term) = self.term.as_ref() else {
             return;
         };
-        let (cfg, client) = (&self.cfg, &self.ctx.client);
-        let (e, timeout) = (&cfg.election, cfg.conn.command_timeout);
+        let (cfg, ctx) = (&self.cfg, &self.ctx);
+        let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(term.slot);
         let term = records::Term {
             token: term.token,
@@ -999,15 +995,13 @@ impl Driver {
         };
         // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
-            if let Err(e) = runkey::mark_done(client, e, timeout, term, k, cfg.run_key_ttl).await {
+            if let Err(e) = ctx.mark_run_key_done(term, k, cfg.run_key_ttl).await {
                 tracing::warn!("run key: {e:#}");
             }
         }
         // One commit closes the record and hands over leadership.
         let released = match &started {
-            Some(s) => {
-                history::record_end_and_release(client, e, timeout, term, slot, s, reason).await
-            }
+            Some(s) => ctx.record_end_and_release(term, slot, s, reason).await,
             None => Ok(false),
         };
         match released {
@@ -1037,16 +1031,10 @@ impl Driver {
             tracing::warn!(token, "term end not recorded: etcd did not answer");
             return;
         }
-        let (cfg, client) = (&self.cfg, &self.ctx.client);
-        let written = history::record_end_after_release(
-            client,
-            &cfg.election,
-            timeout,
-            token,
-            started.as_ref(),
-            reason,
-        )
-        .await;
+        let written = self
+            .ctx
+            .record_end_after_release(token, started.as_ref(), reason)
+            .await;
         match written {
             Ok(true) => {}
             Ok(false) => tracing::debug!(token, "term end not recorded: the record changed"),
@@ -1109,13 +1097,11 @@ fn standby(cfg: &RunConfig) -> Option<Standby> {
 /// Shows this worker in `status` as out of line, on a lease of its own, kept alive until it is
 /// revoked. Best effort: the worker stays out of line whether or not this lands.
 async fn show_unhealthy(ctx: &Ctx, cfg: &RunConfig, candidate: &Candidate) -> Option<Lease> {
-    let (client, timeout) = (&ctx.client, ctx.timeout);
     let lease = grant(ctx, cfg)
         .await
         .inspect_err(|e| tracing::debug!("not shown as unhealthy in status: {e:#}"))
         .ok()?;
-    let e = &cfg.election;
-    if let Err(err) = records::unhealthy::mark(client, e, timeout, lease.id, candidate).await {
+    if let Err(err) = ctx.mark_unhealthy(lease.id, candidate).await {
         tracing::debug!("not shown as unhealthy in status: {err:#}");
     }
     Some(lease)
@@ -1137,7 +1123,6 @@ async fn already_done(ctx: &Ctx, cfg: &RunConfig) -> Result<Option<String>> {
     let Some(k) = &cfg.run_key else {
         return Ok(None);
     };
-    let done =
-        runkey::already_done(&ctx.client, &cfg.election, cfg.conn.command_timeout, k).await?;
+    let done = ctx.run_key_done(k).await?;
     Ok(done.then(|| k.clone()))
 }
