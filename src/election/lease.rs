@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::schedule::{reuse_stream, Action, Event, Reply, Schedule};
 use crate::clock::{human, BootInstant};
 use crate::etcd::failover::Router;
-use crate::etcd::{bounded, Ctx};
+use crate::etcd::Ctx;
 use crate::exit::{fail, Exit};
 
 /// How many renewal attempts must fit between a missed keepalive and SIGTERM.
@@ -202,12 +202,9 @@ impl Lease {
         let client = &ctx.client;
         let mut c = client.clone();
         let sent = BootInstant::now();
-        let resp = bounded(
-            ctx.timeout,
-            "etcd",
-            c.lease_grant(ttl.as_secs().max(1) as i64, None),
-        )
-        .await?;
+        let resp = ctx
+            .bounded(c.lease_grant(ttl.as_secs().max(1) as i64, None))
+            .await?;
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
         let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });

@@ -76,6 +76,16 @@ pub struct Ctx {
     pub timeout: Duration,
 }
 
+impl Ctx {
+    /// Runs one etcd request within the command timeout (see [`bounded`]).
+    pub async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        bounded(self.timeout, "etcd", fut).await
+    }
+}
+
 /// Connects and proves the cluster answers, within the dial timeout.
 pub async fn connect(conn: &Conn, election: Election) -> Result<Ctx> {
     let ctx = open(conn, election).await?;

@@ -36,7 +36,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::ElectionArgs;
 use crate::election::{Candidate, Election};
-use crate::etcd::bounded;
 use crate::etcd::Conn;
 use crate::exit::{fail, Exit};
 
@@ -57,19 +56,18 @@ impl Ctx {
     /// Candidates in line order (the first one leads), read linearizably.
     pub async fn candidates(&self) -> Result<(Vec<Entry>, i64)> {
         let mut c = self.client.clone();
-        let resp = bounded(
-            self.timeout,
-            "etcd",
-            c.get(
-                self.election.candidates(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend),
+        let resp = self
+            .bounded(
+                c.get(
+                    self.election.candidates(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
                 ),
-            ),
-        )
-        .await?;
+            )
+            .await?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         let entries = resp
             .kvs()
@@ -88,7 +86,7 @@ impl Ctx {
     /// The slot count the election's candidates run with (`--slots`; absent means 1).
     pub async fn slots(&self) -> Result<u32> {
         let mut c = self.client.clone();
-        let resp = bounded(self.timeout, "etcd", c.get(self.election.slots_key(), None)).await?;
+        let resp = self.bounded(c.get(self.election.slots_key(), None)).await?;
         Ok(resp
             .kvs()
             .first()
@@ -111,7 +109,7 @@ impl Ctx {
             let mut c = self.client.clone();
             let prefix = self.election.slot_prefix();
             let opts = GetOptions::new().with_prefix();
-            let resp = bounded(self.timeout, "etcd", c.get(prefix.clone(), Some(opts))).await?;
+            let resp = self.bounded(c.get(prefix.clone(), Some(opts))).await?;
             for kv in resp.kvs() {
                 let slot = std::str::from_utf8(kv.key())
                     .ok()
@@ -144,12 +142,9 @@ impl Ctx {
     /// The pause switch, if on.
     pub async fn paused(&self) -> Result<Option<Pause>> {
         let mut c = self.client.clone();
-        let resp = bounded(
-            self.timeout,
-            "etcd",
-            c.get(self.election.paused_key(), None),
-        )
-        .await?;
+        let resp = self
+            .bounded(c.get(self.election.paused_key(), None))
+            .await?;
         Ok(resp.kvs().first().map(|kv| {
             serde_json::from_slice(kv.value()).unwrap_or(Pause {
                 reason: String::from_utf8_lossy(kv.value()).into_owned(),

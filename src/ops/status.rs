@@ -92,7 +92,7 @@ struct Request {
 async fn handover_request(ctx: &Ctx) -> Result<Option<Request>> {
     let mut c = ctx.client.clone();
     let key = ctx.election.resign_key();
-    let resp = crate::etcd::bounded(ctx.timeout, "etcd", c.get(key, None)).await?;
+    let resp = ctx.bounded(c.get(key, None)).await?;
     Ok(resp.kvs().first().and_then(|kv| {
         let v = std::str::from_utf8(kv.value()).ok()?;
         let mut w = v.split_whitespace();
@@ -141,7 +141,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             0 => None,
             lease => {
                 let mut c = ctx.client.clone();
-                crate::etcd::bounded(ctx.timeout, "etcd", c.lease_time_to_live(lease, None))
+                ctx.bounded(c.lease_time_to_live(lease, None))
                     .await
                     .ok()
                     .map(|r| r.ttl())

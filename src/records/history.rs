@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Term;
 use crate::election::unix_ms;
-use crate::etcd::{bounded, Ctx};
+use crate::etcd::Ctx;
 
 /// How a term ended, as its history record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +137,7 @@ impl Ctx {
         keep: u32,
         facts: StartFacts,
     ) -> Result<Started> {
-        let (client, e, timeout) = (&self.client, &self.election, self.timeout);
+        let (client, e) = (&self.client, &self.election);
         let StartFacts {
             takeover_delay,
             job_cgroup,
@@ -166,10 +166,8 @@ impl Ctx {
         let keys_only = GetOptions::new()
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Ascend);
-        let (resp, existing) = tokio::join!(
-            bounded(timeout, "etcd", c.txn(txn)),
-            self.history_records(keys_only),
-        );
+        let (resp, existing) =
+            tokio::join!(self.bounded(c.txn(txn)), self.history_records(keys_only),);
         let resp = resp?;
         anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -202,7 +200,7 @@ impl Ctx {
         started: &Started,
         reason: TermEnd,
     ) -> Result<bool> {
-        let (client, e, timeout) = (&self.client, &self.election, self.timeout);
+        let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
         let hk = e.history_key(term.token);
         let mut rec = started.record.clone();
@@ -227,19 +225,15 @@ impl Ctx {
                 }))
                 .collect::<Vec<_>>(),
             );
-        Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 
     /// The history's records, as `opts` selects and orders them.
     async fn history_records(&self, opts: GetOptions) -> Result<etcd_client::GetResponse> {
         let mut c = self.client.clone();
         let opts = Some(opts.with_prefix());
-        bounded(
-            self.timeout,
-            "etcd",
-            c.get(self.election.history_prefix(), opts),
-        )
-        .await
+        self.bounded(c.get(self.election.history_prefix(), opts))
+            .await
     }
 
     /// Writes the end of our term once our key is gone: the term ended while etcd could not take
@@ -252,7 +246,7 @@ impl Ctx {
         started: Option<&Started>,
         reason: TermEnd,
     ) -> Result<bool> {
-        let (client, e, timeout) = (&self.client, &self.election, self.timeout);
+        let (client, e) = (&self.client, &self.election);
         let hk = e.history_key(token);
         let Some(started) = started else {
             // Any record of this term will do: the read in `finish` guards the write.
@@ -269,16 +263,16 @@ impl Ctx {
             )])
             .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
         let mut c = client.clone();
-        Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 
     /// Marks a term ended, in one transaction with `guard` (and the record unchanged since read).
     /// Returns whether it was written.
     pub async fn finish(&self, token: i64, reason: TermEnd, guard: Compare) -> Result<bool> {
-        let (client, e, timeout) = (&self.client, &self.election, self.timeout);
+        let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
         let hk = e.history_key(token);
-        let resp = bounded(timeout, "etcd", c.get(hk.clone(), None)).await?;
+        let resp = self.bounded(c.get(hk.clone(), None)).await?;
         let Some(kv) = resp.kvs().first() else {
             return Ok(false);
         };
@@ -290,14 +284,14 @@ impl Ctx {
                 Compare::mod_revision(hk.clone(), CompareOp::Equal, kv.mod_revision()),
             ])
             .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
-        Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 
     /// The last `n` records, oldest first, with the ends of open records inferred (see
     /// [`infer_ends`]). The records, the line of candidates and the slot count are read in one
     /// transaction, so that they describe the same moment.
     pub async fn history(&self, n: usize) -> Result<Vec<Record>> {
-        let (client, e, timeout) = (&self.client, &self.election, self.timeout);
+        let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
         let history = GetOptions::new()
             .with_prefix()
@@ -309,7 +303,7 @@ impl Ctx {
             TxnOp::get(e.candidates(), Some(line)),
             TxnOp::get(e.slots_key(), None),
         ]);
-        let resp = bounded(timeout, "etcd", c.txn(txn)).await?;
+        let resp = self.bounded(c.txn(txn)).await?;
         let observed_ms = unix_ms();
         let gets: Vec<etcd_client::GetResponse> = resp
             .op_responses()
@@ -341,13 +335,13 @@ impl Ctx {
     /// Whether the last term before `token` ended uncleanly (see [`Record::ended_cleanly`]). No
     /// earlier term, or none that ran a job, is a clean start.
     pub async fn previous_unclean(&self, token: i64) -> Result<bool> {
-        let (client, e, timeout) = (&self.client, &self.election, self.timeout);
+        let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
         let opts = GetOptions::new()
             .with_range(e.history_key(token))
             .with_sort(SortTarget::Key, SortOrder::Descend)
             .with_limit(1);
-        let resp = bounded(timeout, "etcd", c.get(e.history_prefix(), Some(opts))).await?;
+        let resp = self.bounded(c.get(e.history_prefix(), Some(opts))).await?;
         Ok(match resp.kvs().first() {
             None => false,
             Some(kv) => !serde_json::from_slice::<Record>(kv.value())

@@ -12,21 +12,18 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::Term;
 use crate::election::unix_ms;
-use crate::etcd::{bounded, Ctx};
+use crate::etcd::Ctx;
 
 impl Ctx {
     /// Whether `run_key` is already recorded as done.
     pub async fn run_key_done(&self, run_key: &str) -> Result<bool> {
         let (mut c, e) = (self.client.clone(), &self.election);
-        let resp = bounded(
-            self.timeout,
-            "etcd",
-            c.get(
+        let resp = self
+            .bounded(c.get(
                 e.run_key(run_key),
                 Some(GetOptions::new().with_count_only()),
-            ),
-        )
-        .await?;
+            ))
+            .await?;
         Ok(resp.count() > 0)
     }
 
@@ -37,10 +34,10 @@ impl Ctx {
         run_key: &str,
         ttl: Duration,
     ) -> Result<bool> {
-        let (mut c, e, timeout) = (self.client.clone(), &self.election, self.timeout);
+        let (mut c, e) = (self.client.clone(), &self.election);
         let Term { token, key, id } = term;
         let ttl = ttl.as_secs().max(1) as i64;
-        let lease = bounded(timeout, "etcd", c.lease_grant(ttl, None)).await?;
+        let lease = self.bounded(c.lease_grant(ttl, None)).await?;
         let value = serde_json::json!({ "token": token, "id": id, "done_ms": unix_ms() });
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, token)])
@@ -49,9 +46,9 @@ impl Ctx {
                 value.to_string(),
                 Some(PutOptions::new().with_lease(lease.id())),
             )]);
-        let ok = bounded(timeout, "etcd", c.txn(txn)).await?.succeeded();
+        let ok = self.bounded(c.txn(txn)).await?.succeeded();
         if !ok {
-            let _ = bounded(timeout, "etcd", c.lease_revoke(lease.id())).await;
+            let _ = self.bounded(c.lease_revoke(lease.id())).await;
             tracing::warn!(run_key, "run key not recorded: our leader key is gone");
         }
         Ok(ok)

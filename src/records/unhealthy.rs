@@ -11,7 +11,7 @@ use etcd_client::{GetOptions, PutOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::election::{unix_ms, Candidate};
-use crate::etcd::{bounded, Ctx};
+use crate::etcd::Ctx;
 
 /// One worker out of line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,7 +25,7 @@ pub struct Unhealthy {
 impl Ctx {
     /// Shows this worker as out of line, on `lease`.
     pub async fn mark_unhealthy(&self, lease: i64, candidate: &Candidate) -> Result<()> {
-        let (mut c, e, timeout) = (self.client.clone(), &self.election, self.timeout);
+        let (mut c, e) = (self.client.clone(), &self.election);
         let value = Unhealthy {
             candidate: candidate.clone(),
             unhealthy_since_ms: unix_ms(),
@@ -35,15 +35,17 @@ impl Ctx {
             serde_json::to_string(&value)?,
             Some(PutOptions::new().with_lease(lease)),
         );
-        bounded(timeout, "etcd", put).await?;
+        self.bounded(put).await?;
         Ok(())
     }
 
     /// The workers out of line now, oldest first.
     pub async fn unhealthy(&self) -> Result<Vec<Unhealthy>> {
-        let (mut c, e, timeout) = (self.client.clone(), &self.election, self.timeout);
+        let (mut c, e) = (self.client.clone(), &self.election);
         let opts = GetOptions::new().with_prefix();
-        let resp = bounded(timeout, "etcd", c.get(e.unhealthy_prefix(), Some(opts))).await?;
+        let resp = self
+            .bounded(c.get(e.unhealthy_prefix(), Some(opts)))
+            .await?;
         let mut v: Vec<Unhealthy> = resp
             .kvs()
             .iter()

@@ -797,8 +797,7 @@ impl Driver {
                 Some(etcd_client::PutOptions::new().with_lease(lease.id)),
             )]);
         let mut c = self.ctx.client.clone();
-        let timeout = self.cfg.conn.command_timeout;
-        if let Err(e) = etcd::bounded(timeout, "etcd", c.txn(txn)).await {
+        if let Err(e) = self.ctx.bounded(c.txn(txn)).await {
             tracing::debug!("takeover delay not shown in status: {e:#}");
         }
     }
