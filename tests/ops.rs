@@ -959,7 +959,7 @@ fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
 }
 
 /// The etcd scope the records are written through, as `run` has it.
-async fn scope(ep: &str, election: lead_exec::election::Election) -> lead_exec::etcd::Ctx {
+async fn scope(ep: &str, election: lead_exec::election::Election) -> lead_exec::election::Ctx {
     let conn = lead_exec::etcd::Conn {
         endpoints: vec![ep.to_string()],
         dial_timeout: Duration::from_secs(5),
@@ -967,5 +967,7 @@ async fn scope(ep: &str, election: lead_exec::election::Election) -> lead_exec::
         tls: None,
         auth: None,
     };
-    lead_exec::etcd::connect(&conn, election).await.unwrap()
+    lead_exec::election::Ctx::connect(&conn, election)
+        .await
+        .unwrap()
 }

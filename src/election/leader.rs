@@ -10,7 +10,7 @@ use etcd_client::{
 };
 
 use super::Election;
-use crate::etcd::Ctx;
+use crate::election::Ctx;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaderEvent {

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use super::schedule::{reuse_stream, Action, Event, Reply, Schedule};
 use crate::clock::{human, BootInstant};
+use crate::election::Ctx;
 use crate::etcd::failover::Router;
-use crate::etcd::Ctx;
 use crate::exit::{fail, Exit};
 
 /// How many renewal attempts must fit between a missed keepalive and SIGTERM.

@@ -18,7 +18,7 @@
 //!   stream goes to the new pin. [`Router::endpoint_failed`] lets the owner report an endpoint
 //!   that stopped answering on a stream, which nothing below can see.
 //!
-//! The [`Router`] belongs to the client it routes for: the etcd scope ([`super::Ctx`]) holds
+//! The [`Router`] belongs to the client it routes for: the etcd scope ([`crate::election::Ctx`]) holds
 //! both, and hands the router to the stream owners with the client.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,7 +6,6 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -14,7 +13,6 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 pub mod failover;
 
-use crate::election::Election;
 use crate::exit::{fail, Exit};
 
 /// Top of every key this program writes.
@@ -64,38 +62,20 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// The etcd scope: what every request about one election needs. The router is the client's
-/// own (it routes the client's requests), so the owners of streams, which alone see a
-/// stream go silent, get it from here.
-#[derive(Clone)]
-pub struct Ctx {
-    pub client: Client,
-    pub router: Arc<failover::Router>,
-    pub election: Election,
-    /// `--command-timeout`: the bound on every request.
-    pub timeout: Duration,
-}
-
-impl Ctx {
-    /// Runs one etcd request within the command timeout (see [`bounded`]).
-    pub async fn bounded<T>(
-        &self,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        bounded(self.timeout, "etcd", fut).await
-    }
-}
+/// A client with the router under its channel: the stream owners need the router, to report
+/// the failures only they see and to follow the pin.
+pub type Connection = (Client, std::sync::Arc<failover::Router>);
 
 /// Connects and proves the cluster answers, within the dial timeout.
-pub async fn connect(conn: &Conn, election: Election) -> Result<Ctx> {
-    let ctx = open(conn, election).await?;
-    probe(&ctx.client, conn).await?;
-    Ok(ctx)
+pub async fn connect(conn: &Conn) -> Result<Connection> {
+    let (client, router) = open(conn).await?;
+    probe(&client, conn).await?;
+    Ok((client, router))
 }
 
 /// Builds the client. Its channel connects lazily, on the first request: without
 /// credentials to exchange, nothing is sent yet, so what goes first is the caller's choice.
-pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
+pub async fn open(conn: &Conn) -> Result<Connection> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(conn.dial_timeout)
         // HTTP/2 pings close a connection that went silent. etcd refuses pings more often
@@ -155,12 +135,7 @@ pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
     )
     .await
     .map_err(|e| explain(conn, e))?;
-    Ok(Ctx {
-        client,
-        router,
-        election,
-        timeout: conn.command_timeout,
-    })
+    Ok((client, router))
 }
 
 /// Proves, within the dial timeout, that the cluster answers and has a quorum: one cheap

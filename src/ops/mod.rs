@@ -39,18 +39,15 @@ use crate::election::{Candidate, Election};
 use crate::etcd::Conn;
 use crate::exit::{fail, Exit};
 
-pub use crate::etcd::Ctx;
+pub use crate::election::Ctx;
 
 /// What every operator command starts from.
 impl Ctx {
-    pub async fn connect(a: &ElectionArgs) -> Result<Ctx> {
+    /// Connects (see [`Ctx::connect`]) to the election the flags name.
+    pub async fn from_args(a: &ElectionArgs) -> Result<Ctx> {
         let election = Election::new(&a.election)?;
         let conn = Conn::from_args(&a.conn)?;
-        Ctx::open(&conn, election).await
-    }
-
-    pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
-        crate::etcd::connect(conn, election).await
+        Ctx::connect(&conn, election).await
     }
 
     /// Candidates in line order (the first one leads), read linearizably.

@@ -20,7 +20,7 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
         ));
     }
     crate::config::one_line("--reason", &a.reason)?;
-    let ctx = Ctx::connect(&a.election).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     let p = Pause {
         reason: a.reason.clone(),
@@ -47,7 +47,7 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
 }
 
 pub async fn resume(a: ElectionArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a).await?;
+    let ctx = Ctx::from_args(&a).await?;
     let key = ctx.election.paused_key();
     let txn = Txn::new()
         .when([Compare::version(key.clone(), CompareOp::Greater, 0)])

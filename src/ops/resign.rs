@@ -24,7 +24,7 @@ use crate::etcd::classify;
 use crate::exit::{fail, Exit};
 
 pub async fn run(a: ResignArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a.election).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
     let line = ctx.holders().await?;
     // A paused election has no leader: its head of line runs nothing, and a request left for
     // it would stop its first job after `resume`.

@@ -28,7 +28,7 @@ pub async fn report_not_acquired(cfg: &RunConfig, unhealthy: bool) {
         return;
     }
     let who = async {
-        let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
+        let ctx = Ctx::connect(&cfg.conn, cfg.election.clone()).await?;
         let line = ctx.holders().await?;
         let holders = line.holders();
         anyhow::Ok(match (holders.first(), &line.paused) {
@@ -130,7 +130,7 @@ struct Holder<'a> {
 }
 
 pub async fn run(a: StatusArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a.election).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
     let line = ctx.holders().await?;
     let recent = ctx.history(5).await?;
     let unhealthy = ctx.unhealthy().await?;

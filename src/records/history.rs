@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Term;
 use crate::election::unix_ms;
-use crate::etcd::Ctx;
+use crate::election::Ctx;
 
 /// How a term ended, as its history record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::Term;
 use crate::election::unix_ms;
-use crate::etcd::Ctx;
+use crate::election::Ctx;
 
 impl Ctx {
     /// Whether `run_key` is already recorded as done.

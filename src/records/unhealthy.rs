@@ -10,8 +10,8 @@ use anyhow::Result;
 use etcd_client::{GetOptions, PutOptions};
 use serde::{Deserialize, Serialize};
 
+use crate::election::Ctx;
 use crate::election::{unix_ms, Candidate};
-use crate::etcd::Ctx;
 
 /// One worker out of line.
 #[derive(Debug, Clone, Serialize, Deserialize)]

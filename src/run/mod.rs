@@ -20,8 +20,8 @@ use crate::config::RunConfig;
 use crate::election::campaign::{Campaign, Outcome, Wait, Waiting};
 use crate::election::leader::{LeaderEvent, LeaderWatch};
 use crate::election::lease::{Lease, LeaseState, Loss};
+use crate::election::Ctx;
 use crate::election::{unix_ms, Candidate};
-use crate::etcd::Ctx;
 use crate::exit::Exit;
 use crate::records;
 use crate::records::history::{self, TermEnd};
@@ -52,7 +52,7 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
     // The watchdog starts while we connect and campaign: a won term then pays only for the
     // job's own fork and exec. The requests go first, so that the spawn (on this thread, see
     // `supervisor`) overlaps their round trips instead of preceding them.
-    let ctx = etcd::open(&cfg.conn, cfg.election.clone()).await?;
+    let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
     let candidate = Candidate {
         priority: cfg.priority,
         ..Candidate::this_process(&cfg.id)
