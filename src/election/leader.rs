@@ -55,15 +55,14 @@ pub fn request_txn(
 /// `token`, by one linearizable read of the line and the priority keys. A preemption request
 /// outlives the candidate that wrote it (it lives on the leader's lease); the candidate's key
 /// and priority key do not (they live on its own), so this is what the leader decides by
-/// when its `--min-term` is over.
+/// when its `--min-term` is over. Bounded by `timeout`, which may be shorter than the scope's.
 pub async fn outranked_in_line(
-    client: &Client,
-    e: &Election,
+    ctx: &Ctx,
     token: i64,
     mine: u32,
     timeout: Duration,
 ) -> anyhow::Result<bool> {
-    let mut c = client.clone();
+    let (mut c, e) = (ctx.client.clone(), &ctx.election);
     let prefix = GetOptions::new().with_prefix();
     let read = Txn::new().and_then([
         TxnOp::get(e.candidates(), Some(prefix.clone().with_keys_only())),

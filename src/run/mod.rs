@@ -1050,11 +1050,9 @@ const PREEMPT_RETRY: Duration = Duration::from_secs(1);
 /// [`crate::election::leader::outranked_in_line`]); `None` when etcd did not answer. The
 /// read is bounded by a second, since the leader forwards no deadline while it waits.
 async fn outranked(ctx: &Ctx, cfg: &RunConfig, token: i64) -> Option<bool> {
-    let client = &ctx.client;
-    let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
+    let timeout = ctx.timeout.min(Duration::from_secs(1));
     let e = &cfg.election;
-    match crate::election::leader::outranked_in_line(client, e, token, cfg.priority, timeout).await
-    {
+    match crate::election::leader::outranked_in_line(ctx, token, cfg.priority, timeout).await {
         Ok(true) => Some(true),
         Ok(false) => {
             tracing::info!(
