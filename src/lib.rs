@@ -62,7 +62,9 @@
 //!   decided without I/O; the task carries it out),
 //!   [`election::campaign`] (etcd's election protocol plus confirmation, with
 //!   [`election::campaign::slots`] and [`election::campaign::priority`] beside it),
-//!   [`election::leader`] (what a leader watches for: [`election::leader::LeaderWatch`]).
+//!   [`election::leader`] (what a leader watches for: [`election::leader::LeaderWatch`]),
+//!   [`election::scope`] (the etcd scope every request goes through: client, endpoint router,
+//!   election and command timeout, one value passed in, not process-global state).
 //! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
 //! - [`supervisor`]: the job under its watchdog. [`supervisor::enforcer`] decides, without
 //!   I/O, what the group gets and when; [`supervisor::watchdog`] is the process that carries it

@@ -232,18 +232,13 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
         .build()
         .unwrap();
     let wrote = rt.block_on(async {
-        let client = etcd_client::Client::connect([ep.as_str()], None)
-            .await
-            .unwrap();
         let election = lead_exec::election::Election::new("hist").unwrap();
         let stale_key = election.candidate_key(0x1234);
-        lead_exec::records::history::finish(
-            &client,
-            &election,
+        let ctx = scope(&ep, election).await;
+        ctx.finish(
             token,
             lead_exec::records::history::TermEnd::Exited(9),
             etcd_client::Compare::create_revision(stale_key, etcd_client::CompareOp::Equal, token),
-            Duration::from_secs(5),
         )
         .await
         .unwrap()
@@ -361,19 +356,14 @@ fn run_key_dedupes_and_its_record_is_fenced() {
         .build()
         .unwrap();
     let wrote = rt.block_on(async {
-        let client = etcd_client::Client::connect([ep.as_str()], None)
-            .await
-            .unwrap();
         let stale = election.candidate_key(0x4242);
         let term = lead_exec::records::Term {
             token: 7,
             key: &stale,
             id: "w",
         };
-        let timeout = Duration::from_secs(5);
-        lead_exec::records::runkey::mark_done(&client, &election, timeout, term, "k4", ttl)
-            .await
-            .unwrap()
+        let ctx = scope(&ep, election.clone()).await;
+        ctx.mark_run_key_done(term, "k4", ttl).await.unwrap()
     });
     assert!(!wrote);
     assert!(etcd.keys("lead-exec/meta/cron/runs/k4").is_empty());
@@ -966,4 +956,18 @@ fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
         paused[0].starts_with("paused:    yes") && paused[0].contains("x\\npaused:    no"),
         "{out}"
     );
+}
+
+/// The etcd scope the records are written through, as `run` has it.
+async fn scope(ep: &str, election: lead_exec::election::Election) -> lead_exec::election::Ctx {
+    let conn = lead_exec::etcd::Conn {
+        endpoints: vec![ep.to_string()],
+        dial_timeout: Duration::from_secs(5),
+        command_timeout: Duration::from_secs(5),
+        tls: None,
+        auth: None,
+    };
+    lead_exec::election::Ctx::connect(&conn, election)
+        .await
+        .unwrap()
 }

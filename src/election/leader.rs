@@ -10,6 +10,7 @@ use etcd_client::{
 };
 
 use super::Election;
+use crate::election::Ctx;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaderEvent {
@@ -54,15 +55,14 @@ pub fn request_txn(
 /// `token`, by one linearizable read of the line and the priority keys. A preemption request
 /// outlives the candidate that wrote it (it lives on the leader's lease); the candidate's key
 /// and priority key do not (they live on its own), so this is what the leader decides by
-/// when its `--min-term` is over.
+/// when its `--min-term` is over. Bounded by `timeout`, which may be shorter than the scope's.
 pub async fn outranked_in_line(
-    client: &Client,
-    e: &Election,
+    ctx: &Ctx,
     token: i64,
     mine: u32,
     timeout: Duration,
 ) -> anyhow::Result<bool> {
-    let mut c = client.clone();
+    let (mut c, e) = (ctx.client.clone(), &ctx.election);
     let prefix = GetOptions::new().with_prefix();
     let read = Txn::new().and_then([
         TxnOp::get(e.candidates(), Some(prefix.clone().with_keys_only())),
@@ -102,6 +102,8 @@ fn outranked<'a>(
 
 pub struct LeaderWatch {
     client: Client,
+    /// `--command-timeout`, for the re-read and for opening the watch.
+    timeout: Duration,
     key: String,
     paused: String,
     resign: String,
@@ -119,17 +121,18 @@ pub struct LeaderWatch {
 
 impl LeaderWatch {
     /// Watches the term whose key is `key` and whose token is `token`.
-    pub fn new(client: &Client, election: &Election, key: &str, token: i64) -> LeaderWatch {
+    pub fn new(ctx: &Ctx, key: &str, token: i64) -> LeaderWatch {
         LeaderWatch {
-            client: client.clone(),
+            client: ctx.client.clone(),
+            timeout: ctx.timeout,
             key: key.to_string(),
-            paused: election.paused_key(),
-            resign: election.resign_key(),
+            paused: ctx.election.paused_key(),
+            resign: ctx.election.resign_key(),
             token,
             preempt_seen: None,
             rev: token,
             stream: None,
-            moves: crate::etcd::failover::moves(),
+            moves: ctx.router.moves(),
         }
     }
 
@@ -210,7 +213,7 @@ impl LeaderWatch {
 
     /// Re-reads the state, then watches from just after it.
     async fn open(&mut self) -> Result<Option<LeaderEvent>, etcd_client::Error> {
-        let timeout = Duration::from_secs(5);
+        let timeout = self.timeout;
         let read = async {
             let own = self
                 .client

@@ -18,7 +18,8 @@ use tokio::time::Instant;
 
 use super::schedule::{reuse_stream, Action, Event, Reply, Schedule};
 use crate::clock::{human, BootInstant};
-use crate::etcd::{bounded, failover};
+use crate::election::Ctx;
+use crate::etcd::failover::Router;
 use crate::exit::{fail, Exit};
 
 /// How many renewal attempts must fit between a missed keepalive and SIGTERM.
@@ -193,20 +194,17 @@ pub fn says_gone(e: &etcd_client::Error) -> bool {
 impl Lease {
     /// Grants a lease and starts keeping it alive.
     pub async fn grant(
-        client: &Client,
+        ctx: &Ctx,
         ttl: Duration,
         grace: Duration,
         margin: Duration,
-        timeout: Duration,
     ) -> Result<Lease> {
+        let client = &ctx.client;
         let mut c = client.clone();
         let sent = BootInstant::now();
-        let resp = bounded(
-            timeout,
-            "etcd",
-            c.lease_grant(ttl.as_secs().max(1) as i64, None),
-        )
-        .await?;
+        let resp = ctx
+            .bounded(c.lease_grant(ttl.as_secs().max(1) as i64, None))
+            .await?;
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
         let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
@@ -214,6 +212,7 @@ impl Lease {
         let plan = Renewal::plan(granted, grace, margin);
         let task = tokio::spawn(keepalive_loop(
             client.clone(),
+            ctx.router.clone(),
             resp.id(),
             plan,
             deadline,
@@ -405,6 +404,7 @@ async fn attempt(
 /// endpoint router are here; every decision is the schedule's.
 async fn keepalive_loop(
     client: Client,
+    router: Arc<Router>,
     id: i64,
     plan: Renewal,
     deadline: BootInstant,
@@ -425,7 +425,7 @@ async fn keepalive_loop(
                 let Ok(a) = joined else { continue };
                 if let Ok(Reply::Alive) = a.result {
                     crate::metrics::keepalive_rtt(BootInstant::now().saturating_since(a.sent));
-                    if idle.is_none() && a.endpoint == failover::pinned() {
+                    if idle.is_none() && a.endpoint == router.pinned() {
                         idle = a.stream.map(|stream| Idle { stream, endpoint: a.endpoint });
                     }
                 }
@@ -441,9 +441,9 @@ async fn keepalive_loop(
             Some(Action::Send { overdue }) => {
                 if let Some(e) = overdue {
                     tracing::debug!(lease, "keepalive answer overdue; trying the next endpoint");
-                    failover::endpoint_failed(e);
+                    router.endpoint_failed(e);
                 }
-                let endpoint = failover::pinned();
+                let endpoint = router.pinned();
                 let stream = idle
                     .take()
                     .filter(|i| reuse_stream(i.endpoint, endpoint))
@@ -464,7 +464,7 @@ async fn keepalive_loop(
             Some(Action::EndpointFailed(e)) => {
                 let why = why.unwrap_or_default();
                 tracing::debug!(lease, "{why}; retrying on the next endpoint");
-                failover::endpoint_failed(e);
+                router.endpoint_failed(e);
             }
             Some(Action::Publish(deadline)) => {
                 tx.send_replace(LeaseState::Alive { deadline });

@@ -25,6 +25,7 @@ pub mod campaign;
 pub mod leader;
 pub mod lease;
 pub mod schedule;
+pub mod scope;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,7 @@ use crate::exit::{fail, Exit};
 
 /// Top of every key this program writes (the connection probe reads it too).
 pub use crate::etcd::ROOT;
+pub use scope::Ctx;
 
 /// A validated election name and the keys that belong to it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,8 +15,11 @@
 //!   does. A write that may have been applied is never sent twice, so it gets the caller's
 //!   whole command timeout; only a read is cut short to try the next endpoint in time.
 //! - A stream (keepalives, watches) cannot be replayed: its owner reopens it, and the reopened
-//!   stream goes to the new pin. [`endpoint_failed`] lets the owner report an endpoint that
-//!   stopped answering on a stream, which nothing below can see.
+//!   stream goes to the new pin. [`Router::endpoint_failed`] lets the owner report an endpoint
+//!   that stopped answering on a stream, which nothing below can see.
+//!
+//! The [`Router`] belongs to the client it routes for: the etcd scope ([`crate::election::Ctx`]) holds
+//! both, and hands the router to the stream owners with the client.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,21 +53,15 @@ struct Member {
     channel: tonic::transport::Channel,
 }
 
-/// The process's router: a process talks to one etcd cluster, and the owners of streams
-/// (the keepalive loop) need to report failures that only they can see.
-static CURRENT: Mutex<Option<Arc<Router>>> = Mutex::new(None);
-
 impl Router {
     pub fn new(attempt_timeout: Duration) -> Arc<Router> {
-        let r = Arc::new(Router {
+        Arc::new(Router {
             members: Mutex::new(Vec::new()),
             changes: Mutex::new(None),
             pinned: AtomicUsize::new(0),
             attempt_timeout,
             moves: tokio::sync::watch::Sender::new(0),
-        });
-        *CURRENT.lock().expect("router lock") = Some(r.clone());
-        r
+        })
     }
 
     /// Takes in the endpoints the client announced. Lazy channels: nothing connects until a
@@ -136,22 +133,17 @@ impl Router {
         let n = self.len().max(1);
         self.pinned.load(Ordering::SeqCst) % n
     }
-}
 
-/// Reports that endpoint `i` (as read from [`pinned`] when a stream was opened) stopped
-/// answering: later requests and streams go elsewhere.
-pub fn endpoint_failed(i: usize) {
-    if let Some(r) = CURRENT.lock().expect("router lock").clone() {
-        r.failed(i);
+    /// Reports that endpoint `i` (as read from [`Router::pinned`] when a stream was opened)
+    /// stopped answering: later requests and streams go elsewhere.
+    pub fn endpoint_failed(&self, i: usize) {
+        self.failed(i);
     }
-}
 
-/// Changes whenever the pin moves: a watch opened before may sit on a dead endpoint (a stream
-/// to a blackholed member goes silent rather than failing), so its owner reopens it.
-pub fn moves() -> tokio::sync::watch::Receiver<u64> {
-    match CURRENT.lock().expect("router lock").as_ref() {
-        Some(r) => r.moves.subscribe(),
-        None => tokio::sync::watch::Sender::new(0).subscribe(),
+    /// Changes whenever the pin moves: a watch opened before may sit on a dead endpoint (a
+    /// stream to a blackholed member goes silent rather than failing), so its owner reopens it.
+    pub fn moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.moves.subscribe()
     }
 }
 
@@ -160,15 +152,6 @@ pub async fn moved(rx: &mut tokio::sync::watch::Receiver<u64>) {
     if rx.changed().await.is_err() {
         std::future::pending::<()>().await;
     }
-}
-
-/// The pinned endpoint of the process's router.
-pub fn pinned() -> usize {
-    CURRENT
-        .lock()
-        .expect("router lock")
-        .as_ref()
-        .map_or(0, |r| r.pinned())
 }
 
 /// Hands the client a channel that routes through `router`.

@@ -62,16 +62,20 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// A client with the router under its channel: the stream owners need the router, to report
+/// the failures only they see and to follow the pin.
+pub type Connection = (Client, std::sync::Arc<failover::Router>);
+
 /// Connects and proves the cluster answers, within the dial timeout.
-pub async fn connect(conn: &Conn) -> Result<Client> {
-    let client = open(conn).await?;
+pub async fn connect(conn: &Conn) -> Result<Connection> {
+    let (client, router) = open(conn).await?;
     probe(&client, conn).await?;
-    Ok(client)
+    Ok((client, router))
 }
 
 /// Builds the client. Its channel connects lazily, on the first request: without
 /// credentials to exchange, nothing is sent yet, so what goes first is the caller's choice.
-pub async fn open(conn: &Conn) -> Result<Client> {
+pub async fn open(conn: &Conn) -> Result<Connection> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(conn.dial_timeout)
         // HTTP/2 pings close a connection that went silent. etcd refuses pings more often
@@ -123,13 +127,15 @@ pub async fn open(conn: &Conn) -> Result<Client> {
     // cut short (see `failover`).
     let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
     let router = failover::Router::new(attempt);
-    bounded(
+    let builder = failover::Builder(router.clone());
+    let client = bounded(
         conn.dial_timeout,
         &what(conn),
-        Client::connect_with_balanced_channel(&endpoints, Some(opts), failover::Builder(router)),
+        Client::connect_with_balanced_channel(&endpoints, Some(opts), builder),
     )
     .await
-    .map_err(|e| explain(conn, e))
+    .map_err(|e| explain(conn, e))?;
+    Ok((client, router))
 }
 
 /// Proves, within the dial timeout, that the cluster answers and has a quorum: one cheap

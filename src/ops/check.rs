@@ -9,7 +9,7 @@ use crate::cli::{CheckArgs, ElectionArgs};
 use crate::exit::{fail, Exit};
 
 pub async fn run(a: CheckArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&ElectionArgs {
+    let ctx = Ctx::from_args(&ElectionArgs {
         election: a.election.clone(),
         conn: a.conn.clone(),
     })

@@ -9,8 +9,8 @@ use crate::records::history;
 use crate::text::escape;
 
 pub async fn run(a: HistoryArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a.election).await?;
-    let recs = history::read(&ctx.client, &ctx.election, a.count, ctx.timeout).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
+    let recs = ctx.history(a.count).await?;
     match a.output {
         // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
         Output::Json => {

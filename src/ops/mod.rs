@@ -31,54 +31,40 @@ pub mod watch;
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::ElectionArgs;
 use crate::election::{Candidate, Election};
-use crate::etcd::bounded;
 use crate::etcd::Conn;
 use crate::exit::{fail, Exit};
 
-/// What every operator command starts from.
-pub struct Ctx {
-    pub client: Client,
-    pub election: Election,
-    pub timeout: Duration,
-}
+pub use crate::election::Ctx;
 
+/// What every operator command starts from.
 impl Ctx {
-    pub async fn connect(a: &ElectionArgs) -> Result<Ctx> {
+    /// Connects (see [`Ctx::connect`]) to the election the flags name.
+    pub async fn from_args(a: &ElectionArgs) -> Result<Ctx> {
         let election = Election::new(&a.election)?;
         let conn = Conn::from_args(&a.conn)?;
-        Ctx::open(&conn, election).await
-    }
-
-    pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
-        let client = crate::etcd::connect(conn).await?;
-        Ok(Ctx {
-            client,
-            election,
-            timeout: conn.command_timeout,
-        })
+        Ctx::connect(&conn, election).await
     }
 
     /// Candidates in line order (the first one leads), read linearizably.
     pub async fn candidates(&self) -> Result<(Vec<Entry>, i64)> {
         let mut c = self.client.clone();
-        let resp = bounded(
-            self.timeout,
-            "etcd",
-            c.get(
-                self.election.candidates(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend),
+        let resp = self
+            .bounded(
+                c.get(
+                    self.election.candidates(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
                 ),
-            ),
-        )
-        .await?;
+            )
+            .await?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         let entries = resp
             .kvs()
@@ -97,7 +83,7 @@ impl Ctx {
     /// The slot count the election's candidates run with (`--slots`; absent means 1).
     pub async fn slots(&self) -> Result<u32> {
         let mut c = self.client.clone();
-        let resp = bounded(self.timeout, "etcd", c.get(self.election.slots_key(), None)).await?;
+        let resp = self.bounded(c.get(self.election.slots_key(), None)).await?;
         Ok(resp
             .kvs()
             .first()
@@ -120,7 +106,7 @@ impl Ctx {
             let mut c = self.client.clone();
             let prefix = self.election.slot_prefix();
             let opts = GetOptions::new().with_prefix();
-            let resp = bounded(self.timeout, "etcd", c.get(prefix.clone(), Some(opts))).await?;
+            let resp = self.bounded(c.get(prefix.clone(), Some(opts))).await?;
             for kv in resp.kvs() {
                 let slot = std::str::from_utf8(kv.key())
                     .ok()
@@ -153,12 +139,9 @@ impl Ctx {
     /// The pause switch, if on.
     pub async fn paused(&self) -> Result<Option<Pause>> {
         let mut c = self.client.clone();
-        let resp = bounded(
-            self.timeout,
-            "etcd",
-            c.get(self.election.paused_key(), None),
-        )
-        .await?;
+        let resp = self
+            .bounded(c.get(self.election.paused_key(), None))
+            .await?;
         Ok(resp.kvs().first().map(|kv| {
             serde_json::from_slice(kv.value()).unwrap_or(Pause {
                 reason: String::from_utf8_lossy(kv.value()).into_owned(),

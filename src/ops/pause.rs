@@ -9,7 +9,6 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use super::{Ctx, Pause};
 use crate::cli::{ElectionArgs, PauseArgs};
 use crate::election::unix_ms;
-use crate::etcd::bounded;
 use crate::exit::{fail, Exit};
 use crate::text::escape;
 
@@ -21,7 +20,7 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
         ));
     }
     crate::config::one_line("--reason", &a.reason)?;
-    let ctx = Ctx::connect(&a.election).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     let p = Pause {
         reason: a.reason.clone(),
@@ -33,7 +32,7 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
         .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key, serde_json::to_string(&p)?, None)]);
     let mut c = ctx.client.clone();
-    let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
+    let resp = ctx.bounded(c.txn(txn)).await?;
     if resp.succeeded() {
         outln!("paused {}: {}", ctx.election.name(), a.reason);
     } else if let Some(old) = ctx.paused().await? {
@@ -48,13 +47,13 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
 }
 
 pub async fn resume(a: ElectionArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a).await?;
+    let ctx = Ctx::from_args(&a).await?;
     let key = ctx.election.paused_key();
     let txn = Txn::new()
         .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
         .and_then([TxnOp::delete(key, None)]);
     let mut c = ctx.client.clone();
-    let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
+    let resp = ctx.bounded(c.txn(txn)).await?;
     if resp.succeeded() {
         outln!("resumed {}", ctx.election.name());
     } else {

@@ -20,11 +20,11 @@ use etcd_client::{
 use super::{Ctx, Entry, Holders};
 use crate::cli::ResignArgs;
 use crate::election::leader::request_txn;
-use crate::etcd::{bounded, classify};
+use crate::etcd::classify;
 use crate::exit::{fail, Exit};
 
 pub async fn run(a: ResignArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a.election).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
     let line = ctx.holders().await?;
     // A paused election has no leader: its head of line runs nothing, and a request left for
     // it would stop its first job after `resume`.
@@ -48,7 +48,7 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
         leader.token.to_string(),
     );
     let mut c = ctx.client.clone();
-    let resp = bounded(ctx.timeout, "etcd", c.txn(txn)).await?;
+    let resp = ctx.bounded(c.txn(txn)).await?;
     if !resp.succeeded() {
         return Err(fail(
             Exit::StaleToken,
@@ -76,7 +76,7 @@ pub async fn run(a: ResignArgs) -> Result<Exit> {
                 rev,
             )])
             .and_then([TxnOp::delete(request, None)]);
-        let _ = bounded(ctx.timeout, "etcd", c.txn(undo)).await;
+        let _ = ctx.bounded(c.txn(undo)).await;
     }
     outcome?;
     let (after, _) = ctx.candidates().await?;
@@ -141,7 +141,7 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
     let opts = WatchOptions::new()
         .with_start_revision(rev + 1)
         .with_filters([WatchFilterType::NoPut]);
-    let mut stream = bounded(ctx.timeout, "etcd", c.watch(key, Some(opts))).await?;
+    let mut stream = ctx.bounded(c.watch(key, Some(opts))).await?;
     let gone = async {
         loop {
             match stream.message().await {
@@ -166,13 +166,10 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
     if deleted {
         return Ok(());
     }
-    let still = bounded(
-        ctx.timeout,
-        "etcd",
-        c.get(key, Some(GetOptions::new().with_count_only())),
-    )
-    .await?
-    .count()
+    let still = ctx
+        .bounded(c.get(key, Some(GetOptions::new().with_count_only())))
+        .await?
+        .count()
         > 0;
     if !still {
         return Ok(());

@@ -13,7 +13,6 @@ use super::{fmt_ms, Ctx, Entry};
 use crate::cli::{Output, StatusArgs};
 use crate::config::RunConfig;
 use crate::exit::Exit;
-use crate::records::{history, unhealthy};
 use crate::text::escape;
 
 /// Names who holds the election, for a `run` that gave up (`--no-wait`, `--wait`), or says
@@ -29,7 +28,7 @@ pub async fn report_not_acquired(cfg: &RunConfig, unhealthy: bool) {
         return;
     }
     let who = async {
-        let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
+        let ctx = Ctx::connect(&cfg.conn, cfg.election.clone()).await?;
         let line = ctx.holders().await?;
         let holders = line.holders();
         anyhow::Ok(match (holders.first(), &line.paused) {
@@ -93,7 +92,7 @@ struct Request {
 async fn handover_request(ctx: &Ctx) -> Result<Option<Request>> {
     let mut c = ctx.client.clone();
     let key = ctx.election.resign_key();
-    let resp = crate::etcd::bounded(ctx.timeout, "etcd", c.get(key, None)).await?;
+    let resp = ctx.bounded(c.get(key, None)).await?;
     Ok(resp.kvs().first().and_then(|kv| {
         let v = std::str::from_utf8(kv.value()).ok()?;
         let mut w = v.split_whitespace();
@@ -131,10 +130,10 @@ struct Holder<'a> {
 }
 
 pub async fn run(a: StatusArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a.election).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
     let line = ctx.holders().await?;
-    let recent = history::read(&ctx.client, &ctx.election, 5, ctx.timeout).await?;
-    let unhealthy = unhealthy::list(&ctx.client, &ctx.election, ctx.timeout).await?;
+    let recent = ctx.history(5).await?;
+    let unhealthy = ctx.unhealthy().await?;
     // A request from a higher-priority candidate lapses with it: the leader hands over only
     // if such a candidate is still in line once its --min-term is over, and keeps the term
     // (the request left in place) otherwise. A requester that crashed or gave up is no
@@ -155,7 +154,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             0 => None,
             lease => {
                 let mut c = ctx.client.clone();
-                crate::etcd::bounded(ctx.timeout, "etcd", c.lease_time_to_live(lease, None))
+                ctx.bounded(c.lease_time_to_live(lease, None))
                     .await
                     .ok()
                     .map(|r| r.ttl())

@@ -21,7 +21,7 @@ use crate::text::escape;
 type Shown = (i64, Option<u32>, Option<u64>);
 
 pub async fn run(a: WatchArgs) -> Result<Exit> {
-    let ctx = Ctx::connect(&a.election).await?;
+    let ctx = Ctx::from_args(&a.election).await?;
     let mut last: Option<(Vec<Shown>, bool)> = None;
     let mut c = ctx.client.clone();
     loop {

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use anyhow::Result;
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+    Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
 use serde::{Deserialize, Serialize};
 
 use super::Term;
-use crate::election::{unix_ms, Election};
-use crate::etcd::bounded;
+use crate::election::unix_ms;
+use crate::election::Ctx;
 
 /// How a term ended, as its history record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,118 +128,227 @@ pub struct StartFacts {
     pub job_timeout: Option<Duration>,
 }
 
-/// Writes the start of a term, guarded by our key, and reads beside it which old records the
-/// end of the term trims: a round trip the start would otherwise wait for.
-pub async fn record_start(
-    client: &Client,
-    e: &Election,
-    timeout: Duration,
-    term: Term<'_>,
-    keep: u32,
-    facts: StartFacts,
-) -> Result<Started> {
-    let StartFacts {
-        takeover_delay,
-        job_cgroup,
-        job_timeout,
-    } = facts;
-    let (mut c, mut r) = (client.clone(), client.clone());
-    let Term { token, key, id } = term;
-    let rec = Record {
-        token,
-        id: id.to_string(),
-        host: crate::election::hostname(),
-        pid: std::process::id(),
-        started_ms: unix_ms(),
-        ended_ms: None,
-        end: None,
-        clean: None,
-        takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
-        job_cgroup,
-        timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
-        ended_before_ms: None,
-    };
-    let hk = e.history_key(token);
-    let txn = Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, token)])
-        .and_then([TxnOp::put(hk.clone(), serde_json::to_string(&rec)?, None)]);
-    let keys_only = GetOptions::new()
-        .with_keys_only()
-        .with_sort(SortTarget::Key, SortOrder::Ascend);
-    let (resp, existing) = tokio::join!(
-        bounded(timeout, "etcd", c.txn(txn)),
-        get_all(&mut r, e, timeout, keys_only),
-    );
-    let resp = resp?;
-    anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
-    let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-    // Without the list, nothing is trimmed this term; the next one does it.
-    let trim = existing.ok().and_then(|r| {
-        let keys: Vec<Vec<u8>> = r
+impl Ctx {
+    /// Writes the start of a term, guarded by our key, and reads beside it which old records the
+    /// end of the term trims: a round trip the start would otherwise wait for.
+    pub async fn record_start(
+        &self,
+        term: Term<'_>,
+        keep: u32,
+        facts: StartFacts,
+    ) -> Result<Started> {
+        let (client, e) = (&self.client, &self.election);
+        let StartFacts {
+            takeover_delay,
+            job_cgroup,
+            job_timeout,
+        } = facts;
+        let mut c = client.clone();
+        let Term { token, key, id } = term;
+        let rec = Record {
+            token,
+            id: id.to_string(),
+            host: crate::election::hostname(),
+            pid: std::process::id(),
+            started_ms: unix_ms(),
+            ended_ms: None,
+            end: None,
+            clean: None,
+            takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
+            job_cgroup,
+            timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
+            ended_before_ms: None,
+        };
+        let hk = e.history_key(token);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, token)])
+            .and_then([TxnOp::put(hk.clone(), serde_json::to_string(&rec)?, None)]);
+        let keys_only = GetOptions::new()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Ascend);
+        let (resp, existing) =
+            tokio::join!(self.bounded(c.txn(txn)), self.history_records(keys_only),);
+        let resp = resp?;
+        anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        // Without the list, nothing is trimmed this term; the next one does it.
+        let trim = existing.ok().and_then(|r| {
+            let keys: Vec<Vec<u8>> = r
+                .kvs()
+                .iter()
+                .map(|kv| kv.key().to_vec())
+                .filter(|k| *k != hk.as_bytes())
+                .collect();
+            trim_end(&keys, keep as usize, &hk)
+        });
+        Ok(Started {
+            record: rec,
+            rev,
+            trim,
+        })
+    }
+
+    /// Writes the end of our term and deletes our leader key in one transaction, guarded by the
+    /// key and by the start record being unchanged: one commit hands over leadership and closes
+    /// the record. The same commit frees our slot key (`slot`, with `--slots` above 1), so the
+    /// next holder finds it free at once, and trims the records beyond `--history-keep`.
+    /// `Ok(false)` when the guard failed and nothing was written.
+    pub async fn record_end_and_release(
+        &self,
+        term: Term<'_>,
+        slot: Option<u32>,
+        started: &Started,
+        reason: TermEnd,
+    ) -> Result<bool> {
+        let (client, e) = (&self.client, &self.election);
+        let mut c = client.clone();
+        let hk = e.history_key(term.token);
+        let mut rec = started.record.clone();
+        rec.close(reason);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(term.key, CompareOp::Equal, term.token),
+                Compare::mod_revision(hk.clone(), CompareOp::Equal, started.rev),
+            ])
+            .and_then(
+                [
+                    TxnOp::put(hk, serde_json::to_string(&rec)?, None),
+                    TxnOp::delete(term.key, None),
+                ]
+                .into_iter()
+                .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))
+                .chain(started.trim.clone().map(|end| {
+                    TxnOp::delete(
+                        e.history_prefix(),
+                        Some(DeleteOptions::new().with_range(end)),
+                    )
+                }))
+                .collect::<Vec<_>>(),
+            );
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
+    }
+
+    /// The history's records, as `opts` selects and orders them.
+    async fn history_records(&self, opts: GetOptions) -> Result<etcd_client::GetResponse> {
+        let mut c = self.client.clone();
+        let opts = Some(opts.with_prefix());
+        self.bounded(c.get(self.election.history_prefix(), opts))
+            .await
+    }
+
+    /// Writes the end of our term once our key is gone: the term ended while etcd could not take
+    /// [`Ctx::record_end_and_release`], and the lease was revoked first so that the next term does not
+    /// wait for this write. Guarded by the start record being unchanged since we wrote it (or,
+    /// without it, since read here): a record someone else closed meanwhile is left alone.
+    pub async fn record_end_after_release(
+        &self,
+        token: i64,
+        started: Option<&Started>,
+        reason: TermEnd,
+    ) -> Result<bool> {
+        let (client, e) = (&self.client, &self.election);
+        let hk = e.history_key(token);
+        let Some(started) = started else {
+            // Any record of this term will do: the read in `finish` guards the write.
+            let any = Compare::create_revision(hk.clone(), CompareOp::Greater, 0);
+            return self.finish(token, reason, any).await;
+        };
+        let mut rec = started.record.clone();
+        rec.close(reason);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                hk.clone(),
+                CompareOp::Equal,
+                started.rev,
+            )])
+            .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
+        let mut c = client.clone();
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
+    }
+
+    /// Marks a term ended, in one transaction with `guard` (and the record unchanged since read).
+    /// Returns whether it was written.
+    pub async fn finish(&self, token: i64, reason: TermEnd, guard: Compare) -> Result<bool> {
+        let (client, e) = (&self.client, &self.election);
+        let mut c = client.clone();
+        let hk = e.history_key(token);
+        let resp = self.bounded(c.get(hk.clone(), None)).await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(false);
+        };
+        let mut rec: Record = serde_json::from_slice(kv.value())?;
+        rec.close(reason);
+        let txn = Txn::new()
+            .when([
+                guard,
+                Compare::mod_revision(hk.clone(), CompareOp::Equal, kv.mod_revision()),
+            ])
+            .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
+    }
+
+    /// The last `n` records, oldest first, with the ends of open records inferred (see
+    /// [`infer_ends`]). The records, the line of candidates and the slot count are read in one
+    /// transaction, so that they describe the same moment.
+    pub async fn history(&self, n: usize) -> Result<Vec<Record>> {
+        let (client, e) = (&self.client, &self.election);
+        let mut c = client.clone();
+        let history = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(n as i64);
+        let line = GetOptions::new().with_prefix().with_keys_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(e.history_prefix(), Some(history)),
+            TxnOp::get(e.candidates(), Some(line)),
+            TxnOp::get(e.slots_key(), None),
+        ]);
+        let resp = self.bounded(c.txn(txn)).await?;
+        let observed_ms = unix_ms();
+        let gets: Vec<etcd_client::GetResponse> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let [hist, line, slots] = gets.as_slice() else {
+            anyhow::bail!("etcd answered {} of 3 reads", gets.len());
+        };
+        let mut recs: Vec<Record> = hist
             .kvs()
             .iter()
-            .map(|kv| kv.key().to_vec())
-            .filter(|k| *k != hk.as_bytes())
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
             .collect();
-        trim_end(&keys, keep as usize, &hk)
-    });
-    Ok(Started {
-        record: rec,
-        rev,
-        trim,
-    })
-}
+        recs.reverse();
+        let live: Vec<i64> = line.kvs().iter().map(|kv| kv.create_revision()).collect();
+        let slots: u32 = slots
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.trim().parse().ok())
+            .unwrap_or(1);
+        infer_ends(&mut recs, &live, slots <= 1, observed_ms);
+        Ok(recs)
+    }
 
-/// Writes the end of our term and deletes our leader key in one transaction, guarded by the
-/// key and by the start record being unchanged: one commit hands over leadership and closes
-/// the record. The same commit frees our slot key (`slot`, with `--slots` above 1), so the
-/// next holder finds it free at once, and trims the records beyond `--history-keep`.
-/// `Ok(false)` when the guard failed and nothing was written.
-pub async fn record_end_and_release(
-    client: &Client,
-    e: &Election,
-    timeout: Duration,
-    term: Term<'_>,
-    slot: Option<u32>,
-    started: &Started,
-    reason: TermEnd,
-) -> Result<bool> {
-    let mut c = client.clone();
-    let hk = e.history_key(term.token);
-    let mut rec = started.record.clone();
-    rec.close(reason);
-    let txn = Txn::new()
-        .when([
-            Compare::create_revision(term.key, CompareOp::Equal, term.token),
-            Compare::mod_revision(hk.clone(), CompareOp::Equal, started.rev),
-        ])
-        .and_then(
-            [
-                TxnOp::put(hk, serde_json::to_string(&rec)?, None),
-                TxnOp::delete(term.key, None),
-            ]
-            .into_iter()
-            .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))
-            .chain(started.trim.clone().map(|end| {
-                TxnOp::delete(
-                    e.history_prefix(),
-                    Some(DeleteOptions::new().with_range(end)),
-                )
-            }))
-            .collect::<Vec<_>>(),
-        );
-    Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
-}
-
-/// The history's records, as `opts` selects and orders them.
-async fn get_all(
-    c: &mut Client,
-    e: &Election,
-    timeout: Duration,
-    opts: GetOptions,
-) -> Result<etcd_client::GetResponse> {
-    let opts = Some(opts.with_prefix());
-    bounded(timeout, "etcd", c.get(e.history_prefix(), opts)).await
+    /// Whether the last term before `token` ended uncleanly (see [`Record::ended_cleanly`]). No
+    /// earlier term, or none that ran a job, is a clean start.
+    pub async fn previous_unclean(&self, token: i64) -> Result<bool> {
+        let (client, e) = (&self.client, &self.election);
+        let mut c = client.clone();
+        let opts = GetOptions::new()
+            .with_range(e.history_key(token))
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(1);
+        let resp = self.bounded(c.get(e.history_prefix(), Some(opts))).await?;
+        Ok(match resp.kvs().first() {
+            None => false,
+            Some(kv) => !serde_json::from_slice::<Record>(kv.value())
+                .map(|r| r.ended_cleanly())
+                .unwrap_or(false),
+        })
+    }
 }
 
 /// Where to stop deleting old records so that `keep` remain with the new one (`new_key`):
@@ -256,135 +365,6 @@ fn trim_end(existing: &[Vec<u8>], keep: usize, new_key: &str) -> Option<Vec<u8>>
             .cloned()
             .unwrap_or_else(|| new_key.as_bytes().to_vec()),
     )
-}
-
-/// Writes the end of our term once our key is gone: the term ended while etcd could not take
-/// [`record_end_and_release`], and the lease was revoked first so that the next term does not
-/// wait for this write. Guarded by the start record being unchanged since we wrote it (or,
-/// without it, since read here): a record someone else closed meanwhile is left alone.
-pub async fn record_end_after_release(
-    client: &Client,
-    e: &Election,
-    timeout: Duration,
-    token: i64,
-    started: Option<&Started>,
-    reason: TermEnd,
-) -> Result<bool> {
-    let hk = e.history_key(token);
-    let Some(started) = started else {
-        // Any record of this term will do: the read in `finish` guards the write.
-        let any = Compare::create_revision(hk.clone(), CompareOp::Greater, 0);
-        return finish(client, e, token, reason, any, timeout).await;
-    };
-    let mut rec = started.record.clone();
-    rec.close(reason);
-    let txn = Txn::new()
-        .when([Compare::mod_revision(
-            hk.clone(),
-            CompareOp::Equal,
-            started.rev,
-        )])
-        .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
-    let mut c = client.clone();
-    Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
-}
-
-/// Marks a term ended, in one transaction with `guard` (and the record unchanged since read).
-/// Returns whether it was written.
-pub async fn finish(
-    client: &Client,
-    e: &Election,
-    token: i64,
-    reason: TermEnd,
-    guard: Compare,
-    timeout: std::time::Duration,
-) -> Result<bool> {
-    let mut c = client.clone();
-    let hk = e.history_key(token);
-    let resp = bounded(timeout, "etcd", c.get(hk.clone(), None)).await?;
-    let Some(kv) = resp.kvs().first() else {
-        return Ok(false);
-    };
-    let mut rec: Record = serde_json::from_slice(kv.value())?;
-    rec.close(reason);
-    let txn = Txn::new()
-        .when([
-            guard,
-            Compare::mod_revision(hk.clone(), CompareOp::Equal, kv.mod_revision()),
-        ])
-        .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
-    Ok(bounded(timeout, "etcd", c.txn(txn)).await?.succeeded())
-}
-
-/// The last `n` records, oldest first, with the ends of open records inferred (see
-/// [`infer_ends`]). The records, the line of candidates and the slot count are read in one
-/// transaction, so that they describe the same moment.
-pub async fn read(
-    client: &Client,
-    e: &Election,
-    n: usize,
-    timeout: std::time::Duration,
-) -> Result<Vec<Record>> {
-    let mut c = client.clone();
-    let history = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Key, SortOrder::Descend)
-        .with_limit(n as i64);
-    let line = GetOptions::new().with_prefix().with_keys_only();
-    let txn = Txn::new().and_then([
-        TxnOp::get(e.history_prefix(), Some(history)),
-        TxnOp::get(e.candidates(), Some(line)),
-        TxnOp::get(e.slots_key(), None),
-    ]);
-    let resp = bounded(timeout, "etcd", c.txn(txn)).await?;
-    let observed_ms = unix_ms();
-    let gets: Vec<etcd_client::GetResponse> = resp
-        .op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            etcd_client::TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        })
-        .collect();
-    let [hist, line, slots] = gets.as_slice() else {
-        anyhow::bail!("etcd answered {} of 3 reads", gets.len());
-    };
-    let mut recs: Vec<Record> = hist
-        .kvs()
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
-        .collect();
-    recs.reverse();
-    let live: Vec<i64> = line.kvs().iter().map(|kv| kv.create_revision()).collect();
-    let slots: u32 = slots
-        .kvs()
-        .first()
-        .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.trim().parse().ok())
-        .unwrap_or(1);
-    infer_ends(&mut recs, &live, slots <= 1, observed_ms);
-    Ok(recs)
-}
-
-/// Whether the last term before `token` ended uncleanly (see [`Record::ended_cleanly`]). No
-/// earlier term, or none that ran a job, is a clean start.
-pub async fn previous_unclean(
-    client: &Client,
-    e: &Election,
-    timeout: Duration,
-    token: i64,
-) -> Result<bool> {
-    let mut c = client.clone();
-    let opts = GetOptions::new()
-        .with_range(e.history_key(token))
-        .with_sort(SortTarget::Key, SortOrder::Descend)
-        .with_limit(1);
-    let resp = bounded(timeout, "etcd", c.get(e.history_prefix(), Some(opts))).await?;
-    Ok(match resp.kvs().first() {
-        None => false,
-        Some(kv) => !serde_json::from_slice::<Record>(kv.value())
-            .map(|r| r.ended_cleanly())
-            .unwrap_or(false),
-    })
 }
 
 /// Fills in the ends of open records (`recs` oldest first), from what is known: the

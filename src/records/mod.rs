@@ -3,6 +3,9 @@
 //!
 //! Every write is a transaction guarded by the leader key's create revision (the fencing
 //! token), so only the leader of that term can write, never a stale one.
+//!
+//! Each record is read and written by a method of the etcd scope ([`crate::election::Ctx`]),
+//! bounded by its command timeout.
 
 pub mod history;
 pub mod runkey;

@@ -6,14 +6,12 @@
 //! revoked when it passes, so a worker that dies leaves no marker beyond its TTL. It is outside
 //! the candidates' prefix: it never counts as a candidate.
 
-use std::time::Duration;
-
 use anyhow::Result;
-use etcd_client::{Client, GetOptions, PutOptions};
+use etcd_client::{GetOptions, PutOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::election::{unix_ms, Candidate, Election};
-use crate::etcd::bounded;
+use crate::election::Ctx;
+use crate::election::{unix_ms, Candidate};
 
 /// One worker out of line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -24,38 +22,36 @@ pub struct Unhealthy {
     pub unhealthy_since_ms: u64,
 }
 
-/// Shows this worker as out of line, on `lease`.
-pub async fn mark(
-    client: &Client,
-    e: &Election,
-    timeout: Duration,
-    lease: i64,
-    candidate: &Candidate,
-) -> Result<()> {
-    let mut c = client.clone();
-    let value = Unhealthy {
-        candidate: candidate.clone(),
-        unhealthy_since_ms: unix_ms(),
-    };
-    let put = c.put(
-        e.unhealthy_key(lease),
-        serde_json::to_string(&value)?,
-        Some(PutOptions::new().with_lease(lease)),
-    );
-    bounded(timeout, "etcd", put).await?;
-    Ok(())
-}
+impl Ctx {
+    /// Shows this worker as out of line, on `lease`.
+    pub async fn mark_unhealthy(&self, lease: i64, candidate: &Candidate) -> Result<()> {
+        let (mut c, e) = (self.client.clone(), &self.election);
+        let value = Unhealthy {
+            candidate: candidate.clone(),
+            unhealthy_since_ms: unix_ms(),
+        };
+        let put = c.put(
+            e.unhealthy_key(lease),
+            serde_json::to_string(&value)?,
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        self.bounded(put).await?;
+        Ok(())
+    }
 
-/// The workers out of line now, oldest first.
-pub async fn list(client: &Client, e: &Election, timeout: Duration) -> Result<Vec<Unhealthy>> {
-    let mut c = client.clone();
-    let opts = GetOptions::new().with_prefix();
-    let resp = bounded(timeout, "etcd", c.get(e.unhealthy_prefix(), Some(opts))).await?;
-    let mut v: Vec<Unhealthy> = resp
-        .kvs()
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
-        .collect();
-    v.sort_by_key(|u| u.unhealthy_since_ms);
-    Ok(v)
+    /// The workers out of line now, oldest first.
+    pub async fn unhealthy(&self) -> Result<Vec<Unhealthy>> {
+        let (mut c, e) = (self.client.clone(), &self.election);
+        let opts = GetOptions::new().with_prefix();
+        let resp = self
+            .bounded(c.get(e.unhealthy_prefix(), Some(opts)))
+            .await?;
+        let mut v: Vec<Unhealthy> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .collect();
+        v.sort_by_key(|u| u.unhealthy_since_ms);
+        Ok(v)
+    }
 }

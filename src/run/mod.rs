@@ -12,7 +12,6 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::Client;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -21,10 +20,11 @@ use crate::config::RunConfig;
 use crate::election::campaign::{Campaign, Outcome, Wait};
 use crate::election::leader::{LeaderEvent, LeaderWatch};
 use crate::election::lease::{Lease, LeaseState, Loss};
+use crate::election::Ctx;
 use crate::election::{unix_ms, Candidate};
 use crate::exit::Exit;
+use crate::records;
 use crate::records::history::{self, TermEnd};
-use crate::records::{self, runkey};
 use crate::supervisor::protocol::GroupEnd;
 use crate::supervisor::{Job, JobSpec, Launch, Standby};
 use crate::{etcd, fencing, metrics, notify};
@@ -52,20 +52,20 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
     // The watchdog starts while we connect and campaign: a won term then pays only for the
     // job's own fork and exec. The requests go first, so that the spawn (on this thread, see
     // `supervisor`) overlaps their round trips instead of preceding them.
-    let client = etcd::open(&cfg.conn).await?;
+    let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
     let candidate = Candidate {
         priority: cfg.priority,
         ..Candidate::this_process(&cfg.id)
     };
     let probe = {
-        let (c, conn) = (client.clone(), cfg.conn.clone());
+        let (c, conn) = (ctx.client.clone(), cfg.conn.clone());
         tokio::spawn(async move { etcd::probe(&c, &conn).await })
     };
     // Without a health check or a run key to consult first, the first campaign's lease grant
     // goes out beside the probe, on the connection it opens.
     let fast = cfg.health.is_none() && cfg.run_key.is_none();
     let first_lease = fast.then(|| {
-        let (c, cfg) = (client.clone(), cfg.clone());
+        let (c, cfg) = (ctx.clone(), cfg.clone());
         tokio::spawn(async move { grant(&c, &cfg).await })
     });
     for _ in 0..CONNECT_POLLS {
@@ -79,7 +79,7 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
         notify::ready();
         None
     };
-    if let Some(done) = already_done(&client, &cfg).await? {
+    if let Some(done) = already_done(&ctx, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
             run_key = done,
@@ -96,7 +96,7 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
     };
     let mut d = Driver {
         cfg,
-        client,
+        ctx,
         candidate,
         health,
         standby,
@@ -136,7 +136,8 @@ struct Term {
 
 struct Driver {
     cfg: RunConfig,
-    client: Client,
+    /// The etcd scope: client, router, election, command timeout.
+    ctx: Ctx,
     /// Our candidate key's value.
     candidate: Candidate,
     /// What `--health-cmd` says, if given.
@@ -276,7 +277,7 @@ impl Driver {
         let started = Instant::now();
         let granted = match self.first_lease.take() {
             Some(first) => self.first_grant(first).await?,
-            None => grant(&self.client, &self.cfg).await,
+            None => grant(&self.ctx, &self.cfg).await,
         };
         let lease = match granted {
             Ok(l) => l,
@@ -289,7 +290,8 @@ impl Driver {
         let election = self.cfg.election.name().to_string();
         let (outcome, delay_turned_on) = {
             let camp = Campaign {
-                client: &self.client,
+                client: &self.ctx.client,
+                router: &self.ctx.router,
                 election: &self.cfg.election,
                 lease: &lease,
                 value,
@@ -351,12 +353,7 @@ impl Driver {
                 if let LeaseState::Alive { deadline } = lease.state() {
                     metrics::ttl_remaining(deadline.remaining());
                 }
-                self.leader_watch = Some(LeaderWatch::new(
-                    &self.client,
-                    &self.cfg.election,
-                    &key,
-                    token,
-                ));
+                self.leader_watch = Some(LeaderWatch::new(&self.ctx, &key, token));
                 self.term = Some(Term { token, key, slot });
                 self.delayed = None;
                 self.preempt_at = None;
@@ -412,7 +409,7 @@ impl Driver {
         notify::ready();
         Ok(match lease {
             Ok(l) => Ok(l),
-            Err(_) => grant(&self.client, &self.cfg).await,
+            Err(_) => grant(&self.ctx, &self.cfg).await,
         })
     }
 
@@ -424,7 +421,7 @@ impl Driver {
             return Ok(lost);
         }
         // Another worker may have finished this run key while we queued.
-        if let Some(k) = already_done(&self.client, &self.cfg).await? {
+        if let Some(k) = already_done(&self.ctx, &self.cfg).await? {
             tracing::info!(
                 election = self.cfg.election.name(),
                 run_key = k,
@@ -560,7 +557,7 @@ impl Driver {
 
     /// Writes the term's start record, in a task of its own.
     fn start_record(&self, token: i64) -> tokio::task::JoinHandle<Option<history::Started>> {
-        let (client, cfg) = (self.client.clone(), self.cfg.clone());
+        let (ctx, cfg) = (self.ctx.clone(), self.cfg.clone());
         let key = self
             .term
             .as_ref()
@@ -574,13 +571,9 @@ impl Driver {
                 key: &key,
                 id: &cfg.id,
             };
-            let (timeout, keep) = (cfg.conn.command_timeout, cfg.history_keep);
-            history::record_start(
-                &client,
-                &cfg.election,
-                timeout,
+            ctx.record_start(
                 term,
-                keep,
+                cfg.history_keep,
                 history::StartFacts {
                     takeover_delay: delayed,
                     job_cgroup,
@@ -600,12 +593,12 @@ impl Driver {
         if d.is_zero() {
             return None;
         }
-        let (e, timeout) = (&self.cfg.election, self.cfg.conn.command_timeout);
+        let e = &self.cfg.election;
         if turned_on {
             // Earlier terms ran without a delay, so without a start record before their jobs:
             // the last record need not be the last term's. Only an election that never ran
             // a term (no record at all) starts at once.
-            let ran = history::read(&self.client, e, 1, timeout).await;
+            let ran = self.ctx.history(1).await;
             if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
                 tracing::warn!(
                     election = e.name(),
@@ -614,7 +607,7 @@ impl Driver {
                 return Some(d);
             }
         }
-        match history::previous_unclean(&self.client, e, timeout, token).await {
+        match self.ctx.previous_unclean(token).await {
             Ok(false) => None,
             Ok(true) => Some(d),
             Err(err) => {
@@ -635,7 +628,7 @@ impl Driver {
             signals,
             give_up_at,
             cfg,
-            client,
+            ctx,
             candidate,
             gave_up_unhealthy,
             ..
@@ -658,7 +651,7 @@ impl Driver {
         notify::status("unhealthy: waiting for the health check to pass");
         // Bounded tighter than a request: a pass or a signal must not wait on an etcd in trouble.
         let bound = cfg.conn.command_timeout.min(Duration::from_secs(1));
-        let shown = tokio::time::timeout(bound, show_unhealthy(client, cfg, candidate))
+        let shown = tokio::time::timeout(bound, show_unhealthy(ctx, cfg, candidate))
             .await
             .ok()
             .flatten();
@@ -711,7 +704,7 @@ impl Driver {
         let until = Instant::now() + d;
         self.show_takeover(unix_ms() + d.as_millis() as u64).await;
         let Driver {
-            client,
+            ctx,
             cfg,
             lease,
             leader_watch,
@@ -740,7 +733,7 @@ impl Driver {
                         // No job runs yet: handing over costs nothing, so --min-term waits for
                         // none (and etcd trouble is no reason to keep the term); but a request
                         // whose candidate has left the line is ignored.
-                        LeaderEvent::Preempted => match outranked(client, cfg, token).await {
+                        LeaderEvent::Preempted => match outranked(ctx, cfg, token).await {
                             Some(false) => continue,
                             _ => Event::ResignRequested,
                         },
@@ -775,9 +768,8 @@ impl Driver {
                 value.encode(),
                 Some(etcd_client::PutOptions::new().with_lease(lease.id)),
             )]);
-        let mut c = self.client.clone();
-        let timeout = self.cfg.conn.command_timeout;
-        if let Err(e) = etcd::bounded(timeout, "etcd", c.txn(txn)).await {
+        let mut c = self.ctx.client.clone();
+        if let Err(e) = self.ctx.bounded(c.txn(txn)).await {
             tracing::debug!("takeover delay not shown in status: {e:#}");
         }
     }
@@ -786,7 +778,7 @@ impl Driver {
     async fn wait_leading(&mut self, phase: Phase) -> Event {
         let draining = matches!(phase, Phase::Draining { .. });
         let Driver {
-            client,
+            ctx,
             job,
             lease,
             leader_watch,
@@ -813,7 +805,7 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = async { tokio::time::sleep_until(preempt_at.expect("checked")).await }, if !draining && preempt_at.is_some() => {
-                    match outranked(client, cfg, token).await {
+                    match outranked(ctx, cfg, token).await {
                         Some(true) => {
                             tracing::info!(
                                 election = cfg.election.name(),
@@ -964,8 +956,8 @@ impl Driver {
         let Some(term) = self.term.as_ref() else {
             return;
         };
-        let (cfg, client) = (&self.cfg, &self.client);
-        let (e, timeout) = (&cfg.election, cfg.conn.command_timeout);
+        let (cfg, ctx) = (&self.cfg, &self.ctx);
+        let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(term.slot);
         let term = records::Term {
             token: term.token,
@@ -974,15 +966,13 @@ impl Driver {
         };
         // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
-            if let Err(e) = runkey::mark_done(client, e, timeout, term, k, cfg.run_key_ttl).await {
+            if let Err(e) = ctx.mark_run_key_done(term, k, cfg.run_key_ttl).await {
                 tracing::warn!("run key: {e:#}");
             }
         }
         // One commit closes the record and hands over leadership.
         let released = match &started {
-            Some(s) => {
-                history::record_end_and_release(client, e, timeout, term, slot, s, reason).await
-            }
+            Some(s) => ctx.record_end_and_release(term, slot, s, reason).await,
             None => Ok(false),
         };
         match released {
@@ -1012,16 +1002,10 @@ impl Driver {
             tracing::warn!(token, "term end not recorded: etcd did not answer");
             return;
         }
-        let (cfg, client) = (&self.cfg, &self.client);
-        let written = history::record_end_after_release(
-            client,
-            &cfg.election,
-            timeout,
-            token,
-            started.as_ref(),
-            reason,
-        )
-        .await;
+        let written = self
+            .ctx
+            .record_end_after_release(token, started.as_ref(), reason)
+            .await;
         match written {
             Ok(true) => {}
             Ok(false) => tracing::debug!(token, "term end not recorded: the record changed"),
@@ -1037,11 +1021,10 @@ const PREEMPT_RETRY: Duration = Duration::from_secs(1);
 /// Whether a higher-priority candidate is still in line behind term `token` (see
 /// [`crate::election::leader::outranked_in_line`]); `None` when etcd did not answer. The
 /// read is bounded by a second, since the leader forwards no deadline while it waits.
-async fn outranked(client: &Client, cfg: &RunConfig, token: i64) -> Option<bool> {
-    let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
+async fn outranked(ctx: &Ctx, cfg: &RunConfig, token: i64) -> Option<bool> {
+    let timeout = ctx.timeout.min(Duration::from_secs(1));
     let e = &cfg.election;
-    match crate::election::leader::outranked_in_line(client, e, token, cfg.priority, timeout).await
-    {
+    match crate::election::leader::outranked_in_line(ctx, token, cfg.priority, timeout).await {
         Ok(true) => Some(true),
         Ok(false) => {
             tracing::info!(
@@ -1068,9 +1051,8 @@ async fn outranked(client: &Client, cfg: &RunConfig, token: i64) -> Option<bool>
 const CONNECT_POLLS: usize = 4;
 
 /// A lease for one campaign, kept alive from now on.
-async fn grant(client: &Client, cfg: &RunConfig) -> Result<Lease> {
-    let timeout = cfg.conn.command_timeout;
-    Lease::grant(client, cfg.ttl, cfg.grace, cfg.safety_margin, timeout).await
+async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
+    Lease::grant(ctx, cfg.ttl, cfg.grace, cfg.safety_margin).await
 }
 
 /// A watchdog for the next job, or none if it cannot start now (the start is tried again
@@ -1083,14 +1065,12 @@ fn standby(cfg: &RunConfig) -> Option<Standby> {
 
 /// Shows this worker in `status` as out of line, on a lease of its own, kept alive until it is
 /// revoked. Best effort: the worker stays out of line whether or not this lands.
-async fn show_unhealthy(client: &Client, cfg: &RunConfig, candidate: &Candidate) -> Option<Lease> {
-    let timeout = cfg.conn.command_timeout;
-    let lease = grant(client, cfg)
+async fn show_unhealthy(ctx: &Ctx, cfg: &RunConfig, candidate: &Candidate) -> Option<Lease> {
+    let lease = grant(ctx, cfg)
         .await
         .inspect_err(|e| tracing::debug!("not shown as unhealthy in status: {e:#}"))
         .ok()?;
-    let e = &cfg.election;
-    if let Err(err) = records::unhealthy::mark(client, e, timeout, lease.id, candidate).await {
+    if let Err(err) = ctx.mark_unhealthy(lease.id, candidate).await {
         tracing::debug!("not shown as unhealthy in status: {err:#}");
     }
     Some(lease)
@@ -1108,10 +1088,10 @@ async fn stopping(signals: &mut mpsc::UnboundedReceiver<i32>) -> Event {
 }
 
 /// `Some(key)` if `--run-key` was given and is already recorded as done.
-async fn already_done(client: &Client, cfg: &RunConfig) -> Result<Option<String>> {
+async fn already_done(ctx: &Ctx, cfg: &RunConfig) -> Result<Option<String>> {
     let Some(k) = &cfg.run_key else {
         return Ok(None);
     };
-    let done = runkey::already_done(client, &cfg.election, cfg.conn.command_timeout, k).await?;
+    let done = ctx.run_key_done(k).await?;
     Ok(done.then(|| k.clone()))
 }

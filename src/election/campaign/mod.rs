@@ -56,6 +56,8 @@ pub enum Wait {
 /// What we need to campaign.
 pub struct Campaign<'a> {
     pub client: &'a Client,
+    /// The client's router: its pin moves strand our watches.
+    pub router: &'a crate::etcd::failover::Router,
     pub election: &'a Election,
     pub lease: &'a Lease,
     /// The candidate key's value (see [`super::Candidate`]).

@@ -215,7 +215,7 @@ impl Campaign<'_> {
     ) -> Result<Option<Outcome>> {
         // Subscribed before the watch opens: a pin move while it opens would leave the watch
         // on the endpoint just left, with nothing to tell us.
-        let mut moves = crate::etcd::failover::moves();
+        let mut moves = self.router.moves();
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);

@@ -1,0 +1,55 @@
+//! The etcd scope of one election: the client, its router, the election and the command
+//! timeout, as one value that every part talking to etcd is handed.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::Client;
+
+use super::Election;
+use crate::etcd::{self, failover, Conn};
+
+/// What every request about one election needs. The router is the client's own (it routes
+/// the client's requests), so the owners of streams, which alone see a stream go silent, get
+/// it from here.
+#[derive(Clone)]
+pub struct Ctx {
+    pub client: Client,
+    pub router: Arc<failover::Router>,
+    pub election: Election,
+    /// `--command-timeout`: the bound on every request.
+    pub timeout: Duration,
+}
+
+impl Ctx {
+    /// Builds the client (see [`etcd::open`]); nothing is sent yet.
+    pub async fn open(conn: &Conn, election: Election) -> Result<Ctx> {
+        let (client, router) = etcd::open(conn).await?;
+        Ok(Ctx::of(conn, (client, router), election))
+    }
+
+    /// Connects and proves the cluster answers, within the dial timeout.
+    pub async fn connect(conn: &Conn, election: Election) -> Result<Ctx> {
+        let connection = etcd::connect(conn).await?;
+        Ok(Ctx::of(conn, connection, election))
+    }
+
+    fn of(conn: &Conn, (client, router): etcd::Connection, election: Election) -> Ctx {
+        Ctx {
+            client,
+            router,
+            election,
+            timeout: conn.command_timeout,
+        }
+    }
+
+    /// Runs one etcd request within the command timeout (see [`etcd::bounded`]).
+    pub async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        etcd::bounded(self.timeout, "etcd", fut).await
+    }
+}
