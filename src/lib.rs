@@ -47,10 +47,16 @@
 //!
 //! Dependencies point down this list: each module uses only those below it.
 //!
-//! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine (phase × event
-//!   → next phase and actions, every pair matched); the driver in [`mod@run`] performs its
-//!   actions; [`run::signals`] is lead-exec's own signal listener; [`run::health`] runs
-//!   `--health-cmd`, each check under a guard that kills it when lead-exec goes.
+//! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine: one event
+//!   type and one step function per phase, each matching every event of its phase and no
+//!   other. The driver in [`mod@run`] holds the run's state in scopes, one type per lifetime
+//!   ([`run::candidacy::Candidacy`] for a lease, [`run::term::Term`] for a won term,
+//!   [`run::events::RunningJob`] for a job), waits for the next event of the phase it is in
+//!   ([`run::events::TermEvents`] for a term's), and carries out the step's actions;
+//!   [`run::signals`] is lead-exec's own signal listener; [`run::health`] runs
+//!   `--health-cmd`, each check under a guard that kills it when lead-exec goes. A new
+//!   per-term control takes one field on the term (or one source of its events), one
+//!   [`run::lifecycle::TermEvent`] variant and one arm in [`run::lifecycle::leading`].
 //! - [`ops`]: the operator commands: status, watch, resign, pause/resume, history, check.
 //! - [`records`]: what `run` writes beside the job and `ops` reads: term history, run keys.
 //! - [`fencing`]: the token and the job's environment.
@@ -74,7 +80,7 @@
 //!   CLOCK_BOOTTIME, Prometheus, systemd, values made safe to print.
 //!
 //! The safety decisions are pure functions with unit and property tests:
-//! [`run::lifecycle::step`], [`supervisor::enforcer::Enforcer`],
+//! the step functions of [`run::lifecycle`], [`supervisor::enforcer::Enforcer`],
 //! [`election::schedule::Schedule`] (the keepalive schedule), and the renewal arithmetic in
 //! [`election::lease`] ([`election::lease::Renewal`], [`election::lease::renewed`]).
 

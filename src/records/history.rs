@@ -14,7 +14,7 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::Term;
+use super::TermId;
 use crate::election::unix_ms;
 use crate::election::Ctx;
 
@@ -133,7 +133,7 @@ impl Ctx {
     /// end of the term trims: a round trip the start would otherwise wait for.
     pub async fn record_start(
         &self,
-        term: Term<'_>,
+        term: TermId<'_>,
         keep: u32,
         facts: StartFacts,
     ) -> Result<Started> {
@@ -144,7 +144,7 @@ impl Ctx {
             job_timeout,
         } = facts;
         let mut c = client.clone();
-        let Term { token, key, id } = term;
+        let TermId { token, key, id } = term;
         let rec = Record {
             token,
             id: id.to_string(),
@@ -195,7 +195,7 @@ impl Ctx {
     /// `Ok(false)` when the guard failed and nothing was written.
     pub async fn record_end_and_release(
         &self,
-        term: Term<'_>,
+        term: TermId<'_>,
         slot: Option<u32>,
         started: &Started,
         reason: TermEnd,

@@ -13,7 +13,7 @@ pub mod unhealthy;
 
 /// The term a record belongs to.
 #[derive(Debug, Clone, Copy)]
-pub struct Term<'a> {
+pub struct TermId<'a> {
     /// The fencing token: the create revision of `key`.
     pub token: i64,
     /// The leader key whose create revision guards every write.

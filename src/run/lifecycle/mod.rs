@@ -1,0 +1,470 @@
+//! The lifecycle of one `lead-exec run`, as a pure state machine: one event type and one step
+//! function per phase.
+//!
+//! ```text
+//!             Elected           Spawned            Lost / Paused / Signal / Unhealthy / ...
+//! Campaigning ───────▶ Elected  ───────▶ Leading ───────────────────────────▶ Draining
+//!   ▲ │ │  │              ▲ │ NotStarted   │ JobEnded (on its own)              │ JobEnded
+//!   │ │ │  │ Elected,     │ │ AlreadyDone  ▼                                    ▼
+//!   │ │ │  │ unclean end  │ └──────▶ Done(exit)  ◀── (interrupted, or --on-loss exit)
+//!   │ │ │  └─▶ Delaying ──┘ Done           ▲
+//!   │ │ │ Failed                           └── campaign again (lost, paused, resigned,
+//!   │ │ └──────────▶ BackingOff                unhealthy, --on-loss campaign)
+//!   │ └── Unhealthy: leave the line, campaign again once healthy
+//!   └─────────────────────┘ Done
+//! ```
+//!
+//! | phase | what it waits for | its events | its step |
+//! |---|---|---|---|
+//! | `Campaigning` | the campaign | [`CampaignEnd`] | [`campaigned`] |
+//! | `BackingOff` | the backoff | [`BackoffEnd`] | [`backed_off`] |
+//! | `Delaying` | `--takeover-delay`, the term | [`DelayEnd`] | [`delaying`] |
+//! | `Elected` | the job's start | [`StartEnd`] | [`started`] |
+//! | `Leading` | the term, the job | [`TermEvent`] | [`leading`] |
+//! | `Draining` | the job's end | [`DrainEvent`] | [`draining`] |
+//!
+//! Each step function matches every event of its phase and nothing else, so no arm answers
+//! "cannot happen", and a new event does not compile until its transition is decided. The
+//! waiting itself is the driver's (see [`super::events`]), which waits only for the sources a
+//! phase has: a phase cannot be told an event of another.
+//!
+//! `Delaying` is `--takeover-delay`: elected after a term that ended uncleanly, the lease
+//! renewed, the job not started yet. A worker whose health check failed `--health-failures`
+//! times in a row before the start gives the term up and campaigns again without a job.
+//!
+//! A step never gives up the lease itself: [`Action::RevokeLease`] says when. Leaving the
+//! candidacy (a new campaign, a backoff, the end of the run) always revokes it, so that the
+//! next candidate takes over at once; the tests below hold every transition to that.
+//!
+//! The errors a phase may end with (`E`) pass through untouched: the step decides whether the
+//! run fails with one or reports it and retries, and hands it to the action that does so.
+
+use std::time::Duration;
+
+use crate::config::OnLoss;
+use crate::election::lease::Loss;
+use crate::exit::Exit;
+use crate::records::history::TermEnd;
+
+use super::signals::is_stopping;
+
+#[cfg(test)]
+mod tests;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// In line (or waiting for a passing health check first), on a lease of our own.
+    Campaigning {
+        attempt: u32,
+    },
+    /// Out of line after a failed campaign, waiting `wait` before the next.
+    BackingOff {
+        attempt: u32,
+        wait: Duration,
+    },
+    /// Elected after an unclean end: waiting out `--takeover-delay` before the start.
+    Delaying {
+        token: i64,
+    },
+    /// The campaign won and was confirmed; the job is being started.
+    Elected {
+        token: i64,
+    },
+    Leading {
+        token: i64,
+    },
+    Draining {
+        token: i64,
+        why: StopReason,
+    },
+    Done(Exit),
+}
+
+impl Phase {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Campaigning { .. } => "campaigning",
+            Phase::BackingOff { .. } => "backing-off",
+            Phase::Delaying { .. } => "takeover-delay",
+            Phase::Elected { .. } => "elected",
+            Phase::Leading { .. } => "leading",
+            Phase::Draining { .. } => "draining",
+            Phase::Done(_) => "done",
+        }
+    }
+
+    /// The fencing token of the term this phase belongs to.
+    pub fn token(&self) -> Option<i64> {
+        match *self {
+            Phase::Delaying { token }
+            | Phase::Elected { token }
+            | Phase::Leading { token }
+            | Phase::Draining { token, .. } => Some(token),
+            Phase::Campaigning { .. } | Phase::BackingOff { .. } | Phase::Done(_) => None,
+        }
+    }
+
+    /// Whether a job may be running in this phase.
+    pub fn has_job(&self) -> bool {
+        matches!(self, Phase::Leading { .. } | Phase::Draining { .. })
+    }
+
+    /// Whether this phase holds a lease of ours (a candidacy, and maybe a term on it).
+    pub fn has_lease(&self) -> bool {
+        !matches!(self, Phase::BackingOff { .. } | Phase::Done(_))
+    }
+}
+
+/// Why lead-exec is stopping a running job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Lost(Loss),
+    Paused,
+    /// An operator's `lead-exec resign`, or a higher-priority candidate after `--min-term`.
+    Resigned,
+    /// A signal to lead-exec itself (TERM, INT, HUP, QUIT).
+    Interrupted(i32),
+    /// The job ran for `--timeout`.
+    TimedOut,
+    /// The job ran for `--timeout`, then a stopping signal reached lead-exec during the grace.
+    TimedOutThenInterrupted(i32),
+    /// The health check failed `--health-failures` times in a row.
+    Unhealthy,
+}
+
+/// Why a campaign failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause<E> {
+    /// etcd failed us: `--no-wait` reports it instead of retrying.
+    Etcd(E),
+    /// Our lease or key went away while we queued: only a retry helps.
+    CandidacyLost(Loss),
+}
+
+/// How a campaign ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CampaignEnd<E> {
+    /// Won and confirmed. `delay` is set when the previous term ended uncleanly and
+    /// `--takeover-delay` asks for a wait before the start.
+    Elected {
+        token: i64,
+        delay: bool,
+    },
+    /// The health check failed `--health-failures` times in a row while we queued.
+    Unhealthy,
+    /// Someone else leads and the wait policy (`--wait`, `--no-wait`) gave up; `unhealthy`
+    /// when it gave up waiting for a passing health check instead.
+    NotAcquired {
+        unhealthy: bool,
+    },
+    Failed(Cause<E>),
+    /// A stopping signal reached lead-exec.
+    Interrupted {
+        signal: i32,
+    },
+}
+
+/// How a backoff ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackoffEnd {
+    Done,
+    Interrupted { signal: i32 },
+}
+
+/// What ends or disturbs a term while `--takeover-delay` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayEnd {
+    /// The delay is over.
+    Done,
+    Lost(Loss),
+    /// The keepalive task is gone without a word: nothing renews the lease any more.
+    LeaseTaskEnded,
+    Paused,
+    ResignRequested,
+    Unhealthy,
+    Interrupted {
+        signal: i32,
+    },
+    /// A higher-priority candidate asks for the term.
+    HandoverAsked,
+    /// Whether a higher-priority candidate is still in line (`None`: etcd did not answer).
+    Outranked(Option<bool>),
+}
+
+/// How the start of the job went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartEnd {
+    Spawned,
+    /// Not started: the term's lease was lost, or left it too little time, or its watchdog
+    /// did not answer.
+    NotStarted,
+    /// Not started: another worker already finished this run key.
+    AlreadyDone,
+    /// Not started: the health check failed since the election.
+    Unhealthy,
+}
+
+/// What ends or disturbs a term while its job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TermEvent {
+    /// The job's process group is gone. `exit` is what lead-exec would exit with for it;
+    /// `by_watchdog` is set when the watchdog killed it on its own (deadline, or lost parent).
+    JobEnded {
+        exit: Exit,
+        by_watchdog: bool,
+    },
+    Lost(Loss),
+    /// The keepalive task is gone without a word: nothing renews the lease any more.
+    LeaseTaskEnded,
+    Paused,
+    /// An operator asked this leader to step down.
+    ResignRequested,
+    /// The job has run for `--timeout`.
+    TimedOut,
+    /// The health check failed `--health-failures` times in a row.
+    Unhealthy,
+    /// A signal reached lead-exec.
+    Signal(i32),
+    /// A higher-priority candidate asks for the term; the job's `--min-term` has this left.
+    HandoverAsked {
+        min_term_left: Duration,
+    },
+    /// Whether a higher-priority candidate is still in line (`None`: etcd did not answer).
+    Outranked(Option<bool>),
+}
+
+/// What reaches a term while its job is being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainEvent {
+    JobEnded { exit: Exit, by_watchdog: bool },
+    Signal(i32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action<E> {
+    /// Send this signal to the job's group, SIGKILL after the grace.
+    StopJob { signal: i32 },
+    /// SIGKILL the job's group now.
+    KillJob,
+    /// Pass a signal that does not stop the run (USR1, USR2) on to the job.
+    Forward(i32),
+    /// Ask whether a higher-priority candidate is still in line after this long.
+    HandOverIn(Duration),
+    /// Forget a handover request: nobody who outranks us waits any more.
+    KeepTerm,
+    /// Write how the term ended (and, on a success, the run key), while our key still guards
+    /// the write.
+    RecordEnd(TermEnd),
+    /// Revoke our lease, which deletes our key: the next candidate takes over at once.
+    RevokeLease,
+    /// Log why the campaign failed; it is retried after the backoff.
+    Report(E),
+    /// End the run with this error.
+    Fail(E),
+}
+
+/// A step: the next phase and what to do on the way there, in order.
+pub type Step<E> = (Phase, Vec<Action<E>>);
+
+/// The choices that shape transitions.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub on_loss: OnLoss,
+    pub conflict_exit_code: u8,
+    /// `--no-wait`: report an etcd outage instead of retrying (it is for cron).
+    pub no_wait: bool,
+}
+
+/// Exponential backoff between failed campaigns: 250 ms doubling to at most 2 s, short
+/// next to any usable TTL so that a cluster that comes back is used at once.
+pub fn backoff(attempt: u32) -> Duration {
+    let ms = 250u64.saturating_mul(1 << attempt.min(5));
+    Duration::from_millis(ms.min(2_000))
+}
+
+/// How soon a leader asks again whether a higher-priority candidate waits, when etcd did not
+/// answer.
+pub const HANDOVER_RETRY: Duration = Duration::from_secs(1);
+
+const SIGTERM: i32 = libc::SIGTERM;
+
+/// Back in line: the lease given up, a fresh campaign.
+fn requeue<E>(record: Option<TermEnd>) -> Step<E> {
+    let mut actions: Vec<Action<E>> = record.map(Action::RecordEnd).into_iter().collect();
+    actions.push(Action::RevokeLease);
+    (Phase::Campaigning { attempt: 0 }, actions)
+}
+
+/// The run ends: the lease given up (after the term's record, if a term ends).
+fn done<E>(record: Option<TermEnd>, exit: Exit) -> Step<E> {
+    let mut actions: Vec<Action<E>> = record.map(Action::RecordEnd).into_iter().collect();
+    actions.push(Action::RevokeLease);
+    (Phase::Done(exit), actions)
+}
+
+/// The term is lost: `--on-loss` says whether to campaign again or exit.
+fn after_loss<E>(p: &Policy, record: Option<TermEnd>) -> Step<E> {
+    match p.on_loss {
+        OnLoss::Exit => done(record, Exit::LeadershipLost),
+        OnLoss::Campaign => requeue(record),
+    }
+}
+
+fn stay<E>(phase: Phase, action: Action<E>) -> Step<E> {
+    (phase, vec![action])
+}
+
+fn drain<E>(token: i64, why: StopReason, first: Action<E>) -> Step<E> {
+    (Phase::Draining { token, why }, vec![first])
+}
+
+pub fn campaigned<E>(attempt: u32, ev: CampaignEnd<E>, p: &Policy) -> Step<E> {
+    use CampaignEnd as C;
+    match ev {
+        C::Elected {
+            token,
+            delay: false,
+        } => (Phase::Elected { token }, vec![]),
+        C::Elected { token, delay: true } => (Phase::Delaying { token }, vec![]),
+        // Out of line until healthy again: the next campaign waits for a passing check.
+        C::Unhealthy => requeue(None),
+        C::NotAcquired { .. } => done(None, Exit::NotAcquired(p.conflict_exit_code)),
+        C::Failed(Cause::Etcd(e)) if p.no_wait => (
+            Phase::Campaigning { attempt },
+            vec![Action::RevokeLease, Action::Fail(e)],
+        ),
+        C::Failed(cause) => {
+            let mut actions = vec![Action::RevokeLease];
+            if let Cause::Etcd(e) = cause {
+                actions.push(Action::Report(e));
+            }
+            let wait = backoff(attempt);
+            let attempt = attempt + 1;
+            (Phase::BackingOff { attempt, wait }, actions)
+        }
+        C::Interrupted { signal } => done(None, Exit::Signal(signal)),
+    }
+}
+
+pub fn backed_off<E>(attempt: u32, ev: BackoffEnd) -> Step<E> {
+    match ev {
+        BackoffEnd::Done => (Phase::Campaigning { attempt }, vec![]),
+        // The candidacy was given up before the backoff: nothing to revoke.
+        BackoffEnd::Interrupted { signal } => (Phase::Done(Exit::Signal(signal)), vec![]),
+    }
+}
+
+pub fn delaying<E>(token: i64, ev: DelayEnd, p: &Policy) -> Step<E> {
+    let here = Phase::Delaying { token };
+    match ev {
+        DelayEnd::Done => (Phase::Elected { token }, vec![]),
+        // No job runs yet, so there is nothing to stop or record.
+        DelayEnd::Lost(_) | DelayEnd::LeaseTaskEnded => after_loss(p, None),
+        DelayEnd::Paused | DelayEnd::ResignRequested | DelayEnd::Unhealthy => requeue(None),
+        DelayEnd::Interrupted { signal } => done(None, Exit::Signal(signal)),
+        // No job runs yet: handing over costs nothing, so --min-term waits for none.
+        DelayEnd::HandoverAsked => stay(here, Action::HandOverIn(Duration::ZERO)),
+        DelayEnd::Outranked(Some(false)) => stay(here, Action::KeepTerm),
+        // etcd trouble is no reason to keep a term that has not started.
+        DelayEnd::Outranked(Some(true) | None) => requeue(None),
+    }
+}
+
+pub fn started<E>(token: i64, ev: StartEnd, p: &Policy) -> Step<E> {
+    match ev {
+        StartEnd::Spawned => (Phase::Leading { token }, vec![]),
+        // Lost between the confirmation and the start: never run on an unconfirmed term.
+        StartEnd::NotStarted => after_loss(p, Some(TermEnd::LeaseLost)),
+        StartEnd::AlreadyDone => done(None, Exit::Ok),
+        // The check failed N times in a row between the election and the start: give the term
+        // up without starting the job (closing a start record already written, as clean).
+        StartEnd::Unhealthy => requeue(Some(TermEnd::Unhealthy)),
+    }
+}
+
+pub fn leading<E>(token: i64, ev: TermEvent, p: &Policy) -> Step<E> {
+    use TermEvent as T;
+    let here = Phase::Leading { token };
+    let stop = Action::StopJob { signal: SIGTERM };
+    match ev {
+        T::JobEnded {
+            by_watchdog: true, ..
+        } => after_loss(p, Some(TermEnd::LeaseLost)),
+        T::JobEnded { exit, .. } => done(Some(TermEnd::Exited(exit.code())), exit),
+        // etcd said the lease is gone: the next leader may already run, so no grace.
+        T::Lost(Loss::Expired) => drain(token, StopReason::Lost(Loss::Expired), Action::KillJob),
+        T::Lost(r) => drain(token, StopReason::Lost(r), stop),
+        // Without its renewals the lease runs out at D: as good as lost now.
+        T::LeaseTaskEnded => drain(token, StopReason::Lost(Loss::Deadline), stop),
+        T::Paused => drain(token, StopReason::Paused, stop),
+        T::ResignRequested => drain(token, StopReason::Resigned, stop),
+        T::TimedOut => drain(token, StopReason::TimedOut, stop),
+        T::Unhealthy => drain(token, StopReason::Unhealthy, stop),
+        T::Signal(signal) if is_stopping(signal) => drain(
+            token,
+            StopReason::Interrupted(signal),
+            Action::StopJob { signal },
+        ),
+        T::Signal(s) => stay(here, Action::Forward(s)),
+        // The job keeps its --min-term; the request is judged when it is over.
+        T::HandoverAsked { min_term_left } => stay(here, Action::HandOverIn(min_term_left)),
+        T::Outranked(Some(true)) => drain(token, StopReason::Resigned, stop),
+        T::Outranked(Some(false)) => stay(here, Action::KeepTerm),
+        // etcd did not answer: ask again soon rather than stop the job on a request that may
+        // have lapsed.
+        T::Outranked(None) => stay(here, Action::HandOverIn(HANDOVER_RETRY)),
+    }
+}
+
+pub fn draining<E>(token: i64, why: StopReason, ev: DrainEvent, p: &Policy) -> Step<E> {
+    use StopReason as S;
+    match ev {
+        DrainEvent::JobEnded { exit, by_watchdog } => {
+            // A job the watchdog killed on its own ran out of lease, whatever stopped it.
+            let lost = TermEnd::LeaseLost;
+            match why {
+                S::Lost(_) => after_loss(p, Some(lost)),
+                S::Paused => requeue(Some(if by_watchdog { lost } else { TermEnd::Paused })),
+                S::Resigned => requeue(Some(if by_watchdog { lost } else { TermEnd::Resigned })),
+                S::Unhealthy => requeue(Some(if by_watchdog {
+                    lost
+                } else {
+                    TermEnd::Unhealthy
+                })),
+                S::Interrupted(s) => done(
+                    Some(if by_watchdog {
+                        lost
+                    } else {
+                        TermEnd::Signal(s)
+                    }),
+                    exit,
+                ),
+                // Stopped at --timeout: not a success (a run key stays open), and the next
+                // candidate takes over at once.
+                S::TimedOut => done(
+                    Some(if by_watchdog { lost } else { TermEnd::TimedOut }),
+                    Exit::TimedOut,
+                ),
+                S::TimedOutThenInterrupted(s) => done(
+                    Some(if by_watchdog {
+                        lost
+                    } else {
+                        TermEnd::TimedOutThenSignal(s)
+                    }),
+                    Exit::TimedOut,
+                ),
+            }
+        }
+        // A stop (`systemctl stop`, ^C) during the timeout's grace: the job gets SIGKILL at
+        // once, as for any second stop, but the run still ends as timed out (124), since that
+        // is what stopped the job first; the record names both.
+        DrainEvent::Signal(signal) if is_stopping(signal) => match why {
+            S::TimedOut | S::TimedOutThenInterrupted(_) => {
+                drain(token, S::TimedOutThenInterrupted(signal), Action::KillJob)
+            }
+            // A second stopping signal while draining: stop waiting out the grace.
+            _ => drain(token, S::Interrupted(signal), Action::KillJob),
+        },
+        DrainEvent::Signal(s) => stay(Phase::Draining { token, why }, Action::Forward(s)),
+    }
+}
