@@ -190,6 +190,8 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
         Command::Run(a) => {
             let cfg = config::RunConfig::from_args(&a)?;
+            // A command that cannot run is refused (127, 126) before anything starts.
+            supervisor::preflight(&cfg.command[0])?;
             let ended = run::run(cfg.clone()).await?;
             if let Exit::NotAcquired(_) = ended.exit {
                 ops::status::report_not_acquired(&cfg, ended.unhealthy).await;

@@ -149,6 +149,10 @@ fn slow_commits_get_the_whole_command_timeout_with_several_endpoints() {
         &eps,
         "--reason",
         "slow disk",
+        // The start-up probe is a read, bounded by the dial timeout: under strace on a loaded
+        // machine it alone can take 2 s. The write is what this test is about.
+        "--dial-timeout",
+        "5s",
     ]);
     eprintln!(
         "pause with a slowed member and a dead one: exit {code} after {:?}",

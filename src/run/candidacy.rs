@@ -21,7 +21,7 @@ use crate::{etcd, metrics, notify};
 use super::events::{HealthFailures, TermEvents, Timer};
 use super::health::{self, Health};
 use super::lifecycle::{BackoffEnd, CampaignEnd, Cause};
-use super::term::Term;
+use super::term::{already_done, Term};
 use super::{signals, token_regressed, Driver, Ended, Failure};
 
 /// Our lease, in line or holding a term on it.
@@ -75,21 +75,17 @@ const CONNECT_POLLS: usize = 4;
 /// Connects, probes etcd and starts what the first campaign needs; `Err` is how the run
 /// ended already (its run key was done).
 pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>> {
-    crate::supervisor::preflight(&cfg.command[0])?;
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr).await?;
     }
     // The first check runs while we connect.
     let health = cfg.health.clone().map(health::start);
     let signals = signals::listen()?;
-    // The watchdog starts while we connect and campaign: a won term then pays only for the
-    // job's own fork and exec. The requests go first, so that the spawn (on this thread, see
-    // `supervisor`) overlaps their round trips instead of preceding them.
-    let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
     let candidate = Candidate {
         priority: cfg.priority,
         ..Candidate::this_process(&cfg.id)
     };
+    let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
     let probe = {
         let (c, conn) = (ctx.client.clone(), cfg.conn.clone());
         tokio::spawn(async move { etcd::probe(&c, &conn).await })
@@ -101,10 +97,11 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         let (c, cfg) = (ctx.clone(), cfg.clone());
         tokio::spawn(async move { grant(&c, &cfg).await })
     });
+    // The requests go out first: the watchdog the first campaign starts ahead (see
+    // `Driver::campaign`) then overlaps their round trips instead of preceding them.
     for _ in 0..CONNECT_POLLS {
         tokio::task::yield_now().await;
     }
-    let standby = start_watchdog_ahead(&cfg);
     let probe = if grant_beside_probe {
         Some(probe)
     } else {
@@ -132,7 +129,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         ctx,
         candidate,
         health,
-        standby,
+        standby: None,
         signals,
         give_up_at,
         last_token: None,
@@ -160,6 +157,8 @@ impl Driver {
         if let Some(ev) = self.wait_healthy().await {
             return Ok(ev);
         }
+        // The watchdog starts while we campaign: a won term then pays only for the job's own
+        // fork and exec.
         if self.standby.is_none() {
             self.standby = start_watchdog_ahead(&self.cfg);
         }
@@ -354,13 +353,14 @@ impl Driver {
         );
         metrics::takeover_delayed();
         notify::status(&format!("takeover delay, token {token}"));
-        term.events.delay = Timer::after(d);
         term.takeover_delay_waited = Some(d);
         let value = Candidate {
             takeover_until_ms: Some(unix_ms() + d.as_millis() as u64),
             ..self.candidate.clone()
         };
         term.show_in_status(&self.ctx, lease, &value).await;
+        // Counted from here: never shorter than asked, whatever the status write took.
+        term.events.delay = Timer::after(d);
     }
 
     /// Before a campaign: waits until `--health-cmd` passes. `Some` is what ended the wait
@@ -472,13 +472,4 @@ async fn stopping(signals: &mut mpsc::UnboundedReceiver<i32>) -> i32 {
             None => std::future::pending::<()>().await,
         }
     }
-}
-
-/// `Some(key)` if `--run-key` was given and is already recorded as done.
-pub async fn already_done(ctx: &Ctx, cfg: &RunConfig) -> Result<Option<String>> {
-    let Some(k) = &cfg.run_key else {
-        return Ok(None);
-    };
-    let done = ctx.run_key_done(k).await?;
-    Ok(done.then(|| k.clone()))
 }

@@ -13,7 +13,6 @@ use crate::records::TermId;
 use crate::supervisor::{JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
 
-use super::candidacy::already_done;
 use super::events::{RunningJob, TermEvents};
 use super::health::Health;
 use super::lifecycle::StartEnd;
@@ -312,4 +311,13 @@ impl Driver {
             Err(e) => tracing::warn!("history: {e:#}"),
         }
     }
+}
+
+/// `Some(key)` if `--run-key` was given and is already recorded as done.
+pub async fn already_done(ctx: &Ctx, cfg: &RunConfig) -> Result<Option<String>> {
+    let Some(k) = &cfg.run_key else {
+        return Ok(None);
+    };
+    let done = ctx.run_key_done(k).await?;
+    Ok(done.then(|| k.clone()))
 }
