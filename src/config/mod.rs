@@ -25,11 +25,10 @@ use crate::etcd::Conn;
 use crate::exit::{fail, Exit};
 use crate::supervisor::CgroupMode;
 pub use exec::check_exec_size;
-pub use values::{
-    bounded_duration, lease_ttl, one_line, MAX_DURATION, MAX_LEASE_TTL, MIN_TIMEOUT,
-    NO_WAIT_BELOW,
-};
 use values::metrics_addr;
+pub use values::{
+    bounded_duration, lease_ttl, one_line, MAX_DURATION, MAX_LEASE_TTL, MIN_TIMEOUT, NO_WAIT_BELOW,
+};
 
 /// What a lost term leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ type KeepAlive = (LeaseKeeper, LeaseKeepAliveStream);
 
 /// One renewal attempt, as its own task so that a slow one keeps counting while the next
 /// one goes out elsewhere.
-struct Attempt {
+struct RenewalAttempt {
     sent: BootInstant,
     endpoint: usize,
     result: Result<Reply, String>,
@@ -75,7 +75,7 @@ pub(super) async fn keepalive_loop(
 ) {
     let lease = format!("{id:x}");
     let mut schedule = Schedule::new(plan, deadline, BootInstant::now());
-    let mut inflight: JoinSet<Attempt> = JoinSet::new();
+    let mut inflight: JoinSet<RenewalAttempt> = JoinSet::new();
     let mut idle: Option<Idle> = None;
     while let Some(wake) = schedule.next_wake() {
         let (event, why) = tokio::select! {
@@ -114,7 +114,7 @@ pub(super) async fn keepalive_loop(
                 let sent = BootInstant::now();
                 inflight.spawn(async move {
                     let (result, stream) = attempt(c, id, stream, timeout).await;
-                    Attempt {
+                    RenewalAttempt {
                         sent,
                         endpoint,
                         result,
