@@ -160,22 +160,27 @@ fn fatal_usage(args: &[std::ffi::OsString], message: &str) {
             }
         });
     let json = flag.or_else(|| std::env::var("LEAD_EXEC_LOG_FORMAT").ok()) == Some("json".into());
-    fatal(json, &format!("{message} (see --help)"), Exit::Usage);
-}
-
-/// Prints the error that ends the process: one plain line, or one JSON log object under
-/// `--log-format json` so that a log pipeline parses it like every other line. Either goes
-/// through the log's queue, best effort (see [`logging`]).
-fn fatal(json: bool, message: &str, exit: Exit) {
-    if json {
+    // Logging is not set up yet: this sets it up for this one line, flushed when `log` drops.
+    let log = if json {
         logging::init(&cli::LogArgs {
             verbose: 0,
             quiet: false,
             log_format: cli::LogFormat::Json,
-        });
+        })
+    } else {
+        logging::Log::start()
+    };
+    fatal(&log, json, &format!("{message} (see --help)"), Exit::Usage);
+}
+
+/// Prints the error that ends the process: one plain line, or one JSON log object under
+/// `--log-format json` (tracing then goes to `log`) so that a log pipeline parses it like
+/// every other line. Either goes through the log's queue, best effort (see [`logging`]).
+fn fatal(log: &logging::Log, json: bool, message: &str, exit: Exit) {
+    if json {
         tracing::error!(exit_code = exit.code(), "{message}");
     } else {
-        logging::eprint_line(&format!("lead-exec: {message}"));
+        log.eprint_line(&format!("lead-exec: {message}"));
     }
 }
 
@@ -218,9 +223,7 @@ pub fn main() -> ExitCode {
     if args.get(1).is_some_and(|a| a == run::health::GUARD_ARG) {
         return run::health::guard_main(args);
     }
-    let code = cli_main(args);
-    logging::flush();
-    code
+    cli_main(args)
 }
 
 fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
@@ -228,7 +231,8 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    logging::init(&cli.log);
+    // Kept to the end: its drop flushes the log's queue.
+    let log = logging::init(&cli.log);
     let json = cli.log.log_format == cli::LogFormat::Json;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -236,7 +240,7 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            logging::eprint_line(&format!("lead-exec: cannot start the runtime: {e}"));
+            log.eprint_line(&format!("lead-exec: cannot start the runtime: {e}"));
             return Exit::Software.into();
         }
     };
@@ -248,7 +252,7 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
         Ok(exit) => exit.into(),
         Err(err) => {
             let exit = exit_of(&err);
-            fatal(json, &format!("{err:#}"), exit);
+            fatal(&log, json, &format!("{err:#}"), exit);
             exit.into()
         }
     }

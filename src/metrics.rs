@@ -33,6 +33,8 @@ struct Metrics {
     health_failures: IntCounter,
     takeover_delays: IntCounter,
     preemptions: IntCounter,
+    /// `healthy` is in `registry`: only with `--health-cmd`.
+    healthy_registered: std::sync::Once,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -149,6 +151,7 @@ fn metrics() -> Metrics {
                 "Terms that waited out --takeover-delay after an unclean end",
             ),
         ),
+        healthy_registered: std::sync::Once::new(),
         preemptions: made(
             r,
             IntCounter::new(
@@ -196,8 +199,7 @@ pub fn health_checked(passed: bool) {
 
 /// Shows `lead_exec_healthy`, at 0 until the first check passes.
 pub fn health_checks_on() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
+    METRICS.healthy_registered.call_once(|| {
         METRICS
             .registry
             .register(Box::new(METRICS.healthy.clone()))

@@ -100,6 +100,7 @@ pub async fn run(cfg: RunConfig) -> Result<Ended> {
         candidate,
         health,
         standby,
+        warned_uncontained: false,
         probe,
         first_lease,
         delayed: None,
@@ -144,6 +145,8 @@ struct Driver {
     health: Option<watch::Receiver<Health>>,
     /// A watchdog started ahead of the next job.
     standby: Option<Standby>,
+    /// `--cgroup auto` found no cgroup for a job, and the log said so: once per process.
+    warned_uncontained: bool,
     /// The start-up probe, while the first lease grant is in flight beside it.
     probe: Option<tokio::task::JoinHandle<Result<()>>>,
     /// The first campaign's lease grant, sent at start-up.
@@ -489,7 +492,10 @@ impl Driver {
         };
         let answer_within = self.cfg.conn.command_timeout;
         let launched = match self.standby.take() {
-            Some(s) => match s.launch(&spec, deadline, answer_within).await {
+            Some(s) => match s
+                .launch(&spec, deadline, answer_within, &mut self.warned_uncontained)
+                .await
+            {
                 // Killed while it waited: a fresh one takes its place, as if none had been
                 // started ahead.
                 Ok(Launch::Gone) => {
@@ -504,7 +510,7 @@ impl Driver {
             Some(l) => l,
             None => {
                 Standby::start(spec.grace, spec.cgroup)?
-                    .launch(&spec, deadline, answer_within)
+                    .launch(&spec, deadline, answer_within, &mut self.warned_uncontained)
                     .await
             }
         };

@@ -3,7 +3,6 @@
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -85,11 +84,15 @@ impl Standby {
     /// first instruction. A watchdog that does not answer within `answer_within` is killed,
     /// and the job is not started: a stopped watchdog would otherwise hold the term with no
     /// job for as long as it stays stopped.
+    ///
+    /// `warned_uncontained` belongs to whoever starts the jobs, for the life of the process:
+    /// that `--cgroup auto` found no cgroup is said with the first job started without one.
     pub async fn launch(
         mut self,
         spec: &JobSpec,
         d: BootInstant,
         answer_within: Duration,
+        warned_uncontained: &mut bool,
     ) -> Result<Launch> {
         let timer = BootTimer::new().context("timerfd_create")?;
         // SAFETY: the timer owns its descriptor and moves into the AsyncFd, which keeps it
@@ -159,7 +162,7 @@ impl Standby {
                 job.pid = pid;
                 job.contained = contained;
                 if !contained && spec.cgroup == CgroupMode::Auto {
-                    warn_uncontained();
+                    warn_uncontained(warned_uncontained);
                 }
                 Ok(Launch::Started(Box::new(job)))
             }
@@ -183,11 +186,10 @@ impl Standby {
     }
 }
 
-/// Says once per process that `--cgroup auto` found no cgroup for the job: escapees from its
-/// process group (a daemon that calls setsid) are then out of reach.
-fn warn_uncontained() {
-    static WARNED: AtomicBool = AtomicBool::new(false);
-    if !WARNED.swap(true, Ordering::Relaxed) {
+/// Says once (`warned` is then set) that `--cgroup auto` found no cgroup for the job: escapees
+/// from its process group (a daemon that calls setsid) are then out of reach.
+fn warn_uncontained(warned: &mut bool) {
+    if !std::mem::replace(warned, true) {
         tracing::warn!(
             "the job runs without a cgroup of its own (none could be made here: cgroup v2 not mounted or not writable); only its process group is killed"
         );
