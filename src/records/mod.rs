@@ -11,9 +11,10 @@ pub mod history;
 pub mod runkey;
 pub mod unhealthy;
 
-/// The term a record belongs to.
+/// The holder of the term a record belongs to: its token and key, which guard the write, and
+/// the worker's id.
 #[derive(Debug, Clone, Copy)]
-pub struct Term<'a> {
+pub struct Holder<'a> {
     /// The fencing token: the create revision of `key`.
     pub token: i64,
     /// The leader key whose create revision guards every write.

@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use tokio::io::unix::AsyncFd;
 
-use super::protocol::Command;
+use super::protocol::Order;
 
 /// lead-exec's end of the control pipe. It never blocks: a watchdog that does not read (it is
 /// stopped, or starved) fills the pipe at 64 KiB, and a blocking write would then stop
@@ -17,13 +17,13 @@ pub(super) struct Ctl {
     /// Non-blocking. Written directly, not through tokio's readiness, so that what fits goes
     /// at once; the readiness only tells when to try again.
     tx: AsyncFd<OwnedFd>,
-    deadline: Option<Command>,
-    queue: VecDeque<Command>,
+    deadline: Option<Order>,
+    queue: VecDeque<Order>,
     /// Forwarded signals dropped because the queue was full.
     dropped: u64,
 }
 
-/// Commands (other than deadlines) that wait for a watchdog that does not read.
+/// Orders (other than deadlines) that wait for a watchdog that does not read.
 const MAX_QUEUED: usize = 64;
 
 impl Ctl {
@@ -71,18 +71,18 @@ impl Ctl {
         }
     }
 
-    pub(super) fn push(&mut self, c: Command) {
-        if self.queue.contains(&Command::Kill) {
+    pub(super) fn push(&mut self, c: Order) {
+        if self.queue.contains(&Order::Kill) {
             return;
         }
         match c {
-            Command::Deadline { .. } => self.deadline = Some(c),
-            Command::Kill => {
+            Order::Deadline { .. } => self.deadline = Some(c),
+            Order::Kill => {
                 self.deadline = None;
                 self.queue.clear();
                 self.queue.push_back(c);
             }
-            Command::Forward(_) if self.queue.len() >= MAX_QUEUED => {
+            Order::Forward(_) if self.queue.len() >= MAX_QUEUED => {
                 self.dropped += 1;
                 if self.dropped == 1 {
                     tracing::warn!(
@@ -169,11 +169,11 @@ mod tests {
         let mut ctl = Ctl::new(w).unwrap();
         let mut written = 0;
         while !ctl.pending() {
-            ctl.push(Command::Forward(10));
+            ctl.push(Order::Forward(10));
             written += 1;
         }
         assert!(written > 10_000, "the pipe took only {written}");
-        let deadline = |i: u64| Command::Deadline {
+        let deadline = |i: u64| Order::Deadline {
             term_at: i,
             kill_at: i + 1,
         };
@@ -182,11 +182,11 @@ mod tests {
         }
         assert_eq!(ctl.deadline, Some(deadline(100_000)));
         for _ in 0..1000 {
-            ctl.push(Command::Forward(10));
+            ctl.push(Order::Forward(10));
         }
-        ctl.push(Command::Stop(15));
+        ctl.push(Order::Stop(15));
         assert!(ctl.queue.len() <= MAX_QUEUED + 1);
-        assert_eq!(ctl.queue.back(), Some(&Command::Stop(15)));
+        assert_eq!(ctl.queue.back(), Some(&Order::Stop(15)));
         // Once the watchdog reads again, all of it goes, the newest deadline last.
         drain(&r);
         ctl.flush();
@@ -195,14 +195,14 @@ mod tests {
         assert!(sent.ends_with("T 15\nD 100000 100001\n"), "{sent:?}");
 
         while !ctl.pending() {
-            ctl.push(Command::Forward(10));
+            ctl.push(Order::Forward(10));
         }
         ctl.push(deadline(200_000));
-        ctl.push(Command::Stop(15));
-        ctl.push(Command::Kill);
+        ctl.push(Order::Stop(15));
+        ctl.push(Order::Kill);
         ctl.push(deadline(300_000));
-        ctl.push(Command::Forward(1));
-        assert_eq!(ctl.queue, [Command::Kill]);
+        ctl.push(Order::Forward(1));
+        assert_eq!(ctl.queue, [Order::Kill]);
         assert_eq!(ctl.deadline, None);
         drain(&r);
         ctl.flush();

@@ -9,8 +9,8 @@ use tokio::io::{BufReader, Lines};
 use tokio::net::unix::pipe;
 
 use super::ctl::Ctl;
-use super::protocol::{Command, GroupEnd, Report};
-use super::{detach, group, Ended, KILL_LEAD};
+use super::protocol::{GroupEnd, Order, Report};
+use super::{detach, group, JobEnd, KILL_LEAD};
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
 
@@ -51,14 +51,14 @@ impl Job {
             return;
         }
         self.kill_at = d;
-        self.ctl.push(Command::Deadline {
+        self.ctl.push(Order::Deadline {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
         });
     }
 
     pub fn forward(&mut self, sig: i32) {
-        self.ctl.push(Command::Forward(sig));
+        self.ctl.push(Order::Forward(sig));
     }
 
     /// `sig` now, SIGKILL after the grace. lead-exec kills the group itself once the grace
@@ -66,12 +66,12 @@ impl Job {
     pub fn stop(&mut self, sig: i32, grace: Duration) {
         let by = BootInstant::now().plus(grace);
         self.stop_by = Some(self.stop_by.map_or(by, |t| t.min(by)));
-        self.ctl.push(Command::Stop(sig));
+        self.ctl.push(Order::Stop(sig));
     }
 
     pub fn kill(&mut self) {
         self.stop_by = Some(BootInstant::now());
-        self.ctl.push(Command::Kill);
+        self.ctl.push(Order::Kill);
     }
 
     /// Waits until the whole group is gone. Cancel-safe.
@@ -80,7 +80,7 @@ impl Job {
     /// SIGKILL is due, it kills the group and the cgroup on its own. A healthy watchdog does
     /// the same at the same moment (a second SIGKILL is harmless); a frozen one cannot, and
     /// then this is what stops the job.
-    pub async fn wait(&mut self) -> Ended {
+    pub async fn wait(&mut self) -> JobEnd {
         let ended = loop {
             let due = self.kill_at.minus(KILL_LEAD);
             // A stop is the watchdog's to carry out: lead-exec steps in a little later, only
@@ -96,7 +96,7 @@ impl Job {
                 line = self.reports.next_line() => match line {
                     Ok(Some(l)) => match Report::decode(&l) {
                         Some(Report::Ended { status, cause, slack_ms }) => {
-                            break Ended { status, cause, slack_ms };
+                            break JobEnd { status, cause, slack_ms };
                         }
                         Some(other) => {
                             tracing::warn!("unexpected report from the watchdog: {other:?}");
@@ -150,7 +150,7 @@ impl Job {
         );
     }
 
-    fn watchdog_lost(&mut self, why: &str) -> Ended {
+    fn watchdog_lost(&mut self, why: &str) -> JobEnd {
         // One line, whatever the error holds: this goes to the log as is.
         let why = why.replace('\n', " ");
         tracing::error!(
@@ -169,7 +169,7 @@ impl Job {
             nix::unistd::Pid::from_raw(self.pid),
             nix::sys::signal::Signal::SIGKILL,
         );
-        Ended {
+        JobEnd {
             status: JobStatus::Signaled(libc::SIGKILL),
             cause: GroupEnd::WatchdogLost,
             slack_ms: 0,

@@ -89,7 +89,7 @@ pub struct JobSpec {
 
 /// How the job's group ended, as the watchdog saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ended {
+pub struct JobEnd {
     pub status: JobStatus,
     pub cause: GroupEnd,
     /// Lease deadline minus time of death.

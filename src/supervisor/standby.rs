@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 
 use super::ctl::Ctl;
-use super::protocol::{self, Command, Report};
+use super::protocol::{self, Order, Report};
 use super::{detach, exec_error, watchdog, CgroupMode, Job, JobSpec};
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::{fail, Exit};
@@ -105,7 +105,7 @@ impl Standby {
             grace,
         } = self.0.take().expect("a standby is launched once");
         let argv: Vec<OsString> = spec.command.iter().map(OsString::from).collect();
-        let deadline = Command::Deadline {
+        let deadline = Order::Deadline {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
         };
