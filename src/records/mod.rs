@@ -11,10 +11,10 @@ pub mod history;
 pub mod runkey;
 pub mod unhealthy;
 
-/// The holder of the term a record belongs to: its token and key, which guard the write, and
-/// the worker's id.
+/// Who writes a record: the holder of a term, by its token and leader key (which guard the
+/// write) and its worker's id.
 #[derive(Debug, Clone, Copy)]
-pub struct Holder<'a> {
+pub struct Writer<'a> {
     /// The fencing token: the create revision of `key`.
     pub token: i64,
     /// The leader key whose create revision guards every write.

@@ -572,7 +572,7 @@ impl Driver {
         let delayed = self.delayed;
         let job_cgroup = self.job.as_ref().map(|j| j.contained);
         tokio::spawn(async move {
-            let term = records::Holder {
+            let term = records::Writer {
                 token,
                 key: &key,
                 id: &cfg.id,
@@ -965,7 +965,7 @@ impl Driver {
         let (cfg, ctx) = (&self.cfg, &self.ctx);
         let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(term.slot);
-        let term = records::Holder {
+        let term = records::Writer {
             token: term.token,
             key: &term.key,
             id: &cfg.id,
