@@ -27,7 +27,7 @@
 //! lead-exec's side is in three files: [`standby`] starts the job (the watchdog started ahead,
 //! then told to start it); [`job`] is the handle on the running job (deadlines, signals to pass
 //! on, stop and kill, and lead-exec's own enforcement of D); `ctl` is the control pipe that
-//! never blocks. [`preflight`] checks the command before campaigning. The watchdog's side is
+//! never blocks. [`mod@preflight`] checks the command before campaigning. The watchdog's side is
 //! [`watchdog`], [`enforcer`], [`spawn`] and [`group`]; [`protocol`] is what the pipes carry.
 
 mod ctl;
