@@ -60,11 +60,16 @@
 //! - [`ops`]: the operator commands: status, watch, resign, pause/resume, history, check.
 //! - [`records`]: what `run` writes beside the job and `ops` reads: term history, run keys.
 //! - [`fencing`]: the token and the job's environment.
-//! - [`config`]: checks the flags into a safe [`config::RunConfig`] of the crate's own types;
-//!   [`logging`] sets up tracing from them.
+//! - [`config`]: checks the flags into a safe [`config::RunConfig`] of the crate's own types
+//!   ([`config::conn`] the etcd connection, [`config::values`] single values,
+//!   [`config::exec`] the command against execve's limits); [`logging`] sets up tracing from
+//!   them, and `main` keeps the [`logging::Log`] it returns until exit, when its drop flushes
+//!   the queue of log lines.
 //! - [`cli`]: the flags as typed; clap stays here.
-//! - [`election`]: key layout, [`election::lease`] (the lease, its keepalive task and the
-//!   deadline D), [`election::schedule`] (when, where and until when keepalives go out,
+//! - [`election`]: key layout, [`election::lease`] (the lease and its revoke, with
+//!   [`election::lease::renewal`], the arithmetic of the deadline D, and
+//!   [`election::lease::keepalive`], the task that keeps the lease alive),
+//!   [`election::schedule`] (when, where and until when keepalives go out,
 //!   decided without I/O; the task carries it out),
 //!   [`election::campaign`] (etcd's election protocol plus confirmation, with
 //!   [`election::campaign::slots`] and [`election::campaign::priority`] beside it),
@@ -72,17 +77,20 @@
 //!   [`election::scope`] (the etcd scope every request goes through: client, endpoint router,
 //!   election and command timeout, one value passed in, not process-global state).
 //! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
-//! - [`supervisor`]: the job under its watchdog. [`supervisor::enforcer`] decides, without
-//!   I/O, what the group gets and when; [`supervisor::watchdog`] is the process that carries it
-//!   out, started by [`supervisor::detach`]; [`supervisor::group`] the process group and
-//!   cgroup. `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
+//! - [`supervisor`]: the job under its watchdog. lead-exec's side: [`supervisor::standby`]
+//!   starts the job through a watchdog started ahead, [`supervisor::job`] is the handle on the
+//!   running job (deadlines, signals, stop and kill, and lead-exec's own enforcement of D).
+//!   The watchdog's side: [`supervisor::enforcer`] decides, without I/O, what the group gets
+//!   and when; [`supervisor::watchdog`] is the process that carries it out, started by
+//!   [`supervisor::detach`]; [`supervisor::group`] the process group and cgroup.
+//!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
 //! - [`exit`], [`clock`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
 //!   CLOCK_BOOTTIME, Prometheus, systemd, values made safe to print.
 //!
 //! The safety decisions are pure functions with unit and property tests:
 //! the step functions of [`run::lifecycle`], [`supervisor::enforcer::Enforcer`],
 //! [`election::schedule::Schedule`] (the keepalive schedule), and the renewal arithmetic in
-//! [`election::lease`] ([`election::lease::Renewal`], [`election::lease::renewed`]).
+//! [`election::lease::renewal`].
 
 pub mod cli;
 pub mod clock;
@@ -166,22 +174,27 @@ fn fatal_usage(args: &[std::ffi::OsString], message: &str) {
             }
         });
     let json = flag.or_else(|| std::env::var("LEAD_EXEC_LOG_FORMAT").ok()) == Some("json".into());
-    fatal(json, &format!("{message} (see --help)"), Exit::Usage);
-}
-
-/// Prints the error that ends the process: one plain line, or one JSON log object under
-/// `--log-format json` so that a log pipeline parses it like every other line. Either goes
-/// through the log's queue, best effort (see [`logging`]).
-fn fatal(json: bool, message: &str, exit: Exit) {
-    if json {
+    // Logging is not set up yet: this sets it up for this one line, flushed when `log` drops.
+    let log = if json {
         logging::init(&cli::LogArgs {
             verbose: 0,
             quiet: false,
             log_format: cli::LogFormat::Json,
-        });
+        })
+    } else {
+        logging::Log::start()
+    };
+    fatal(&log, json, &format!("{message} (see --help)"), Exit::Usage);
+}
+
+/// Prints the error that ends the process: one plain line, or one JSON log object under
+/// `--log-format json` (tracing then goes to `log`) so that a log pipeline parses it like
+/// every other line. Either goes through the log's queue, best effort (see [`logging`]).
+fn fatal(log: &logging::Log, json: bool, message: &str, exit: Exit) {
+    if json {
         tracing::error!(exit_code = exit.code(), "{message}");
     } else {
-        logging::eprint_line(&format!("lead-exec: {message}"));
+        log.eprint_line(&format!("lead-exec: {message}"));
     }
 }
 
@@ -226,9 +239,7 @@ pub fn main() -> ExitCode {
     if args.get(1).is_some_and(|a| a == run::health::GUARD_ARG) {
         return run::health::guard_main(args);
     }
-    let code = cli_main(args);
-    logging::flush();
-    code
+    cli_main(args)
 }
 
 fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
@@ -236,7 +247,8 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    logging::init(&cli.log);
+    // Kept to the end: its drop flushes the log's queue.
+    let log = logging::init(&cli.log);
     let json = cli.log.log_format == cli::LogFormat::Json;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -244,7 +256,7 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            logging::eprint_line(&format!("lead-exec: cannot start the runtime: {e}"));
+            log.eprint_line(&format!("lead-exec: cannot start the runtime: {e}"));
             return Exit::Software.into();
         }
     };
@@ -256,7 +268,7 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
         Ok(exit) => exit.into(),
         Err(err) => {
             let exit = exit_of(&err);
-            fatal(json, &format!("{err:#}"), exit);
+            fatal(&log, json, &format!("{err:#}"), exit);
             exit.into()
         }
     }

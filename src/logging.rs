@@ -10,7 +10,8 @@
 //! - a write that fails loses that line and nothing else;
 //! - while the writer is blocked, lines queue up to [`QUEUE_BYTES`]; past that they are dropped
 //!   and counted, and once the writer moves again one warning says how many were lost;
-//! - at exit, [`flush`] waits at most [`FLUSH_LIMIT`] for the queue to drain.
+//! - at exit, dropping the [`Log`] that [`init`] returns waits at most [`FLUSH_LIMIT`] for
+//!   the queue to drain.
 //!
 //! stderr itself is left as it is: it is the job's stderr too (the job inherits it), so making
 //! it non-blocking would change the job's writes as well.
@@ -20,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing_subscriber::fmt::MakeWriter;
@@ -32,10 +33,20 @@ use crate::cli::{LogArgs, LogFormat};
 /// times a default pipe's capacity.
 pub const QUEUE_BYTES: usize = 256 * 1024;
 
-/// The longest [`flush`] waits at exit for a stderr that is not being read.
+/// The longest [`Log::flush`] waits at exit for a stderr that is not being read.
 pub const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
-pub fn init(args: &LogArgs) {
+/// The log's queue and the thread that writes it to stderr. Whoever holds it (the process's
+/// main function) keeps it until the end: dropping it flushes the queue (see [`Log::flush`]).
+/// The writer thread runs on for as long as the process does.
+pub struct Log {
+    sink: Arc<Sink>,
+}
+
+/// Sends tracing's events to a new [`Log`] and returns it, to be kept until exit. If a global
+/// subscriber is already set, tracing's events keep going where it sends them.
+pub fn init(args: &LogArgs) -> Log {
+    let log = Log::start();
     let level = match (args.quiet, args.verbose) {
         (true, _) => "warn",
         (false, 0) => "info",
@@ -47,6 +58,7 @@ pub fn init(args: &LogArgs) {
         .unwrap_or_else(|_| EnvFilter::new(format!("warn,lead_exec={level}")));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let writer = ToQueue {
+        sink: log.sink.clone(),
         // JSON escapes control characters itself.
         one_line: (args.log_format == LogFormat::Text).then_some(ansi),
     };
@@ -61,21 +73,45 @@ pub fn init(args: &LogArgs) {
         LogFormat::Text => builder.with_ansi(ansi).try_init(),
     };
     let _ = res;
+    log
 }
 
-/// Writes one line to stderr as the log does: queued, best effort. For the plain-text lines
-/// printed without tracing (a usage error, the final error).
-pub fn eprint_line(line: &str) {
-    let mut bytes = text_line(line, false).into_owned().into_bytes();
-    bytes.push(b'\n');
-    sink().push(bytes);
+impl Log {
+    /// A queue with its writer thread, and no tracing: for the lines printed before logging
+    /// is set up (a usage error).
+    pub fn start() -> Log {
+        let sink = Arc::new(Sink::new());
+        let theirs = sink.clone();
+        let started = std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || writer(&theirs));
+        if let Err(e) = started {
+            // Without the thread nothing drains the queue: lines are dropped, not written.
+            write_stderr(
+                format!("lead-exec: no log writer thread ({e}); logging off\n").as_bytes(),
+            );
+        }
+        Log { sink }
+    }
+
+    /// Writes one line to stderr as the log does: queued, best effort. For the plain-text
+    /// lines printed without tracing (a usage error, the final error).
+    pub fn eprint_line(&self, line: &str) {
+        let mut bytes = text_line(line, false).into_owned().into_bytes();
+        bytes.push(b'\n');
+        self.sink.push(bytes);
+    }
+
+    /// Waits until every queued line is written, or [`FLUSH_LIMIT`] has passed.
+    pub fn flush(&self) {
+        self.sink.flush(FLUSH_LIMIT);
+    }
 }
 
-/// Waits until every queued line is written, or [`FLUSH_LIMIT`] has passed: called once,
-/// before the process exits.
-pub fn flush() {
-    if let Some(s) = SINK.get() {
-        s.flush(FLUSH_LIMIT);
+/// The process is about to exit: what is queued goes first, within [`FLUSH_LIMIT`].
+impl Drop for Log {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -86,29 +122,32 @@ fn text_line(line: &str, ansi: bool) -> std::borrow::Cow<'_, str> {
 }
 
 /// The tracing writer: each event is formatted into a buffer that goes to the queue whole.
-#[derive(Clone, Copy)]
 struct ToQueue {
+    sink: Arc<Sink>,
     /// Text format: keep each event on one line (`Some(ansi)`).
     one_line: Option<bool>,
 }
 
 impl<'a> MakeWriter<'a> for ToQueue {
-    type Writer = Event;
+    type Writer = LogLine<'a>;
 
-    fn make_writer(&'a self) -> Event {
-        Event {
+    fn make_writer(&'a self) -> LogLine<'a> {
+        LogLine {
+            sink: &self.sink,
             buf: Vec::new(),
             one_line: self.one_line,
         }
     }
 }
 
-struct Event {
+/// One event's line, queued whole when tracing is done formatting it.
+struct LogLine<'a> {
+    sink: &'a Sink,
     buf: Vec<u8>,
     one_line: Option<bool>,
 }
 
-impl std::io::Write for Event {
+impl std::io::Write for LogLine<'_> {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         self.buf.extend_from_slice(b);
         Ok(b.len())
@@ -119,7 +158,7 @@ impl std::io::Write for Event {
     }
 }
 
-impl Drop for Event {
+impl Drop for LogLine<'_> {
     fn drop(&mut self) {
         let mut buf = std::mem::take(&mut self.buf);
         if let Some(ansi) = self.one_line {
@@ -131,7 +170,7 @@ impl Drop for Event {
             }
         }
         if !buf.is_empty() {
-            sink().push(buf);
+            self.sink.push(buf);
         }
     }
 }
@@ -176,24 +215,6 @@ struct Sink {
     queue: Mutex<Queue>,
     /// Signalled when a line is queued and when one is written.
     changed: Condvar,
-}
-
-static SINK: OnceLock<Sink> = OnceLock::new();
-
-/// The queue, with its writer thread started on first use.
-fn sink() -> &'static Sink {
-    SINK.get_or_init(|| {
-        let started = std::thread::Builder::new()
-            .name("log-writer".into())
-            .spawn(|| writer(SINK.get_or_init(Sink::new)));
-        if let Err(e) = started {
-            // Without the thread nothing drains the queue: lines are dropped, not written.
-            write_stderr(
-                format!("lead-exec: no log writer thread ({e}); logging off\n").as_bytes(),
-            );
-        }
-        Sink::new()
-    })
 }
 
 impl Sink {

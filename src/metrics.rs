@@ -33,9 +33,11 @@ struct Metrics {
     health_failures: IntCounter,
     takeover_delays: IntCounter,
     preemptions: IntCounter,
+    /// `healthy` is in `registry`: only with `--health-cmd`.
+    healthy_registered: std::sync::Once,
 }
 
-static M: LazyLock<Metrics> = LazyLock::new(|| {
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     let m = metrics();
     init(&m);
     m
@@ -149,6 +151,7 @@ fn metrics() -> Metrics {
                 "Terms that waited out --takeover-delay after an unclean end",
             ),
         ),
+        healthy_registered: std::sync::Once::new(),
         preemptions: made(
             r,
             IntCounter::new(
@@ -185,86 +188,89 @@ fn made<T: prometheus::core::Collector + Clone + 'static>(
 }
 
 pub fn job_timed_out() {
-    M.timeouts.inc();
+    METRICS.timeouts.inc();
 }
 
 pub fn health_checked(passed: bool) {
     if !passed {
-        M.health_failures.inc();
+        METRICS.health_failures.inc();
     }
 }
 
 /// Shows `lead_exec_healthy`, at 0 until the first check passes.
 pub fn health_checks_on() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        M.registry
-            .register(Box::new(M.healthy.clone()))
+    METRICS.healthy_registered.call_once(|| {
+        METRICS
+            .registry
+            .register(Box::new(METRICS.healthy.clone()))
             .expect("a metric registered once");
     });
 }
 
 pub fn healthy(on: bool) {
-    M.healthy.set(on as i64);
+    METRICS.healthy.set(on as i64);
 }
 
 pub fn takeover_delayed() {
-    M.takeover_delays.inc();
+    METRICS.takeover_delays.inc();
 }
 
 pub fn preemption_requested() {
-    M.preemptions.inc();
+    METRICS.preemptions.inc();
 }
 
 pub fn endpoint_failover() {
-    M.failovers.inc();
+    METRICS.failovers.inc();
 }
 
 pub fn keepalive_rtt(d: Duration) {
-    M.keepalive_rtt.observe(d.as_secs_f64());
+    METRICS.keepalive_rtt.observe(d.as_secs_f64());
 }
 
 pub fn elected(token: i64, slot: u32, campaign: Duration) {
-    M.campaigns_won.inc();
-    M.campaign_seconds.observe(campaign.as_secs_f64());
-    M.token.set(token);
-    M.slot.set(i64::from(slot));
+    METRICS.campaigns_won.inc();
+    METRICS.campaign_seconds.observe(campaign.as_secs_f64());
+    METRICS.token.set(token);
+    METRICS.slot.set(i64::from(slot));
 }
 
 pub fn token_regressed() {
-    M.token_regressions.inc();
+    METRICS.token_regressions.inc();
 }
 
 pub fn leading(on: bool) {
-    M.is_leader.set(on as i64);
+    METRICS.is_leader.set(on as i64);
     if !on {
         // The term is over (or never began): holding no slot must not read as slot 0.
-        M.slot.set(-1);
+        METRICS.slot.set(-1);
     }
 }
 
 pub fn ttl_remaining(d: Duration) {
-    M.ttl_remaining.set(d.as_secs_f64());
+    METRICS.ttl_remaining.set(d.as_secs_f64());
 }
 
 pub fn lost(reason: &str) {
-    M.lost.with_label_values(&[reason]).inc();
+    METRICS.lost.with_label_values(&[reason]).inc();
 }
 
 pub fn job_started() {
-    M.job_starts.inc();
+    METRICS.job_starts.inc();
 }
 
 pub fn job_exited(code: u8, slack_ms: i64) {
-    M.job_exits.with_label_values(&[&code.to_string()]).inc();
-    M.slack.set(slack_ms as f64 / 1000.0);
+    METRICS
+        .job_exits
+        .with_label_values(&[&code.to_string()])
+        .inc();
+    METRICS.slack.set(slack_ms as f64 / 1000.0);
 }
 
 /// The exposition text.
 pub fn render() -> String {
     let mut buf = Vec::new();
     TextEncoder::new()
-        .encode(&M.registry.gather(), &mut buf)
+        .encode(&METRICS.registry.gather(), &mut buf)
         .expect("text encoding cannot fail");
     String::from_utf8(buf).expect("exposition is UTF-8")
 }

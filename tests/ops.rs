@@ -357,7 +357,7 @@ fn run_key_dedupes_and_its_record_is_fenced() {
         .unwrap();
     let wrote = rt.block_on(async {
         let stale = election.candidate_key(0x4242);
-        let term = lead_exec::records::TermId {
+        let term = lead_exec::records::Writer {
             token: 7,
             key: &stale,
             id: "w",

@@ -68,7 +68,7 @@ pub async fn outranked_in_line(
         TxnOp::get(e.candidates(), Some(prefix.clone().with_keys_only())),
         TxnOp::get(e.priority_prefix(), Some(prefix)),
     ]);
-    let resp = crate::etcd::bounded(timeout, "etcd", c.txn(read)).await?;
+    let resp = crate::etcd::bounded(timeout, c.txn(read)).await?;
     let ops = resp.op_responses();
     let kvs = |i: usize| match ops.get(i) {
         Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),

@@ -238,9 +238,9 @@ pub enum Verdict {
     FailedRetry,
 }
 
-/// How an attempt went, as far as routing cares.
+/// How a request fared at one endpoint, as far as routing cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attempt {
+pub enum Delivery {
     /// An answer that is not `Unavailable`.
     Answered,
     /// `Unavailable`; `no_leader` when the member said it has no leader (nothing applied).
@@ -252,12 +252,12 @@ pub enum Attempt {
 }
 
 /// The pure retry rule.
-pub fn verdict(kind: Kind, attempt: Attempt, more_endpoints: bool) -> Verdict {
-    let safe = match attempt {
-        Attempt::Answered => return Verdict::Done,
-        Attempt::NotConnected => true,
-        Attempt::Unavailable { no_leader } => no_leader || kind == Kind::Read,
-        Attempt::Lost => kind == Kind::Read,
+pub fn verdict(kind: Kind, delivery: Delivery, more_endpoints: bool) -> Verdict {
+    let safe = match delivery {
+        Delivery::Answered => return Verdict::Done,
+        Delivery::NotConnected => true,
+        Delivery::Unavailable { no_leader } => no_leader || kind == Kind::Read,
+        Delivery::Lost => kind == Kind::Read,
     };
     if safe && more_endpoints && kind != Kind::Stream {
         Verdict::FailedRetry
@@ -266,23 +266,23 @@ pub fn verdict(kind: Kind, attempt: Attempt, more_endpoints: bool) -> Verdict {
     }
 }
 
-fn classify_answer(resp: &Resp) -> Attempt {
+fn classify_answer(resp: &Resp) -> Delivery {
     // Only trailers-only answers carry the status in the headers; those are the immediate
     // refusals (no leader, auth) that matter here.
     let h = resp.headers();
     if h.get("grpc-status").and_then(|v| v.to_str().ok()) != Some("14") {
-        return Attempt::Answered;
+        return Delivery::Answered;
     }
     let msg = h
         .get("grpc-message")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    Attempt::Unavailable {
+    Delivery::Unavailable {
         no_leader: msg.contains("no leader") || msg.contains("no%20leader"),
     }
 }
 
-fn classify_error(e: &BoxError) -> Attempt {
+fn classify_error(e: &BoxError) -> Delivery {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
     while let Some(s) = src {
         // Only failures to establish the connection: "connection closed before message
@@ -297,15 +297,15 @@ fn classify_error(e: &BoxError) -> Attempt {
         .iter()
         .any(|m| text.contains(m))
         {
-            return Attempt::NotConnected;
+            return Delivery::NotConnected;
         }
         src = s.source();
     }
-    Attempt::Lost
+    Delivery::Lost
 }
 
 /// An attempt's result with what it means for routing.
-fn classified(result: Result<Resp, BoxError>) -> (Result<Resp, BoxError>, Attempt) {
+fn classified(result: Result<Resp, BoxError>) -> (Result<Resp, BoxError>, Delivery) {
     let how = match &result {
         Ok(resp) => classify_answer(resp),
         Err(e) => classify_error(e),
@@ -321,7 +321,7 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
         let (i, ch) = router.current().ok_or("no etcd endpoint")?;
         return match ch.oneshot(req).await {
             Ok(resp) => {
-                if classify_answer(&resp) != Attempt::Answered {
+                if classify_answer(&resp) != Delivery::Answered {
                     router.failed(i);
                 }
                 Ok(resp)
@@ -373,7 +373,7 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
                             "no answer within {}ms",
                             router.attempt_timeout.as_millis()
                         ))),
-                        Attempt::Lost,
+                        Delivery::Lost,
                     )
                 }
             }
@@ -435,9 +435,9 @@ mod tests {
     #[test]
     fn reads_are_retried_after_any_failure() {
         for how in [
-            Attempt::NotConnected,
-            Attempt::Lost,
-            Attempt::Unavailable { no_leader: false },
+            Delivery::NotConnected,
+            Delivery::Lost,
+            Delivery::Unavailable { no_leader: false },
         ] {
             assert_eq!(
                 verdict(Kind::Read, how, true),
@@ -450,14 +450,14 @@ mod tests {
     #[test]
     fn writes_are_retried_only_when_nothing_can_have_been_applied() {
         for (how, want) in [
-            (Attempt::NotConnected, Verdict::FailedRetry),
+            (Delivery::NotConnected, Verdict::FailedRetry),
             (
-                Attempt::Unavailable { no_leader: true },
+                Delivery::Unavailable { no_leader: true },
                 Verdict::FailedRetry,
             ),
-            (Attempt::Lost, Verdict::FailedFinal),
+            (Delivery::Lost, Verdict::FailedFinal),
             (
-                Attempt::Unavailable { no_leader: false },
+                Delivery::Unavailable { no_leader: false },
                 Verdict::FailedFinal,
             ),
         ] {
@@ -468,7 +468,7 @@ mod tests {
     #[test]
     fn streams_are_never_replayed() {
         assert_eq!(
-            verdict(Kind::Stream, Attempt::NotConnected, true),
+            verdict(Kind::Stream, Delivery::NotConnected, true),
             Verdict::FailedFinal
         );
     }
@@ -476,10 +476,10 @@ mod tests {
     #[test]
     fn the_last_endpoint_gives_its_answer() {
         assert_eq!(
-            verdict(Kind::Read, Attempt::Lost, false),
+            verdict(Kind::Read, Delivery::Lost, false),
             Verdict::FailedFinal
         );
-        assert_eq!(verdict(Kind::Read, Attempt::Answered, true), Verdict::Done);
+        assert_eq!(verdict(Kind::Read, Delivery::Answered, true), Verdict::Done);
     }
 
     #[test]
@@ -487,17 +487,17 @@ mod tests {
         let e = |m: &str| -> BoxError { m.to_string().into() };
         assert_eq!(
             classify_error(&e("tcp connect error")),
-            Attempt::NotConnected
+            Delivery::NotConnected
         );
         assert_eq!(
             classify_error(&e("Connection refused (os error 111)")),
-            Attempt::NotConnected
+            Delivery::NotConnected
         );
         assert_eq!(
             classify_error(&e("connection closed before message completed")),
-            Attempt::Lost
+            Delivery::Lost
         );
-        assert_eq!(classify_error(&e("stream reset")), Attempt::Lost);
+        assert_eq!(classify_error(&e("stream reset")), Delivery::Lost);
     }
 
     #[test]

@@ -128,7 +128,7 @@ pub async fn open(conn: &Conn) -> Result<Connection> {
     let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
     let router = failover::Router::new(attempt);
     let builder = failover::Builder(router.clone());
-    let client = bounded(
+    let client = bounded_as(
         conn.dial_timeout,
         &what(conn),
         Client::connect_with_balanced_channel(&endpoints, Some(opts), builder),
@@ -152,7 +152,7 @@ pub async fn probe(client: &Client, conn: &Conn) -> Result<()> {
             format!("{ROOT}/"),
             Some(etcd_client::GetOptions::new().with_count_only()),
         );
-        match bounded(left.max(MIN_ATTEMPT), &what, probe).await {
+        match bounded_as(left.max(MIN_ATTEMPT), &what, probe).await {
             Ok(_) => return Ok(()),
             Err(e) if format!("{e:#}").contains("no leader") && left > NO_LEADER_RETRY => {
                 tokio::time::sleep(NO_LEADER_RETRY).await;
@@ -184,8 +184,17 @@ fn explain(conn: &Conn, e: anyhow::Error) -> anyhow::Error {
 /// How long to wait before asking again a cluster that has no leader at start-up.
 const NO_LEADER_RETRY: Duration = Duration::from_millis(100);
 
-/// Runs one etcd request, bounded by `timeout`, and classifies its failure.
+/// Runs one etcd request, bounded by `timeout`, and classifies its failure; an error names
+/// the server as "etcd".
 pub async fn bounded<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    bounded_as(timeout, "etcd", fut).await
+}
+
+/// [`bounded`], with an error that names the server as `what` (its endpoints, at connect).
+pub async fn bounded_as<T>(
     timeout: Duration,
     what: &str,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,

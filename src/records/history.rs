@@ -14,7 +14,7 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::TermId;
+use super::Writer;
 use crate::election::unix_ms;
 use crate::election::Ctx;
 
@@ -133,7 +133,7 @@ impl Ctx {
     /// end of the term trims: a round trip the start would otherwise wait for.
     pub async fn record_start(
         &self,
-        term: TermId<'_>,
+        writer: Writer<'_>,
         keep: u32,
         facts: StartFacts,
     ) -> Result<Started> {
@@ -144,7 +144,7 @@ impl Ctx {
             job_timeout,
         } = facts;
         let mut c = client.clone();
-        let TermId { token, key, id } = term;
+        let Writer { token, key, id } = writer;
         let rec = Record {
             token,
             id: id.to_string(),
@@ -195,25 +195,25 @@ impl Ctx {
     /// `Ok(false)` when the guard failed and nothing was written.
     pub async fn record_end_and_release(
         &self,
-        term: TermId<'_>,
+        writer: Writer<'_>,
         slot: Option<u32>,
         started: &Started,
         reason: TermEnd,
     ) -> Result<bool> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
-        let hk = e.history_key(term.token);
+        let hk = e.history_key(writer.token);
         let mut rec = started.record.clone();
         rec.close(reason);
         let txn = Txn::new()
             .when([
-                Compare::create_revision(term.key, CompareOp::Equal, term.token),
+                Compare::create_revision(writer.key, CompareOp::Equal, writer.token),
                 Compare::mod_revision(hk.clone(), CompareOp::Equal, started.rev),
             ])
             .and_then(
                 [
                     TxnOp::put(hk, serde_json::to_string(&rec)?, None),
-                    TxnOp::delete(term.key, None),
+                    TxnOp::delete(writer.key, None),
                 ]
                 .into_iter()
                 .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))

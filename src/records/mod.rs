@@ -11,9 +11,10 @@ pub mod history;
 pub mod runkey;
 pub mod unhealthy;
 
-/// The term a record belongs to.
+/// Who writes a record: the holder of a term, by its token and leader key (which guard the
+/// write) and its worker's id.
 #[derive(Debug, Clone, Copy)]
-pub struct TermId<'a> {
+pub struct Writer<'a> {
     /// The fencing token: the create revision of `key`.
     pub token: i64,
     /// The leader key whose create revision guards every write.

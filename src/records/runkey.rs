@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Result;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-use super::TermId;
+use super::Writer;
 use crate::election::unix_ms;
 use crate::election::Ctx;
 
@@ -30,12 +30,12 @@ impl Ctx {
     /// Records `run_key` as done for `ttl`, guarded by the term's leader key.
     pub async fn mark_run_key_done(
         &self,
-        term: TermId<'_>,
+        writer: Writer<'_>,
         run_key: &str,
         ttl: Duration,
     ) -> Result<bool> {
         let (mut c, e) = (self.client.clone(), &self.election);
-        let TermId { token, key, id } = term;
+        let Writer { token, key, id } = writer;
         let ttl = ttl.as_secs().max(1) as i64;
         let lease = self.bounded(c.lease_grant(ttl, None)).await?;
         let value = serde_json::json!({ "token": token, "id": id, "done_ms": unix_ms() });

@@ -133,6 +133,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         signals,
         give_up_at,
         last_token: None,
+        warned_uncontained: false,
         candidacy: None,
     };
     Ok(Ok((driver, StartUp { probe, first_lease })))

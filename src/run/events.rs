@@ -141,7 +141,7 @@ async fn job_event(job: &mut Option<RunningJob>, cfg: &RunConfig) -> TermEvent {
 
 /// Logs and counts how the job's group ended; what lead-exec exits with for it, and whether
 /// the watchdog killed it on its own.
-fn job_ended(ended: crate::supervisor::Ended, cfg: &RunConfig) -> (Exit, bool) {
+fn job_ended(ended: crate::supervisor::JobEnd, cfg: &RunConfig) -> (Exit, bool) {
     let exit = Exit::from_job(ended.status);
     metrics::leading(false);
     metrics::job_exited(exit.code(), ended.slack_ms);

@@ -86,6 +86,8 @@ pub struct Driver {
     give_up_at: Option<Instant>,
     /// The token of this process's previous term.
     last_token: Option<i64>,
+    /// A job ran without a cgroup of its own, and the log said so: once per process.
+    warned_uncontained: bool,
     /// Our lease, while we have one: in line, or holding a term on it.
     candidacy: Option<Candidacy>,
 }

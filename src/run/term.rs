@@ -9,7 +9,7 @@ use crate::config::RunConfig;
 use crate::election::lease::{Lease, LeaseState};
 use crate::election::{Candidate, Ctx};
 use crate::records::history::{self, TermEnd};
-use crate::records::TermId;
+use crate::records::Writer;
 use crate::supervisor::{JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
 
@@ -47,8 +47,8 @@ impl Term {
         }
     }
 
-    fn id<'a>(&'a self, cfg: &'a RunConfig) -> TermId<'a> {
-        TermId {
+    fn writer<'a>(&'a self, cfg: &'a RunConfig) -> Writer<'a> {
+        Writer {
             token: self.token,
             key: &self.key,
             id: &cfg.id,
@@ -89,7 +89,7 @@ impl Term {
             job_timeout: cfg.timeout,
         };
         tokio::spawn(async move {
-            let term = TermId {
+            let term = Writer {
                 token,
                 key: &key,
                 id: &cfg.id,
@@ -184,7 +184,10 @@ impl Driver {
         };
         let answer_within = cfg.conn.command_timeout;
         let launched = match self.standby.take() {
-            Some(s) => match s.launch(&spec, deadline, answer_within).await {
+            Some(s) => match s
+                .launch(&spec, deadline, answer_within, &mut self.warned_uncontained)
+                .await
+            {
                 // Killed while it waited: a fresh one takes its place, as if none had been
                 // started ahead.
                 Ok(Launch::Gone) => {
@@ -198,7 +201,10 @@ impl Driver {
         let launched = match launched {
             Some(l) => l,
             None => match Standby::start(spec.grace, spec.cgroup) {
-                Ok(s) => s.launch(&spec, deadline, answer_within).await,
+                Ok(s) => {
+                    s.launch(&spec, deadline, answer_within, &mut self.warned_uncontained)
+                        .await
+                }
                 Err(e) => Err(e),
             },
         };
@@ -264,7 +270,7 @@ impl Driver {
         let (cfg, ctx) = (&self.cfg, &self.ctx);
         let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(term.slot);
-        let id = term.id(cfg);
+        let id = term.writer(cfg);
         // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = ctx.mark_run_key_done(id, k, cfg.run_key_ttl).await {

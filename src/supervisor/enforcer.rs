@@ -1,6 +1,6 @@
 //! The deadline enforcer: what the watchdog does to the job's group, decided without I/O.
 //!
-//! The watchdog's loop ([`super::watchdog`]) turns the clock, lead-exec's commands and the
+//! The watchdog's loop ([`super::watchdog`]) turns the clock, lead-exec's orders and the
 //! death of lead-exec into [`Input`]s, hands them to [`Enforcer::on`] with the time, and carries
 //! out the [`GroupOp`] it gets back. Everything that makes the job stop in time is decided
 //! here, so the invariants are tested below without a process:
@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::protocol::{Command, GroupEnd};
+use super::protocol::{GroupEnd, Order};
 use super::KILL_LEAD;
 use crate::clock::BootInstant;
 
@@ -22,8 +22,8 @@ use crate::clock::BootInstant;
 pub enum Input {
     /// Time passed: see what is due.
     Tick,
-    /// A command from lead-exec.
-    Command(Command),
+    /// An order from lead-exec.
+    Order(Order),
     /// lead-exec is gone (pipe EOF or parent death): there is no leadership left to wait for.
     Orphaned,
     /// The job's main process exited but left members in its group; they must not outlive the
@@ -101,7 +101,7 @@ impl Enforcer {
     pub fn on(&mut self, now: BootInstant, input: Input) -> Option<GroupOp> {
         match input {
             Input::Tick => self.due(now),
-            Input::Command(c) => self.command(c, now),
+            Input::Order(c) => self.order(c, now),
             Input::Orphaned => {
                 if self.kill_sent {
                     return None;
@@ -150,9 +150,9 @@ impl Enforcer {
         Some(GroupOp::Kill)
     }
 
-    fn command(&mut self, c: Command, now: BootInstant) -> Option<GroupOp> {
+    fn order(&mut self, c: Order, now: BootInstant) -> Option<GroupOp> {
         match c {
-            Command::Deadline { term_at, kill_at } => {
+            Order::Deadline { term_at, kill_at } => {
                 // Once a stop is under way no extension revives the job; and D only moves
                 // forward, so a stale or reordered extension cannot move it back and forth.
                 if self.cause.is_none() {
@@ -161,9 +161,9 @@ impl Enforcer {
                 }
                 None
             }
-            Command::Forward(sig) => Some(GroupOp::Signal(sig)),
-            Command::Stop(sig) => self.stop(GroupEnd::Stop, sig, now),
-            Command::Kill => {
+            Order::Forward(sig) => Some(GroupOp::Signal(sig)),
+            Order::Stop(sig) => self.stop(GroupEnd::Stop, sig, now),
+            Order::Kill => {
                 self.cause.get_or_insert(GroupEnd::Stop);
                 if self.kill_sent {
                     return None;
@@ -189,7 +189,7 @@ mod tests {
     }
 
     fn deadline(term_ms: u64, kill_ms: u64) -> Input {
-        Input::Command(Command::Deadline {
+        Input::Order(Order::Deadline {
             term_at: at(term_ms).as_nanos(),
             kill_at: at(kill_ms).as_nanos(),
         })
@@ -218,7 +218,7 @@ mod tests {
     fn a_stop_is_never_revived() {
         let mut e = enforcer();
         assert_eq!(
-            e.on(at(5_000), Input::Command(Command::Stop(libc::SIGTERM))),
+            e.on(at(5_000), Input::Order(Order::Stop(libc::SIGTERM))),
             Some(GroupOp::Signal(libc::SIGTERM))
         );
         // An extension that was in flight when the stop began changes nothing.
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn a_stop_close_to_d_still_kills_ahead_of_d() {
         let mut e = enforcer();
-        e.on(at(9_900), Input::Command(Command::Stop(libc::SIGINT)));
+        e.on(at(9_900), Input::Order(Order::Stop(libc::SIGINT)));
         assert_eq!(e.next_wake(), Some(at(10_000).minus(KILL_LEAD)));
     }
 
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(e.on(at(1), Input::Orphaned), Some(GroupOp::Kill));
         assert_eq!(e.cause(), Some(GroupEnd::Orphaned));
         assert_eq!(e.on(at(1), Input::Orphaned), None);
-        assert_eq!(e.on(at(1), Input::Command(Command::Kill)), None);
+        assert_eq!(e.on(at(1), Input::Order(Order::Kill)), None);
     }
 
     #[test]
@@ -283,9 +283,9 @@ mod tests {
             4 => Just(Input::Tick),
             4 => (0u64..30_000, 0u64..2_000)
                 .prop_map(|(kill, lead)| deadline(kill.saturating_sub(lead), kill)),
-            1 => Just(Input::Command(Command::Forward(libc::SIGHUP))),
-            1 => Just(Input::Command(Command::Stop(libc::SIGTERM))),
-            1 => Just(Input::Command(Command::Kill)),
+            1 => Just(Input::Order(Order::Forward(libc::SIGHUP))),
+            1 => Just(Input::Order(Order::Stop(libc::SIGTERM))),
+            1 => Just(Input::Order(Order::Kill)),
             1 => Just(Input::Orphaned),
             1 => Just(Input::LeaderExited),
         ]

@@ -1,6 +1,6 @@
 //! The pipe protocol between lead-exec and its watchdog: one text line per message.
 //!
-//! lead-exec → watchdog (`Command`), watchdog → lead-exec (`Report`). Text keeps it debuggable
+//! lead-exec → watchdog (`Order`), watchdog → lead-exec (`Report`). Text keeps it debuggable
 //! with strace; every message is far below `PIPE_BUF`, so writes are atomic.
 
 use crate::exit::JobStatus;
@@ -11,7 +11,7 @@ use crate::exit::JobStatus;
 pub const NAME: &str = "ldx-warden";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
+pub enum Order {
     /// New deadlines on CLOCK_BOOTTIME (ns): SIGTERM at `term_at`, SIGKILL at `kill_at`.
     Deadline { term_at: u64, kill_at: u64 },
     /// Pass this signal on to the group.
@@ -130,7 +130,7 @@ pub fn decode_command(line: &[u8]) -> Option<Vec<std::ffi::OsString>> {
 /// it. The watchdog is started before the term is won, so none of these can be in its argv.
 pub fn encode_start(
     env: &[(String, String)],
-    deadline: Command,
+    deadline: Order,
     argv: &[std::ffi::OsString],
 ) -> String {
     let mut s = String::new();
@@ -163,35 +163,33 @@ pub fn decode_start_line(line: &[u8]) -> Option<StartLine> {
             let (k, v) = (unhex(w.next()?)?, unhex(w.next()?)?);
             (!k.is_empty() && w.next().is_none()).then_some(StartLine::Var(k, v))
         }
-        _ => match Command::decode(std::str::from_utf8(line).ok()?)? {
-            Command::Deadline { term_at, kill_at } => {
-                Some(StartLine::Deadline { term_at, kill_at })
-            }
+        _ => match Order::decode(std::str::from_utf8(line).ok()?)? {
+            Order::Deadline { term_at, kill_at } => Some(StartLine::Deadline { term_at, kill_at }),
             _ => None,
         },
     }
 }
 
-impl Command {
+impl Order {
     pub fn encode(&self) -> String {
         match self {
-            Command::Deadline { term_at, kill_at } => format!("D {term_at} {kill_at}\n"),
-            Command::Forward(s) => format!("S {s}\n"),
-            Command::Stop(s) => format!("T {s}\n"),
-            Command::Kill => "K\n".to_string(),
+            Order::Deadline { term_at, kill_at } => format!("D {term_at} {kill_at}\n"),
+            Order::Forward(s) => format!("S {s}\n"),
+            Order::Stop(s) => format!("T {s}\n"),
+            Order::Kill => "K\n".to_string(),
         }
     }
 
-    pub fn decode(line: &str) -> Option<Command> {
+    pub fn decode(line: &str) -> Option<Order> {
         let mut w = line.split_whitespace();
         let cmd = match w.next()? {
-            "D" => Command::Deadline {
+            "D" => Order::Deadline {
                 term_at: w.next()?.parse().ok()?,
                 kill_at: w.next()?.parse().ok()?,
             },
-            "S" => Command::Forward(w.next()?.parse().ok()?),
-            "T" => Command::Stop(w.next()?.parse().ok()?),
-            "K" => Command::Kill,
+            "S" => Order::Forward(w.next()?.parse().ok()?),
+            "T" => Order::Stop(w.next()?.parse().ok()?),
+            "K" => Order::Kill,
             _ => return None,
         };
         Some(cmd)
@@ -290,19 +288,19 @@ mod tests {
     }
 
     #[test]
-    fn commands_round_trip() {
+    fn orders_round_trip() {
         for c in [
-            Command::Deadline {
+            Order::Deadline {
                 term_at: 1,
                 kill_at: u64::MAX,
             },
-            Command::Forward(10),
-            Command::Stop(15),
-            Command::Kill,
+            Order::Forward(10),
+            Order::Stop(15),
+            Order::Kill,
         ] {
-            assert_eq!(Command::decode(&c.encode()), Some(c));
+            assert_eq!(Order::decode(&c.encode()), Some(c));
         }
-        assert_eq!(Command::decode("bogus"), None);
+        assert_eq!(Order::decode("bogus"), None);
     }
 
     #[test]
@@ -330,7 +328,7 @@ mod tests {
             ("FENCING_TOKEN".to_string(), "42".to_string()),
             ("X".into(), "a b\nc".into()),
         ];
-        let deadline = Command::Deadline {
+        let deadline = Order::Deadline {
             term_at: 5,
             kill_at: 9,
         };

@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 
 use super::enforcer::{may_spawn, Enforcer, GroupOp, Input};
 use super::group::{Cgroup, Group};
-use super::protocol::{decode_start_line, Command, GroupEnd, Report, StartLine};
+use super::protocol::{decode_start_line, GroupEnd, Order, Report, StartLine};
 use super::CgroupMode;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
@@ -91,7 +91,7 @@ struct Start {
     env: Vec<(OsString, OsString)>,
     term_at: BootInstant,
     kill_at: BootInstant,
-    /// Whatever was read past the command: commands already.
+    /// Whatever was read past the command: orders already.
     rest: Vec<u8>,
 }
 
@@ -305,7 +305,7 @@ fn supervise(
         None => pidfd_open(pid)?,
     };
     let mut ctl_open = true;
-    w.take_commands(&mut buf, BootInstant::now());
+    w.take_orders(&mut buf, BootInstant::now());
     loop {
         let now = BootInstant::now();
         w.on(now, Input::Tick);
@@ -381,7 +381,7 @@ fn supervise(
                     }
                 }
             }
-            w.take_commands(&mut buf, now);
+            w.take_orders(&mut buf, now);
             if !ctl_open {
                 w.on(now, Input::Orphaned);
             }
@@ -415,12 +415,12 @@ impl Supervision {
         }
     }
 
-    /// Carries out the complete command lines in `buf`, leaving a partial one there.
-    fn take_commands(&mut self, buf: &mut Vec<u8>, now: BootInstant) {
+    /// Carries out the complete order lines in `buf`, leaving a partial one there.
+    fn take_orders(&mut self, buf: &mut Vec<u8>, now: BootInstant) {
         while let Some(i) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=i).collect();
-            if let Some(c) = Command::decode(&String::from_utf8_lossy(&line)) {
-                self.on(now, Input::Command(c));
+            if let Some(c) = Order::decode(&String::from_utf8_lossy(&line)) {
+                self.on(now, Input::Order(c));
             }
         }
     }

@@ -32,7 +32,6 @@ impl Campaign<'_> {
         let ask = async {
             let resp = bounded(
                 self.timeout,
-                "etcd",
                 client.get(self.election.candidates(), Some(head)),
             )
             .await?;
@@ -52,10 +51,7 @@ impl Campaign<'_> {
                 leader.lease(),
                 crate::election::leader::preempt_request(token, self.priority, &me.id),
             );
-            if bounded(self.timeout, "etcd", client.txn(txn))
-                .await?
-                .succeeded()
-            {
+            if bounded(self.timeout, client.txn(txn)).await?.succeeded() {
                 tracing::info!(
                     election = self.election.name(),
                     priority = self.priority,
@@ -86,7 +82,7 @@ impl Campaign<'_> {
         let leave = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, my_rev)])
             .and_then([TxnOp::delete(key, None)]);
-        bounded(self.timeout, "etcd", client.txn(leave)).await?;
+        bounded(self.timeout, client.txn(leave)).await?;
         Ok(())
     }
 }

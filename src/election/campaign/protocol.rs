@@ -89,7 +89,7 @@ impl Campaign<'_> {
         let mut attempts = 0;
         let (resp, ops) = loop {
             attempts += 1;
-            let resp = bounded(self.timeout, "etcd", client.txn(create.clone())).await?;
+            let resp = bounded(self.timeout, client.txn(create.clone())).await?;
             let ops = resp.op_responses();
             if resp.succeeded() {
                 break (resp, ops);
@@ -99,7 +99,7 @@ impl Campaign<'_> {
                 return Ok((None, rev));
             }
             let had_delay = matches!(ops.get(2), Some(TxnOpResponse::Get(g)) if g.count() > 0);
-            let resp = bounded(self.timeout, "etcd", client.txn(reset.clone())).await?;
+            let resp = bounded(self.timeout, client.txn(reset.clone())).await?;
             let ops = resp.op_responses();
             if resp.succeeded() {
                 if !had_delay && agreed.delay.is_some() {
@@ -284,7 +284,7 @@ where
     let until = Instant::now() + timeout;
     loop {
         let left = until.saturating_duration_since(Instant::now());
-        let e = match bounded(left.max(RETRY_PAUSE), "etcd", request()).await {
+        let e = match bounded(left.max(RETRY_PAUSE), request()).await {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };

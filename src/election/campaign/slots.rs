@@ -65,12 +65,7 @@ impl Campaign<'_> {
                 return Ok(Outcome::Lost(r));
             }
             let opts = GetOptions::new().with_prefix().with_keys_only();
-            let resp = bounded(
-                self.timeout,
-                "etcd",
-                client.get(e.slot_prefix(), Some(opts)),
-            )
-            .await?;
+            let resp = bounded(self.timeout, client.get(e.slot_prefix(), Some(opts))).await?;
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
             let prefix = e.slot_prefix();
             let taken: Vec<u32> = resp
@@ -112,7 +107,7 @@ impl Campaign<'_> {
                     key.clone(),
                     Some(GetOptions::new().with_keys_only()),
                 )]);
-            let resp = bounded(self.timeout, "etcd", client.txn(claim)).await?;
+            let resp = bounded(self.timeout, client.txn(claim)).await?;
             if resp.succeeded() {
                 return Ok(Outcome::Elected { token, key, slot });
             }

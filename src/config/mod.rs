@@ -3,170 +3,32 @@
 //! [`crate::cli`] says what the user typed; this module decides whether it can be safe and turns
 //! it into the values the rest of the program trusts. Every refusal here is a one-line message
 //! and [`Exit::Usage`].
+//!
+//! [`RunConfig`] is `lead-exec run`'s flags as a whole, here with the checks that relate one
+//! flag to another; [`conn`] the etcd connection every command shares; [`values`] the checks
+//! of single values (durations, lease TTLs, one-line text); [`exec`] the command's size.
 
-use std::path::PathBuf;
+pub mod conn;
+pub mod exec;
+pub mod values;
+
 use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::cli::{self, ConnArgs, RunArgs};
+use crate::cli::{self, RunArgs};
 use crate::clock::human;
 use crate::election::campaign::Wait;
 use crate::election::lease::check_lease_safety;
 use crate::election::{hostname, Election};
-use crate::etcd::{Conn, Secret, Tls};
+use crate::etcd::Conn;
 use crate::exit::{fail, Exit};
 use crate::supervisor::CgroupMode;
-
-/// The largest lease TTL etcd grants (`MaxLeaseTTL` in etcd's lease package); a grant above
-/// it fails with "too large lease TTL".
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
-
-/// The shortest `--dial-timeout` and `--command-timeout`: below it no request can complete,
-/// and a run would retry forever.
-pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// A `--wait` this short cannot outlast the first attempt, so it means `--no-wait`.
-pub const NO_WAIT_BELOW: Duration = Duration::from_millis(10);
-
-/// The longest duration any flag takes (other than the lease TTLs, which etcd bounds: see
-/// [`MAX_LEASE_TTL`]): 100 years, as humantime counts them. Deadlines are instants plus these
-/// durations, on clocks counted in nanoseconds in 64 bits (584 years for an unsigned count):
-/// a few of them added to the time since boot must still fit.
-pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
-
-/// Refuses a duration above [`MAX_DURATION`], naming the flag.
-pub fn bounded_duration(flag: &str, d: Duration) -> Result<Duration> {
-    if d > MAX_DURATION {
-        return Err(fail(
-            Exit::Usage,
-            format!(
-                "{flag} {} is too long: the most any duration flag takes is {}",
-                human(d),
-                human(MAX_DURATION)
-            ),
-        ));
-    }
-    Ok(d)
-}
-
-/// Refuses a value with a control character in it (a newline, say), naming the flag: it is
-/// stored, and shown line by line by `status`, `history` and `watch`, where a newline would
-/// print a line of its own.
-pub fn one_line(flag: &str, value: &str) -> Result<()> {
-    match crate::text::first_control(value) {
-        None => Ok(()),
-        Some((at, c)) => Err(fail(
-            Exit::Usage,
-            format!(
-                "{flag} '{}' has a control character ({c} at byte {at}): it must be one line of printable text",
-                crate::text::quoted(value)
-            ),
-        )),
-    }
-}
-
-impl Conn {
-    pub fn from_args(a: &ConnArgs) -> Result<Conn> {
-        let raw = a
-            .endpoints
-            .clone()
-            .or_else(|| std::env::var("ETCDCTL_ENDPOINTS").ok())
-            .unwrap_or_else(|| "127.0.0.1:2379".to_string());
-        let endpoints: Vec<String> = raw
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        if endpoints.is_empty() {
-            return Err(fail(Exit::Usage, "--endpoints: no endpoint given"));
-        }
-        for e in &endpoints {
-            let hostport = e
-                .strip_prefix("http://")
-                .or_else(|| e.strip_prefix("https://"))
-                .unwrap_or(e);
-            if hostport.contains('/') || !hostport.contains(':') {
-                return Err(fail(
-                    Exit::Usage,
-                    format!("--endpoints: '{e}' is not HOST:PORT or a http(s):// URL"),
-                ));
-            }
-        }
-        for (flag, d) in [
-            ("--dial-timeout", a.dial_timeout),
-            ("--command-timeout", a.command_timeout),
-        ] {
-            bounded_duration(flag, d)?;
-            if d < MIN_TIMEOUT {
-                return Err(fail(
-                    Exit::Usage,
-                    format!(
-                        "{flag} {} is too short: it must be at least {}",
-                        human(d),
-                        human(MIN_TIMEOUT)
-                    ),
-                ));
-            }
-        }
-        let env_path = |name: &str| std::env::var_os(name).map(PathBuf::from);
-        let cacert = a.cacert.clone().or_else(|| env_path("ETCDCTL_CACERT"));
-        let cert = a.cert.clone().or_else(|| env_path("ETCDCTL_CERT"));
-        let key = a.key.clone().or_else(|| env_path("ETCDCTL_KEY"));
-        if cert.is_some() != key.is_some() {
-            return Err(fail(Exit::Usage, "--cert and --key go together"));
-        }
-        let https = endpoints.iter().any(|e| e.starts_with("https://"));
-        let tls =
-            (cacert.is_some() || cert.is_some() || https).then_some(Tls { cacert, cert, key });
-        let auth = match &a.user {
-            None if a.password_file.is_some() => {
-                return Err(fail(Exit::Usage, "--password-file needs --user"))
-            }
-            Some(user) if user.is_empty() => {
-                return Err(fail(Exit::Usage, "--user must not be empty"))
-            }
-            None => None,
-            Some(user) => Some((user.clone(), read_password(a)?)),
-        };
-        Ok(Conn {
-            endpoints,
-            dial_timeout: a.dial_timeout,
-            command_timeout: a.command_timeout,
-            tls,
-            auth,
-        })
-    }
-}
-
-fn read_password(a: &ConnArgs) -> Result<Secret> {
-    if let Some(path) = &a.password_file {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            fail(
-                Exit::Usage,
-                format!("--password-file {}: {e}", path.display()),
-            )
-        })?;
-        let line = text.lines().next().unwrap_or("").to_string();
-        if line.is_empty() {
-            return Err(fail(
-                Exit::Usage,
-                format!(
-                    "--password-file {}: the first line is empty; it must hold the password",
-                    path.display()
-                ),
-            ));
-        }
-        return Ok(Secret::new(line));
-    }
-    match std::env::var("LEAD_EXEC_PASSWORD") {
-        Ok(p) => Ok(Secret::new(p)),
-        Err(_) => Err(fail(
-            Exit::Usage,
-            "--user needs a password in LEAD_EXEC_PASSWORD or --password-file",
-        )),
-    }
-}
+pub use exec::check_exec_size;
+use values::metrics_addr;
+pub use values::{
+    bounded_duration, lease_ttl, one_line, MAX_DURATION, MAX_LEASE_TTL, MIN_TIMEOUT, NO_WAIT_BELOW,
+};
 
 /// What a lost term leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -386,144 +248,12 @@ impl RunConfig {
     }
 }
 
-/// A lease TTL as etcd grants it: whole seconds, so a fraction is rounded up (the safety check
-/// then sees the TTL actually requested), and no more than etcd's maximum.
-pub fn lease_ttl(flag: &str, d: Duration) -> Result<Duration> {
-    if d.is_zero() {
-        return Err(fail(
-            Exit::Usage,
-            format!("{flag} must be greater than zero"),
-        ));
-    }
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    let whole = Duration::from_secs(secs);
-    if whole > MAX_LEASE_TTL {
-        return Err(fail(
-            Exit::Usage,
-            format!(
-                "{flag} {} is above etcd's maximum lease TTL of {} s",
-                human(d),
-                MAX_LEASE_TTL.as_secs()
-            ),
-        ));
-    }
-    Ok(whole)
-}
-
-/// `HOST:PORT` with HOST a name or an address; a name is resolved now, to its first address.
-fn metrics_addr(s: &str) -> Result<std::net::SocketAddr> {
-    use std::net::ToSocketAddrs;
-    let bad = |why: String| {
-        fail(
-            Exit::Usage,
-            format!("--metrics-addr '{s}': {why} (expected HOST:PORT, e.g. localhost:9464)"),
-        )
-    };
-    if !s.contains(':') {
-        return Err(bad("no port".into()));
-    }
-    // localhost is loopback (RFC 6761) even where /etc/hosts does not say so (minimal roots).
-    if let Some(port) = s.strip_prefix("localhost:") {
-        let port: u16 = port.parse().map_err(|_| bad("bad port".into()))?;
-        return Ok((std::net::Ipv4Addr::LOCALHOST, port).into());
-    }
-    s.to_socket_addrs()
-        .map_err(|e| bad(e.to_string()))?
-        .next()
-        .ok_or_else(|| bad("the host name has no address".into()))
-}
-
-/// Room kept for what is added to the job's exec beyond its command and lead-exec's
-/// environment: the job's `FENCING_TOKEN`/`LEAD_EXEC_*` variables and the watchdog's own
-/// arguments.
-const EXEC_RESERVE: usize = 4096;
-
-/// The longest single argument or environment string execve(2) takes (`MAX_ARG_STRLEN`).
-const MAX_ARG_STRLEN: usize = 32 * 4096;
-
-/// Refuses, before campaigning, a command whose arguments and environment execve(2) would
-/// refuse with E2BIG (exit 126, as a shell gives): otherwise the run would win an election
-/// only to fail at the spawn.
-pub fn check_exec_size(
-    command: &[String],
-    env: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-) -> Result<()> {
-    // SAFETY: sysconf has no preconditions.
-    let limit = unsafe { libc::sysconf(libc::_SC_ARG_MAX) };
-    let limit = if limit > 0 { limit as usize } else { 2 << 20 };
-    let ptr = std::mem::size_of::<usize>();
-    let env: Vec<usize> = env.map(|(k, v)| k.len() + 1 + v.len()).collect();
-    let strings = command.iter().map(String::len).chain(env.iter().copied());
-    let longest = strings.clone().max().unwrap_or(0);
-    let total: usize = strings.map(|n| n + 1 + ptr).sum::<usize>() + EXEC_RESERVE;
-    if longest >= MAX_ARG_STRLEN || total > limit {
-        return Err(fail(
-            Exit::NotExecutable,
-            format!(
-                "{}: cannot execute: argument list too long ({total} bytes of arguments and environment, {longest} in the longest string; the limits are {limit} and {MAX_ARG_STRLEN})",
-                command[0]
-            ),
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)
-    }
-
-    #[test]
-    fn lease_ttls_round_up_to_whole_seconds_within_etcds_maximum() {
-        let ms = Duration::from_millis;
-        assert_eq!(lease_ttl("--ttl", ms(2900)).unwrap(), s(3));
-        assert_eq!(lease_ttl("--ttl", s(10)).unwrap(), s(10));
-        assert_eq!(lease_ttl("--ttl", Duration::from_nanos(1)).unwrap(), s(1));
-        assert_eq!(lease_ttl("--ttl", MAX_LEASE_TTL).unwrap(), MAX_LEASE_TTL);
-        let e = lease_ttl("--ttl", MAX_LEASE_TTL + ms(1)).unwrap_err();
-        assert!(e.to_string().contains("above etcd's maximum"), "{e}");
-        let e = lease_ttl("--run-key-ttl", Duration::ZERO).unwrap_err();
-        assert!(e.to_string().contains("greater than zero"), "{e}");
-    }
-
-    #[test]
-    fn a_fractional_ttl_is_checked_as_granted() {
-        // 2900ms would pass the check, then be granted as 2s: unsafe. Rounded to 3s it is safe.
-        let ttl = lease_ttl("--ttl", Duration::from_millis(2900)).unwrap();
-        check_lease_safety(ttl, s(2), Duration::from_millis(500)).unwrap();
-        assert!(check_lease_safety(s(2), s(2), Duration::from_millis(500)).is_err());
-    }
-
-    #[test]
-    fn durations_for_people_stop_at_milliseconds() {
-        assert_eq!(human(s(2) / 3).to_string(), "666ms");
-        assert_eq!(human(Duration::from_nanos(1)).to_string(), "1ns");
-        assert_eq!(human(s(10) / 3).to_string(), "3s 333ms");
-    }
-
-    #[test]
-    fn exec_size_is_checked_against_the_system_limit() {
-        let none = std::iter::empty::<(std::ffi::OsString, std::ffi::OsString)>;
-        check_exec_size(&["true".into()], none()).unwrap();
-        let huge: Vec<String> = (0..40).map(|_| "x".repeat(100_000)).collect();
-        let e = check_exec_size(&huge, none()).unwrap_err();
-        assert_eq!(crate::exit::exit_of(&e), Exit::NotExecutable);
-        assert!(e.to_string().contains("argument list too long"), "{e}");
-        let one = vec!["x".repeat(MAX_ARG_STRLEN)];
-        assert!(check_exec_size(&one, none()).is_err());
-    }
-
-    #[test]
-    fn metrics_addresses_resolve_host_names() {
-        assert!(metrics_addr("localhost:9464").unwrap().ip().is_loopback());
-        assert_eq!(
-            metrics_addr("127.0.0.1:9464").unwrap(),
-            "127.0.0.1:9464".parse().unwrap()
-        );
-        assert!(metrics_addr("9464").is_err());
     }
 
     fn wait_of(flag: &[&str]) -> Wait {
@@ -662,11 +392,5 @@ mod tests {
             config_with("--id", "wörker-1 (b)", &[]).unwrap().id,
             "wörker-1 (b)"
         );
-    }
-
-    #[test]
-    fn password_is_not_debug_printed() {
-        let p = Secret::new("hunter2".into());
-        assert!(!format!("{p:?}").contains("hunter2"));
     }
 }

@@ -1,0 +1,245 @@
+//! The lease and its keepalive timer: the source of the local deadline D.
+//!
+//! D = send time of the last keepalive that got a positive TTL + that TTL − safety margin.
+//! The server cannot expire the lease before the request reached it, and the request reached
+//! it after we sent it, so D is never later than the server's expiry (up to clock-rate error,
+//! which the margin covers). The etcd client gives us only a stream; the timer, the retries and
+//! reopening a broken stream are ours: [`super::schedule`] decides them, the task in
+//! [`keepalive`] carries them out.
+//!
+//! [`renewal`] is the arithmetic of D, pure and unit-tested; this file is the lease itself:
+//! its grant, what it says of its state, and its revoke.
+
+pub mod keepalive;
+pub mod renewal;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::Client;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::clock::BootInstant;
+use crate::election::Ctx;
+use keepalive::keepalive_loop;
+pub use renewal::{
+    check_lease_safety, enough_left, renewed, renewed_deadline, Renewal, MIN_RENEWAL_TIMEOUT,
+    MIN_TTL, RENEWAL_ATTEMPTS,
+};
+
+/// How leadership (or candidacy) was lost, without us asking for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// etcd answered a keepalive with TTL 0: the lease is gone (expired or revoked).
+    Expired,
+    /// No keepalive succeeded in time; the local deadline D passed.
+    Deadline,
+    /// Our candidate key was deleted (an operator, `resign`, or a revoke).
+    KeyDeleted,
+}
+
+impl Loss {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Loss::Expired => "lease expired",
+            Loss::Deadline => "renewal deadline passed",
+            Loss::KeyDeleted => "leader key deleted",
+        }
+    }
+}
+
+/// What the keepalive task knows about the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Renewed; the job may run until `deadline`.
+    Alive {
+        deadline: BootInstant,
+    },
+    Lost(Loss),
+}
+
+/// A granted lease with its keepalive task. Dropping it stops the keepalives (the lease then
+/// expires on its own); [`Lease::revoke`] ends it at once.
+pub struct Lease {
+    pub id: i64,
+    state: watch::Receiver<LeaseState>,
+    task: JoinHandle<()>,
+    client: Client,
+    /// Wakes the keepalive task for a renewal ahead of its schedule.
+    renew: Arc<Notify>,
+    /// Between keepalives.
+    interval: Duration,
+}
+
+/// Whether etcd's error says the lease does not exist (any more). Opening a keepalive stream
+/// reports it in the client's own error.
+pub fn says_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
+        _ => false,
+    }
+}
+
+impl Lease {
+    /// Grants a lease and starts keeping it alive.
+    pub async fn grant(
+        ctx: &Ctx,
+        ttl: Duration,
+        grace: Duration,
+        margin: Duration,
+    ) -> Result<Lease> {
+        let client = &ctx.client;
+        let mut c = client.clone();
+        let sent = BootInstant::now();
+        let resp = ctx
+            .bounded(c.lease_grant(ttl.as_secs().max(1) as i64, None))
+            .await?;
+        let granted = Duration::from_secs(resp.ttl().max(0) as u64);
+        let deadline = renewed_deadline(sent, granted, margin);
+        let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
+        let renew = Arc::new(Notify::new());
+        let plan = Renewal::plan(granted, grace, margin);
+        let task = tokio::spawn(keepalive_loop(
+            client.clone(),
+            ctx.router.clone(),
+            resp.id(),
+            plan,
+            deadline,
+            tx,
+            renew.clone(),
+        ));
+        Ok(Lease {
+            id: resp.id(),
+            state: rx,
+            task,
+            client: client.clone(),
+            renew,
+            interval: plan.interval,
+        })
+    }
+
+    /// A deadline that leaves the job `grace` plus one keepalive interval, renewing the lease
+    /// first if the current one does not (a lease granted or renewed late, after an etcd
+    /// stall). `None` when no such deadline comes within `timeout` or the lease is lost.
+    pub async fn deadline_for_spawn(
+        &self,
+        grace: Duration,
+        timeout: Duration,
+    ) -> Option<BootInstant> {
+        let interval = self.interval;
+        let mut rx = self.subscribe();
+        let get = async {
+            loop {
+                let state = *rx.borrow_and_update();
+                match state {
+                    LeaseState::Alive { deadline }
+                        if enough_left(BootInstant::now(), deadline, grace, interval) =>
+                    {
+                        return Some(deadline);
+                    }
+                    LeaseState::Alive { .. } => {
+                        self.renew.notify_one();
+                        rx.changed().await.ok()?;
+                    }
+                    LeaseState::Lost(_) => return None,
+                }
+            }
+        };
+        tokio::time::timeout(timeout, get).await.ok().flatten()
+    }
+
+    /// Asks etcd whether the lease still exists. `true` only on etcd's word that it is gone;
+    /// no answer within `timeout` counts as not known.
+    pub async fn is_gone(&self, timeout: Duration) -> bool {
+        let mut c = self.client.clone();
+        match tokio::time::timeout(timeout, c.lease_time_to_live(self.id, None)).await {
+            Ok(Ok(r)) => r.ttl() <= 0,
+            Ok(Err(e)) => says_gone(&e),
+            Err(_) => false,
+        }
+    }
+
+    pub fn state(&self) -> LeaseState {
+        *self.state.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        self.state.clone()
+    }
+
+    /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next
+    /// candidate takes over at once. Tried again after each failure for up to `wait`; `true`
+    /// when the lease is gone.
+    ///
+    /// If etcd did not take it by then (no quorum, a lossy link), the revoke goes on in the
+    /// background for as long as this process lives: etcd extends every lease by its full
+    /// TTL when it elects a new leader, so a lease we merely abandon could hold up the next
+    /// term well past its TTL. Each background attempt gets `attempt` (the command timeout):
+    /// on a slow link, shorter attempts never got an answer.
+    pub async fn revoke(self, wait: Duration, attempt: Duration) -> bool {
+        self.task.abort();
+        let id = self.id;
+        let mut c = self.client.clone();
+        let until = Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if try_revoke(&mut c, id, left.max(MIN_RENEWAL_TIMEOUT)).await {
+                return true;
+            }
+            if Instant::now() + REVOKE_PAUSE >= until {
+                break;
+            }
+            tokio::time::sleep(REVOKE_PAUSE).await;
+        }
+        tracing::info!(
+            lease = format!("{id:x}"),
+            "etcd did not take the revoke in time; retrying in the background"
+        );
+        let give_up = Instant::now() + REVOKE_RETRY_FOR;
+        tokio::spawn(async move {
+            while Instant::now() < give_up {
+                tokio::time::sleep(REVOKE_PAUSE).await;
+                if try_revoke(&mut c, id, attempt).await {
+                    return;
+                }
+            }
+        });
+        false
+    }
+}
+
+/// Between revoke attempts that failed at once.
+const REVOKE_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long an abandoned lease keeps being revoked in the background.
+const REVOKE_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Revokes a lease; true when it is gone (revoked now, or already expired).
+async fn try_revoke(c: &mut Client, id: i64, timeout: Duration) -> bool {
+    let lease = format!("{id:x}");
+    match tokio::time::timeout(timeout, c.lease_revoke(id)).await {
+        Ok(Ok(_)) => {
+            tracing::debug!(lease, "lease revoked");
+            true
+        }
+        Ok(Err(e)) if says_gone(&e) => true,
+        Ok(Err(e)) => {
+            tracing::debug!(lease, "lease not revoked yet: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(lease, "lease not revoked yet: no answer");
+            false
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,231 @@
+//! Starting the job: a watchdog started ahead of it ([`Standby`]), then told to start it
+//! ([`Standby::launch`]).
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::net::unix::pipe;
+
+use super::ctl::Ctl;
+use super::protocol::{self, Order, Report};
+use super::{detach, exec_error, watchdog, CgroupMode, Job, JobSpec};
+use crate::clock::{BootInstant, BootTimer};
+use crate::exit::{fail, Exit};
+
+/// What became of a term's start.
+pub enum Launch {
+    /// The job runs.
+    Started(Box<Job>),
+    /// The watchdog found the deadline spent and started nothing.
+    TooLate,
+    /// The watchdog was gone before it got the job: nothing was started, another may be.
+    Gone,
+    /// The watchdog did not answer in time (stopped, starved) or died on the way: it has
+    /// been killed, with whatever it may have started.
+    NoAnswer,
+}
+
+/// Variables lead-exec reads that the job must not see.
+const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
+
+/// A watchdog started ahead of its job, waiting on its pipe: lead-exec starts one while it
+/// campaigns, so that a won term pays only for the job's own fork and exec. Dropping it
+/// closes the pipe, and the watchdog exits without starting anything.
+pub struct Standby(Option<Waiting>);
+
+struct Waiting {
+    ctl: Ctl,
+    reports: Lines<BufReader<pipe::Receiver>>,
+    watchdog: detach::Detached,
+    grace: Duration,
+}
+
+impl Standby {
+    /// Starts a watchdog for a job with this grace and cgroup mode.
+    pub fn start(grace: Duration, cgroup: CgroupMode) -> Result<Standby> {
+        let (ctl_r, ctl_w) = pipe2()?;
+        let (rep_r, rep_w) = pipe2()?;
+        let args = watchdog::Args {
+            parent: std::process::id() as i32,
+            ctl_fd: ctl_r.as_raw_fd(),
+            report_fd: rep_w.as_raw_fd(),
+            grace,
+            cgroup,
+        };
+        let argv: Vec<OsString> = std::iter::once(OsString::from(watchdog::NAME))
+            .chain(args.to_argv())
+            .collect();
+        // A session (and so a process group) of its own from its first instruction, so that
+        // no signal to lead-exec's group (job control, a supervisor) stops or kills both
+        // enforcers at once; of our descriptors, only its two pipe ends.
+        let watchdog = detach::spawn(
+            &watchdog_program(),
+            &argv,
+            &SECRET_ENV,
+            &[ctl_r.as_raw_fd(), rep_w.as_raw_fd()],
+        )
+        .context("starting the watchdog")?;
+        drop(ctl_r);
+        drop(rep_w);
+        let reports = BufReader::new(pipe::Receiver::from_owned_fd(rep_r)?).lines();
+        Ok(Standby(Some(Waiting {
+            ctl: Ctl::new(ctl_w)?,
+            reports,
+            watchdog,
+            grace,
+        })))
+    }
+
+    /// Starts the job; returns once it runs. The deadline `d` is in force before the job's
+    /// first instruction. A watchdog that does not answer within `answer_within` is killed,
+    /// and the job is not started: a stopped watchdog would otherwise hold the term with no
+    /// job for as long as it stays stopped.
+    ///
+    /// `warned_uncontained` belongs to whoever starts the jobs, for the life of the process:
+    /// that `--cgroup auto` found no cgroup is said with the first job started without one.
+    pub async fn launch(
+        mut self,
+        spec: &JobSpec,
+        d: BootInstant,
+        answer_within: Duration,
+        warned_uncontained: &mut bool,
+    ) -> Result<Launch> {
+        let timer = BootTimer::new().context("timerfd_create")?;
+        // SAFETY: the timer owns its descriptor and moves into the AsyncFd, which keeps it
+        // open for as long as it is registered.
+        let backstop = unsafe { AsyncFd::register(timer) }.map_err(std::io::Error::from)?;
+        let Waiting {
+            ctl,
+            reports,
+            watchdog,
+            grace,
+        } = self.0.take().expect("a standby is launched once");
+        let argv: Vec<OsString> = spec.command.iter().map(OsString::from).collect();
+        let deadline = Order::Deadline {
+            term_at: d.minus(grace).as_nanos(),
+            kill_at: d.as_nanos(),
+        };
+        let start = protocol::encode_start(&spec.env, deadline, &argv);
+        let mut job = Job {
+            pid: 0,
+            contained: false,
+            ctl,
+            reports,
+            watchdog,
+            cgroup: None,
+            kill_at: d,
+            stop_by: None,
+            backstop,
+            backstop_fired: false,
+            abandon_at: None,
+        };
+        let answer = tokio::time::timeout(answer_within, async {
+            if let Err(e) = job.ctl.write_all(start.as_bytes()).await {
+                return Err(Some(e));
+            }
+            loop {
+                match job.reports.next_line().await {
+                    Ok(Some(line)) => match Report::decode(&line) {
+                        Some(Report::Cgroup { path }) => job.cgroup = Some(path.into()),
+                        Some(r) => return Ok(r),
+                        None => {}
+                    },
+                    Ok(None) | Err(_) => return Err(None),
+                }
+            }
+        })
+        .await;
+        let first = match answer {
+            Ok(Ok(r)) => r,
+            // No job runs yet: the watchdog never got the command line.
+            Ok(Err(Some(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                job.reap_watchdog();
+                return Ok(Launch::Gone);
+            }
+            other => {
+                let why = match other {
+                    Err(_) => "it did not answer in time".to_string(),
+                    Ok(Err(Some(e))) => format!("its pipe failed: {e}"),
+                    _ => "it closed its pipe".to_string(),
+                };
+                tracing::warn!("giving up the watchdog before the job started: {why}");
+                job.abandon();
+                return Ok(Launch::NoAnswer);
+            }
+        };
+        match first {
+            Report::Spawned { pid, contained } => {
+                job.pid = pid;
+                job.contained = contained;
+                if !contained && spec.cgroup == CgroupMode::Auto {
+                    warn_uncontained(warned_uncontained);
+                }
+                Ok(Launch::Started(Box::new(job)))
+            }
+            Report::TooLate => {
+                job.reap_watchdog();
+                Ok(Launch::TooLate)
+            }
+            Report::ExecFailed { errno } => {
+                job.reap_watchdog();
+                Err(exec_error(&spec.command[0], errno))
+            }
+            Report::SetupFailed { message } => {
+                job.reap_watchdog();
+                Err(fail(Exit::Software, message))
+            }
+            Report::Ended { .. } | Report::Cgroup { .. } => {
+                job.abandon();
+                anyhow::bail!("watchdog reported an end before a start")
+            }
+        }
+    }
+}
+
+/// Says once (`warned` is then set) that `--cgroup auto` found no cgroup for the job: escapees
+/// from its process group (a daemon that calls setsid) are then out of reach.
+fn warn_uncontained(warned: &mut bool) {
+    if !std::mem::replace(warned, true) {
+        tracing::warn!(
+            "the job runs without a cgroup of its own (none could be made here: cgroup v2 not mounted or not writable); only its process group is killed"
+        );
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        // Never used: closing the pipe is the watchdog's cue to remove the cgroup it made
+        // ahead and exit, which takes it a fraction of a millisecond. A kill would leave the
+        // cgroup to the next job's sweep; it is only for a watchdog that does not go.
+        if let Some(Waiting { ctl, watchdog, .. }) = self.0.take() {
+            drop(ctl);
+            if !watchdog.exits_within(STANDBY_EXIT) {
+                watchdog.kill();
+                watchdog.wait();
+            }
+        }
+    }
+}
+
+/// How long an unused watchdog gets to go on its own.
+const STANDBY_EXIT: Duration = Duration::from_millis(200);
+
+/// The watchdog binary installed beside us, else ourselves (`lead-exec __watchdog` is the
+/// same code, in a process that maps the whole binary).
+fn watchdog_program() -> std::path::PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|me| {
+            let small = me.parent()?.join("lead-exec-watchdog");
+            small.is_file().then_some(small)
+        })
+        .unwrap_or_else(|| "/proc/self/exe".into())
+}
+
+fn pipe2() -> Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}
