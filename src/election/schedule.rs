@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use super::lease::{renewed, Loss, Renewal};
+use super::lease::renewal::{renewed, Loss, Renewal};
 use crate::clock::BootInstant;
 
 /// Most attempts in flight at once: enough to ride over a slow and a dead endpoint together.

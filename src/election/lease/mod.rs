@@ -26,30 +26,9 @@ use crate::clock::BootInstant;
 use crate::election::Ctx;
 use keepalive::keepalive_loop;
 pub use renewal::{
-    check_lease_safety, enough_left, renewed, renewed_deadline, Renewal, MIN_RENEWAL_TIMEOUT,
+    check_lease_safety, enough_left, renewed, renewed_deadline, Loss, Renewal, MIN_RENEWAL_TIMEOUT,
     MIN_TTL, RENEWAL_ATTEMPTS,
 };
-
-/// How leadership (or candidacy) was lost, without us asking for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Loss {
-    /// etcd answered a keepalive with TTL 0: the lease is gone (expired or revoked).
-    Expired,
-    /// No keepalive succeeded in time; the local deadline D passed.
-    Deadline,
-    /// Our candidate key was deleted (an operator, `resign`, or a revoke).
-    KeyDeleted,
-}
-
-impl Loss {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Loss::Expired => "lease expired",
-            Loss::Deadline => "renewal deadline passed",
-            Loss::KeyDeleted => "leader key deleted",
-        }
-    }
-}
 
 /// What the keepalive task knows about the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

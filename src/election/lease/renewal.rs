@@ -1,5 +1,6 @@
 //! The arithmetic of D, without I/O: when keepalives go out and how long each may take
-//! ([`Renewal`]), which lease settings are safe, and the deadline an answer buys.
+//! ([`Renewal`]), which lease settings are safe, the deadline an answer buys, and how a lease
+//! is lost ([`Loss`]).
 
 use std::time::Duration;
 
@@ -121,6 +122,27 @@ pub fn renewed(
 ) -> Option<BootInstant> {
     let d = renewed_deadline(sent, ttl, margin);
     (ttl > Duration::ZERO && d > current).then_some(d)
+}
+
+/// How leadership (or candidacy) was lost, without us asking for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// etcd answered a keepalive with TTL 0: the lease is gone (expired or revoked).
+    Expired,
+    /// No keepalive succeeded in time; the local deadline D passed.
+    Deadline,
+    /// Our candidate key was deleted (an operator, `resign`, or a revoke).
+    KeyDeleted,
+}
+
+impl Loss {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Loss::Expired => "lease expired",
+            Loss::Deadline => "renewal deadline passed",
+            Loss::KeyDeleted => "leader key deleted",
+        }
+    }
 }
 
 #[cfg(test)]
