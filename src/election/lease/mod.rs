@@ -78,10 +78,10 @@ impl Lease {
             .bounded(c.lease_grant(ttl.as_secs().max(1) as i64, None))
             .await?;
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
+        let plan = Renewal::plan(granted, grace, margin);
         let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
         let renew = Arc::new(Notify::new());
-        let plan = Renewal::plan(granted, grace, margin);
         let task = tokio::spawn(keepalive_loop(
             client.clone(),
             ctx.router.clone(),
