@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::process::Command;
 
+use ::postgres::{Client, IsolationLevel, NoTls};
 use harness::chaos::ledger_bin;
 use harness::postgres::Postgres;
 use harness::*;
-use ::postgres::{Client, IsolationLevel, NoTls};
 
 const FENCING_SQL: &str = include_str!("../contrib/postgres/fencing.sql");
 const STALE: &str = "FENCE";
@@ -76,22 +76,14 @@ fn wait_blocked(observer: &mut Client, pid: i32) {
 
 /// A writer in a thread of its own: BEGIN, fence with `token`, insert, COMMIT. Returns the
 /// SQLSTATE it failed with, or None if it committed.
-fn writer_thread(
-    pg: &Postgres,
-    token: i64,
-) -> (i32, std::thread::JoinHandle<Option<String>>) {
+fn writer_thread(pg: &Postgres, token: i64) -> (i32, std::thread::JoinHandle<Option<String>>) {
     let mut c = connect(pg);
     let pid = backend_pid(&mut c);
     let h = std::thread::spawn(move || {
         let mut tx = begin(&mut c);
         let outcome = tx
             .query_one("SELECT lead_exec_fence('payouts', $1)", &[&token])
-            .and_then(|_| {
-                tx.execute(
-                    "INSERT INTO payouts VALUES ($1, 'late writer')",
-                    &[&token],
-                )
-            });
+            .and_then(|_| tx.execute("INSERT INTO payouts VALUES ($1, 'late writer')", &[&token]));
         match outcome {
             Ok(_) => {
                 tx.commit().unwrap();
@@ -266,8 +258,7 @@ fn ledger(pg: &Postgres, args: &[&str]) -> (i32, String) {
         .unwrap();
     (
         out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
     )
 }
 

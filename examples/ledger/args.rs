@@ -127,7 +127,9 @@ mod tests {
         assert!(parse(&["init".to_string()]).is_err());
         let pg: Vec<String> = ["--pg", "host=/tmp", "show"].map(String::from).to_vec();
         assert_eq!(parse(&pg).unwrap().0, Target::Postgres("host=/tmp".into()));
-        let both: Vec<String> = ["--pg", "x", "--db", "y", "show"].map(String::from).to_vec();
+        let both: Vec<String> = ["--pg", "x", "--db", "y", "show"]
+            .map(String::from)
+            .to_vec();
         assert!(parse(&both).is_err());
     }
 }

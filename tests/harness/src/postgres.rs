@@ -61,6 +61,12 @@ impl Postgres {
 
     /// As [`Postgres::start`], with the failure as a message.
     pub fn try_start() -> Result<Postgres, String> {
+        Postgres::try_start_with(|_| {})
+    }
+
+    /// As [`Postgres::try_start`]; `setup` shapes the server's process (an example detaches
+    /// its children, say).
+    pub fn try_start_with(setup: fn(&mut Command)) -> Result<Postgres, String> {
         let bin = bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("lead-exec-pg-")
@@ -91,7 +97,9 @@ impl Postgres {
         }
         let log_path = dir.path().join("postgres.log");
         let log = fs::File::create(&log_path).map_err(|e| format!("creating the log: {e}"))?;
-        let child = server_command(&bin.join("postgres"), as_root, &bin)
+        let mut cmd = server_command(&bin.join("postgres"), as_root, &bin);
+        setup(&mut cmd);
+        let child = cmd
             .arg("-D")
             .arg(&data)
             .arg("-k")
@@ -112,10 +120,7 @@ impl Postgres {
             pg.log().contains("ready to accept connections") || !pg.running()
         });
         if !ready || !pg.running() {
-            return Err(format!(
-                "postgres did not start; its log:\n{}",
-                pg.log()
-            ));
+            return Err(format!("postgres did not start; its log:\n{}", pg.log()));
         }
         Ok(pg)
     }
@@ -176,15 +181,19 @@ fn server_command(program: &Path, as_root: bool, bin: &Path) -> Command {
             .arg(format!("--regid={}", UNPRIVILEGED.1))
             .arg("--clear-groups");
         if !enterable_by_others(bin) || !enterable_by_others(&std::env::temp_dir()) {
-            c.args(["--securebits=+no_setuid_fixup"])
-                .args(["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]);
+            c.args(["--securebits=+no_setuid_fixup"]).args([
+                "--inh-caps=+dac_read_search",
+                "--ambient-caps=+dac_read_search",
+            ]);
         }
         c.arg(program);
         c
     } else {
         Command::new(program)
     };
-    cmd.env_clear().env("PATH", "/usr/bin:/bin").env("LC_ALL", "C");
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C");
     cmd
 }
 
