@@ -97,23 +97,36 @@ fn writer_thread(pg: &Postgres, token: i64) -> (i32, std::thread::JoinHandle<Opt
 
 /// The interleaving the row lock exists for: the higher token's transaction has passed the
 /// fence and not committed yet when the lower one calls it. The lower one waits on the row
-/// lock, then sees the committed mark and fails; only the higher one's row lands.
+/// lock, then sees the committed mark and fails; only the higher one's row lands. Both on a
+/// resource's first write (the row is being inserted) and on a resource with a mark.
 #[test]
 fn a_lower_token_waits_for_the_higher_ones_commit_then_is_refused() {
     let (pg, mut admin) = fenced();
-    let mut a = connect(&pg);
-    let mut tx = begin(&mut a);
-    tx.query_one("SELECT lead_exec_fence('payouts', 10)", &[])
-        .unwrap();
-    tx.execute("INSERT INTO payouts VALUES (10, 'new term')", &[])
-        .unwrap();
-    let (pid, lower) = writer_thread(&pg, 5);
-    wait_blocked(&mut admin, pid);
-    tx.commit().unwrap();
-    let failed = lower.join().unwrap();
-    assert_eq!(failed.as_deref(), Some(STALE), "the lower token committed");
-    assert_eq!(payouts(&mut admin), [(10, "new term".to_string())]);
-    assert_eq!(highest(&mut admin, "payouts"), Some(10));
+    for first in [true, false] {
+        admin.batch_execute("TRUNCATE payouts").unwrap();
+        if !first {
+            admin
+                .batch_execute("UPDATE lead_exec_fence SET highest = 3")
+                .unwrap();
+        }
+        let mut a = connect(&pg);
+        let mut tx = begin(&mut a);
+        tx.query_one("SELECT lead_exec_fence('payouts', 10)", &[])
+            .unwrap();
+        tx.execute("INSERT INTO payouts VALUES (10, 'new term')", &[])
+            .unwrap();
+        let (pid, lower) = writer_thread(&pg, 5);
+        wait_blocked(&mut admin, pid);
+        tx.commit().unwrap();
+        let failed = lower.join().unwrap();
+        assert_eq!(
+            failed.as_deref(),
+            Some(STALE),
+            "the lower token committed (first write: {first})"
+        );
+        assert_eq!(payouts(&mut admin), [(10, "new term".to_string())]);
+        assert_eq!(highest(&mut admin, "payouts"), Some(10));
+    }
 }
 
 /// The other order: the lower token holds the lock, the higher one waits and then lands.
