@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The one command to see lead-exec work on a fresh Debian machine:
 #
-#     bash examples/demo.sh
+#     bash examples/demo.sh [--ledger sqlite|postgres]
 #
 # Installs what is missing (etcd-server for a throwaway etcd; protobuf-compiler and
 # libprotobuf-dev, whose well-known .proto files etcd-client's build imports), then builds
-# and runs the narrated demo (examples/demo/), about 15 seconds once built.
+# and runs the narrated demo (examples/demo/), about 15 seconds once built. The ledger is a
+# throwaway PostgreSQL if Debian's `postgresql` package is installed, else SQLite; this script
+# does not install PostgreSQL.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -35,4 +37,4 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
-exec cargo run --release --example demo
+exec cargo run --release --example demo -- "$@"

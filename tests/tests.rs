@@ -17,9 +17,11 @@
 //! - `docs`: the man pages match the clap definition
 //! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes
 //!   and token regressions
+//! - `postgres`: the fencing contract on a real PostgreSQL (`contrib/postgres/fencing.sql`):
+//!   terms writing through it, a frozen old leader refused, concurrent writers interleaved
 //!
 //! The harness (etcd clusters, the fault proxy, workers, waiting helpers, the history
-//! checker) is the `harness` crate in `tests/harness`, shared with the examples.
+//! checker, a throwaway PostgreSQL) is the `harness` crate in `tests/harness`, shared with the examples.
 
 mod availability;
 mod chaos;
@@ -31,6 +33,7 @@ mod fail_closed;
 mod interop;
 mod observability;
 mod ops;
+mod postgres;
 mod scheduling;
 mod security;
 mod signals;

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use anyhow::{bail, ensure, Context, Result};
 
+use crate::store::Store;
 use crate::{ELECTION, EXIT_REJECTED};
 
 pub(crate) struct Bins {
@@ -174,9 +175,9 @@ pub(crate) fn capture(cmd: &mut Command) -> Result<Output> {
 }
 
 /// Runs the ledger; fails unless it exits 0, 1 or 3 (the answers, as opposed to errors).
-pub(crate) fn ledger(bins: &Bins, db: &Path, args: &[&str]) -> Result<Output> {
+pub(crate) fn ledger(bins: &Bins, store: &Store, args: &[&str]) -> Result<Output> {
     let mut cmd = clean_command(&bins.ledger);
-    cmd.arg("--db").arg(db).args(args);
+    cmd.args(store.args()).args(args);
     let out = capture(&mut cmd)?;
     if !matches!(out.code, Some(0 | 1 | EXIT_REJECTED)) {
         bail!(

@@ -1,12 +1,14 @@
-//! The live demo: three workers, one settlement job, one SQLite ledger fenced by
-//! `FENCING_TOKEN`.
+//! The live demo: three workers, one settlement job, one ledger fenced by `FENCING_TOKEN`.
 //!
 //! ```text
-//! cargo run --release --example demo      # or: bash examples/demo.sh on a fresh machine
+//! cargo run --release --example demo [-- --ledger sqlite|postgres]
+//! bash examples/demo.sh [--ledger sqlite|postgres]     # on a fresh machine
 //! ```
 //!
-//! It starts a throwaway etcd, runs `lead-exec run settlement -- ledger settle` on three
-//! workers, and then, narrating each step:
+//! The ledger is a throwaway PostgreSQL, fenced by `contrib/postgres/fencing.sql`, when
+//! Debian's `postgresql` package is installed, and a SQLite file otherwise. It starts a
+//! throwaway etcd, runs `lead-exec run settlement -- ledger settle` on three workers, and
+//! then, narrating each step:
 //!
 //! 1. lets the first leader settle a few batches;
 //! 2. `kill -9`s the leader's lead-exec: its watchdog kills the job at once, and another
@@ -26,6 +28,7 @@ mod binaries;
 mod etcd;
 mod narrate;
 mod steps;
+mod store;
 mod summary;
 mod workers;
 
@@ -39,6 +42,7 @@ use crate::binaries::{ledger, locate_binaries, require_etcd, status};
 use crate::etcd::{start_etcd, wait_until_etcd_answers};
 use crate::narrate::{banner, catch_interrupts, print_indented, say, sleep, start};
 use crate::steps::{first_leader, kill_leader, stale_write, stop_all, terminate_leader, Outcome};
+use crate::store::{Kind, Store};
 use crate::summary::summary;
 use crate::workers::{Monitor, Workers};
 
@@ -71,8 +75,10 @@ fn main() -> ExitCode {
 }
 
 /// The whole demo. The guards are declared so that they drop in the right order: workers
-/// first, then etcd, then the temporary directory.
+/// first, then etcd and the ledger's server, then the temporary directory.
 fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let kind = Kind::from_args(&args)?;
     // etcd first: no point in a build of several minutes if the demo cannot run anyway.
     require_etcd()?;
     let bins = locate_binaries()?;
@@ -80,10 +86,13 @@ fn run() -> Result<()> {
         .prefix("lead-exec-demo-")
         .tempdir()
         .context("creating a temporary directory")?;
-    let db = dir.path().join("ledger.db");
+    let db = Store::start(kind, dir.path())?;
 
     println!();
-    println!("lead-exec demo: three workers, one settlement job, one SQLite ledger.");
+    println!(
+        "lead-exec demo: three workers, one settlement job, one {} ledger.",
+        db.describe()
+    );
     println!("  The job only runs on the leader and writes with the leader's FENCING_TOKEN;");
     println!("  the ledger rejects any token lower than the highest it has accepted.");
     println!("  lead-exec: {}", bins.lead_exec.display());

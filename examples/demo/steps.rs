@@ -1,6 +1,5 @@
 //! The steps of the demo, each waiting for the events that show it worked.
 
-use std::path::Path;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
@@ -8,6 +7,7 @@ use anyhow::{ensure, Result};
 
 use crate::binaries::{ledger, status, Bins};
 use crate::narrate::{print_indented, say, secs, sleep};
+use crate::store::Store;
 use crate::summary::describe;
 use crate::workers::{Monitor, Workers};
 use crate::{BATCHES_PER_TERM, EXIT_REJECTED, TTL, WORKERS};
@@ -203,14 +203,14 @@ pub(crate) fn terminate_leader(
 
 /// Step 4: what a leader that froze in step 1 and woke up now would do: write with its old
 /// token. The ledger has seen higher tokens since, so it must refuse.
-pub(crate) fn stale_write(bins: &Bins, db: &Path, token: i64) -> Result<Stale> {
+pub(crate) fn stale_write(bins: &Bins, store: &Store, token: i64) -> Result<Stale> {
     let tok = token.to_string();
     say(&format!(
         "ledger write --token {tok} --worker zombie --note \"late write from a frozen leader\""
     ));
     let out = ledger(
         bins,
-        db,
+        store,
         &[
             "write",
             "--token",

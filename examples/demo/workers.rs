@@ -2,7 +2,6 @@
 //! waits for events instead of sleeping.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
 use std::process::{Child, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -11,6 +10,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::binaries::{clean_command, detach_and_tie, Bins};
 use crate::narrate::{check_interrupted, secs, sleep, stamp};
+use crate::store::Store;
 use crate::{ELECTION, EVERY_MS, GRACE, SAFETY_MARGIN, TTL};
 
 /// A line or the end of a worker's output. Reader threads print lines as they arrive and
@@ -146,7 +146,7 @@ impl Workers {
         name: &'static str,
         bins: &Bins,
         endpoint: &str,
-        db: &Path,
+        store: &Store,
         tx: Sender<Event>,
     ) -> Result<()> {
         let mut cmd = clean_command(&bins.lead_exec);
@@ -161,8 +161,7 @@ impl Workers {
             ])
             .args(["--id", name, "--"])
             .arg(&bins.ledger)
-            .arg("--db")
-            .arg(db)
+            .args(store.args())
             .args(["settle", "--every", EVERY_MS])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -2,6 +2,8 @@
 
 use anyhow::Result;
 
+use crate::db::Target;
+
 /// Command-line options after `--db FILE COMMAND`.
 #[derive(Debug, Default)]
 pub(crate) struct Opts {
@@ -32,8 +34,9 @@ pub(crate) fn usage(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Usage(msg.into()))
 }
 
-/// Parses `--db FILE COMMAND [--flag VALUE]...` by hand; flags may come in any order.
-pub(crate) fn parse(args: &[String]) -> Result<(String, String, Opts)> {
+/// Parses `--db FILE|--pg CONNINFO COMMAND [--flag VALUE]...` by hand; flags may come in any
+/// order.
+pub(crate) fn parse(args: &[String]) -> Result<(Target, String, Opts)> {
     let (mut db, mut cmd, mut opts) = (None, None, Opts::default());
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -43,7 +46,11 @@ pub(crate) fn parse(args: &[String]) -> Result<(String, String, Opts)> {
                 .ok_or_else(|| usage(format!("{name} needs a value")))
         };
         match a.as_str() {
-            "--db" => db = Some(value("--db")?),
+            "--db" | "--pg" if db.is_some() => {
+                return Err(usage("give one of --db and --pg, once"))
+            }
+            "--db" => db = Some(Target::Sqlite(value("--db")?)),
+            "--pg" => db = Some(Target::Postgres(value("--pg")?)),
             "--token" => opts.token = Some(value("--token")?),
             "--worker" => opts.worker = Some(value("--worker")?),
             "--note" => opts.note = Some(value("--note")?),
@@ -57,7 +64,7 @@ pub(crate) fn parse(args: &[String]) -> Result<(String, String, Opts)> {
             s => return Err(usage(format!("unexpected argument {s}"))),
         }
     }
-    let db = db.ok_or_else(|| usage("--db FILE is required"))?;
+    let db = db.ok_or_else(|| usage("--db FILE or --pg CONNINFO is required"))?;
     let cmd = cmd.ok_or_else(|| usage("a command is required"))?;
     Ok((db, cmd, opts))
 }
@@ -114,8 +121,15 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         let (db, cmd, opts) = parse(&args).unwrap();
-        assert_eq!((db.as_str(), cmd.as_str()), ("f.db", "write"));
+        assert_eq!(db, Target::Sqlite("f.db".into()));
+        assert_eq!(cmd, "write");
         assert_eq!(token_of(&opts).unwrap(), 4);
         assert!(parse(&["init".to_string()]).is_err());
+        let pg: Vec<String> = ["--pg", "host=/tmp", "show"].map(String::from).to_vec();
+        assert_eq!(parse(&pg).unwrap().0, Target::Postgres("host=/tmp".into()));
+        let both: Vec<String> = ["--pg", "x", "--db", "y", "show"]
+            .map(String::from)
+            .to_vec();
+        assert!(parse(&both).is_err());
     }
 }

@@ -4,23 +4,22 @@ use anyhow::Result;
 
 use crate::args::{slot_of, token_of, worker_of, Opts};
 use crate::clock::short_time;
-use crate::store::{
-    first_decrease, open, rejections, settlements, write, Settlement, Verdict, Write,
-};
+use crate::db::{Ledger, Target};
+use crate::store::{first_decrease, Settlement, Verdict, Write};
 use crate::EXIT_REJECTED;
 
-pub(crate) fn cmd_write(db: &str, opts: &Opts) -> Result<u8> {
+pub(crate) fn cmd_write(db: &Target, opts: &Opts) -> Result<u8> {
     let token = token_of(opts)?;
     let worker = worker_of(opts);
     let note = opts.note.clone().unwrap_or_default();
-    let mut conn = open(db)?;
+    let mut ledger = Ledger::open(db)?;
     let w = Write {
         token,
         slot: slot_of()?,
         worker: &worker,
         note: &note,
     };
-    match write(&mut conn, &w)? {
+    match ledger.write(&w)? {
         Verdict::Accepted { .. } => {
             println!("[{worker}] token {token}: accepted");
             Ok(0)
@@ -58,10 +57,10 @@ pub(crate) fn visible_rows(rows: &[Settlement], all: bool) -> Vec<Result<&Settle
     out
 }
 
-pub(crate) fn cmd_show(db: &str, all: bool) -> Result<u8> {
-    let conn = open(db)?;
-    let rows = settlements(&conn)?;
-    let rejected = rejections(&conn)?;
+pub(crate) fn cmd_show(db: &Target, all: bool) -> Result<u8> {
+    let mut ledger = Ledger::open(db)?;
+    let rows = ledger.settlements()?;
+    let rejected = ledger.rejections()?;
     let notes = rows.iter().map(|r| r.note.len());
     let note_w = notes
         .chain(rejected.iter().map(|r| r.note.len()))
@@ -116,9 +115,8 @@ pub(crate) fn cmd_show(db: &str, all: bool) -> Result<u8> {
     Ok(0)
 }
 
-pub(crate) fn cmd_check(db: &str) -> Result<u8> {
-    let conn = open(db)?;
-    let rows = settlements(&conn)?;
+pub(crate) fn cmd_check(db: &Target) -> Result<u8> {
+    let rows = Ledger::open(db)?.settlements()?;
     match first_decrease(&rows) {
         None => {
             println!("ok: {} accepted tokens, never decreasing", rows.len());

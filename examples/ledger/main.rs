@@ -1,4 +1,5 @@
-//! A fenced ledger: a SQLite database that many workers write to, guarded by fencing tokens.
+//! A fenced ledger: a SQLite or PostgreSQL database that many workers write to, guarded by
+//! fencing tokens.
 //!
 //! # The fencing rule
 //!
@@ -27,6 +28,10 @@
 //! ledger --db FILE check
 //! ```
 //!
+//! `--pg CONNINFO` instead of `--db FILE` keeps the ledger in PostgreSQL
+//! (`host=/run/postgresql dbname=ledger`), fenced by `contrib/postgres/fencing.sql`, which
+//! `init` installs: there the check is `lead_exec_fence()` inside the write's transaction.
+//!
 //! `--token` defaults to `FENCING_TOKEN`, `--worker` to `LEAD_EXEC_ID` and the slot to
 //! `LEAD_EXEC_SLOT`, as `lead-exec run` sets them for its job. Exit codes: 0 ok, 1 error or `check` found a decrease, 2 usage,
 //! 3 write rejected by the fence.
@@ -37,6 +42,8 @@
 mod args;
 mod clock;
 mod commands;
+mod db;
+mod pg;
 mod settle;
 mod store;
 
@@ -46,8 +53,8 @@ use anyhow::Result;
 
 use crate::args::{parse, usage, Usage};
 use crate::commands::{cmd_check, cmd_show, cmd_write};
+use crate::db::Ledger;
 use crate::settle::cmd_settle;
-use crate::store::{init, open};
 
 /// Exit code of a write the fence rejected.
 pub(crate) const EXIT_REJECTED: u8 = 3;
@@ -55,6 +62,7 @@ pub(crate) const EXIT_REJECTED: u8 = 3;
 const EXIT_USAGE: u8 = 2;
 
 const USAGE: &str = "usage: ledger --db FILE <command>
+       ledger --pg CONNINFO <command>   (PostgreSQL; CONNINFO without a password)
 commands:
   init                                          create the tables if missing
   write [--token T] [--worker W] [--note TEXT]  one fenced write (T defaults to FENCING_TOKEN)
@@ -68,7 +76,7 @@ fn run(args: &[String]) -> Result<u8> {
     let (db, cmd, opts) = parse(args)?;
     match cmd.as_str() {
         "init" => {
-            init(&open(&db)?)?;
+            Ledger::open(&db)?.init()?;
             Ok(0)
         }
         "write" => cmd_write(&db, &opts),

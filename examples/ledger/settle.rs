@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 
 use crate::args::{number, slot_of, token_of, worker_of, Opts};
 use crate::clock::monotonic_ns;
-use crate::store::{open, write, Verdict, Write};
+use crate::db::{Ledger, Target};
+use crate::store::{Verdict, Write};
 use crate::EXIT_REJECTED;
 
 /// Set by the SIGTERM/SIGINT handler; the settle loop checks it between batches.
@@ -45,7 +46,7 @@ pub(crate) fn sleep_unless_stopped(d: Duration) -> bool {
 }
 
 /// The settlement job: one fenced write per interval, one line of output per write.
-pub(crate) fn cmd_settle(db: &str, opts: &Opts) -> Result<u8> {
+pub(crate) fn cmd_settle(db: &Target, opts: &Opts) -> Result<u8> {
     let token = token_of(opts)?;
     let worker = worker_of(opts);
     let every = Duration::from_millis(number(&opts.every, "--every")?.unwrap_or(300));
@@ -54,7 +55,7 @@ pub(crate) fn cmd_settle(db: &str, opts: &Opts) -> Result<u8> {
     catch_stop_signals();
     let events = EventLog::open(opts.events.as_deref(), token, slot, &worker)?;
     events.log("start");
-    let mut conn = open(db)?;
+    let mut ledger = Ledger::open(db)?;
     let mut k = 0u64;
     while batches.is_none_or(|n| k < n) {
         if STOP.load(Ordering::SeqCst) {
@@ -68,7 +69,7 @@ pub(crate) fn cmd_settle(db: &str, opts: &Opts) -> Result<u8> {
             worker: &worker,
             note: &note,
         };
-        match write(&mut conn, &w)? {
+        match ledger.write(&w)? {
             Verdict::Accepted { .. } => {
                 events.log("write");
                 println!("[{worker}] token {token}: settled batch {k}");

@@ -1,4 +1,4 @@
-//! The ledger itself: the SQLite tables and the fenced write.
+//! The ledger itself: the SQLite tables and the fenced write (`pg.rs` has the PostgreSQL ones).
 
 use std::time::Duration;
 

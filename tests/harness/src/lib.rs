@@ -5,6 +5,7 @@
 
 pub mod chaos;
 pub mod measure;
+pub mod postgres;
 pub mod proxy;
 
 use std::fs;
