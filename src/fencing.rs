@@ -41,5 +41,9 @@ pub fn job_env(
     if let Some(k) = &cfg.run_key {
         env.push(("LEAD_EXEC_RUN_KEY".to_string(), k.clone()));
     }
+    if let Some(p) = crate::metrics::check_refusals_path() {
+        let var = crate::metrics::CHECK_REFUSALS_VAR.to_string();
+        env.push((var, p.to_string_lossy().into_owned()));
+    }
     env
 }

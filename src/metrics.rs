@@ -12,6 +12,9 @@ use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 struct Metrics {
     registry: Registry,
@@ -33,6 +36,14 @@ struct Metrics {
     health_failures: IntCounter,
     takeover_delays: IntCounter,
     preemptions: IntCounter,
+    info: prometheus::IntGaugeVec,
+    slots: IntGauge,
+    lease_ttl: Gauge,
+    grace: Gauge,
+    keepalive_timeout: Gauge,
+    keepalive_failures: IntCounter,
+    handover: Histogram,
+    check_refusals: IntCounter,
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
@@ -163,6 +174,65 @@ fn metrics() -> Metrics {
                 "Terms whose fencing token was not above this process's previous one (etcd's revisions were reset)",
             ),
         ),
+        info: made(
+            r,
+            prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "lead_exec_info",
+                    "Always 1: the worker's --id and lead-exec's version, to join on",
+                ),
+                &["id", "version"],
+            ),
+        ),
+        slots: made(
+            r,
+            IntGauge::new(
+                "lead_exec_slots",
+                "--slots: how many workers of the election may hold at once",
+            ),
+        ),
+        lease_ttl: made(
+            r,
+            Gauge::new(
+                "lead_exec_lease_ttl_seconds",
+                "The TTL etcd granted the last lease (--ttl, or etcd's minimum)",
+            ),
+        ),
+        grace: made(
+            r,
+            Gauge::new(
+                "lead_exec_grace_seconds",
+                "--grace: from SIGTERM to SIGKILL, which the lease deadline also leaves",
+            ),
+        ),
+        keepalive_timeout: made(
+            r,
+            Gauge::new(
+                "lead_exec_keepalive_timeout_seconds",
+                "How long one keepalive may take before another goes out on the next endpoint",
+            ),
+        ),
+        keepalive_failures: made(
+            r,
+            IntCounter::new(
+                "lead_exec_keepalive_failures_total",
+                "Keepalive attempts that failed or got no answer in time (each is retried)",
+            ),
+        ),
+        handover: histogram(
+            "lead_exec_handover_seconds",
+            "From the deletion of the key this worker waited behind (the previous holder's end) to its job's start",
+            vec![
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ],
+        ),
+        check_refusals: made(
+            r,
+            IntCounter::new(
+                "lead_exec_check_refusals_total",
+                "`lead-exec check` refusals (exit 4) in this worker's jobs",
+            ),
+        ),
         registry,
     }
 }
@@ -253,6 +323,9 @@ pub fn lost(reason: &str) {
 
 pub fn job_started() {
     M.job_starts.inc();
+    if let Some(gone) = PREDECESSOR_GONE.lock().expect("not poisoned").take() {
+        M.handover.observe(gone.elapsed().as_secs_f64());
+    }
 }
 
 pub fn job_exited(code: u8, slack_ms: i64) {
@@ -262,11 +335,148 @@ pub fn job_exited(code: u8, slack_ms: i64) {
 
 /// The exposition text.
 pub fn render() -> String {
+    count_check_refusals();
+    let mut families = M.registry.gather();
+    if let Some(election) = ELECTION.get() {
+        label_all(&mut families, "election", election);
+    }
     let mut buf = Vec::new();
     TextEncoder::new()
-        .encode(&M.registry.gather(), &mut buf)
+        .encode(&families, &mut buf)
         .expect("text encoding cannot fail");
     String::from_utf8(buf).expect("exposition is UTF-8")
+}
+
+/// The election this process runs, set once by [`describe`]: every series carries it.
+static ELECTION: OnceLock<String> = OnceLock::new();
+
+/// What a fleet's queries group and compare by: the election (a label on every series, so that
+/// "leaders per election" needs no join), the worker's id and version (`lead_exec_info`), and
+/// the settings its alerts measure against.
+pub fn describe(election: &str, id: &str, slots: u32, grace: Duration) {
+    let _ = ELECTION.set(election.to_string());
+    M.info
+        .with_label_values(&[id, env!("CARGO_PKG_VERSION")])
+        .set(1);
+    M.slots.set(i64::from(slots));
+    M.grace.set(grace.as_secs_f64());
+}
+
+/// Adds `name="value"` to every sample, keeping each sample's labels sorted by name as the
+/// registry does.
+fn label_all(families: &mut [prometheus::proto::MetricFamily], name: &str, value: &str) {
+    for family in families {
+        for m in family.mut_metric() {
+            let mut labels = m.take_label();
+            let mut pair = prometheus::proto::LabelPair::default();
+            pair.set_name(name.to_string());
+            pair.set_value(value.to_string());
+            labels.push(pair);
+            labels.sort_by(|a, b| a.name().cmp(b.name()));
+            m.set_label(labels);
+        }
+    }
+}
+
+/// A lease was granted with `ttl`; each of its keepalives may take `keepalive_timeout`.
+pub fn lease_granted(ttl: Duration, keepalive_timeout: Duration) {
+    M.lease_ttl.set(ttl.as_secs_f64());
+    M.keepalive_timeout.set(keepalive_timeout.as_secs_f64());
+}
+
+pub fn keepalive_failed() {
+    M.keepalive_failures.inc();
+}
+
+/// When the key this candidate waited behind was seen deleted; taken by the next job start.
+static PREDECESSOR_GONE: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+
+/// A new place in line: a deletion seen in an earlier one says nothing about this wait.
+pub fn queued() {
+    *PREDECESSOR_GONE.lock().expect("not poisoned") = None;
+}
+
+/// The key (or slot key) this candidate waited behind was deleted: the holder ahead ended.
+pub fn predecessor_gone() {
+    *PREDECESSOR_GONE.lock().expect("not poisoned") = Some(std::time::Instant::now());
+}
+
+/// The variable that tells a job's `lead-exec check` where to count a refusal.
+pub const CHECK_REFUSALS_VAR: &str = "LEAD_EXEC_CHECK_REFUSALS";
+
+/// The file this process counts its jobs' `check` refusals in: one byte per refusal, appended by
+/// `lead-exec check` (see [`check_refused`]). A file, not a pipe or a socket: it needs no
+/// listener in the run loop, survives the job closing its descriptors or exec'ing, and a
+/// refusal written while lead-exec is frozen is still counted when it wakes.
+static CHECK_FILE: OnceLock<PathBuf> = OnceLock::new();
+/// The file's size at the last scrape: counted refusals.
+static CHECKS_SEEN: AtomicU64 = AtomicU64::new(0);
+
+/// The path for the job's [`CHECK_REFUSALS_VAR`], once [`serve`] has created the file.
+pub fn check_refusals_path() -> Option<&'static Path> {
+    CHECK_FILE.get().map(PathBuf::as_path)
+}
+
+/// Creates the refusals file, readable and writable by this user only, in the runtime
+/// directory (a tmpfs cleared at logout or boot) or else the temporary one; removed at exit.
+fn create_check_file() -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let path = dir.join(format!(
+        "lead-exec-{}-{nonce:08x}.check-refusals",
+        std::process::id()
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    if CHECK_FILE.set(path).is_ok() {
+        extern "C" fn remove_check_file() {
+            if let Some(p) = CHECK_FILE.get() {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        // SAFETY: registers a plain function with no captured state, run by exit().
+        unsafe { libc::atexit(remove_check_file) };
+    }
+    Ok(())
+}
+
+/// Brings the counter up to the refusals the file holds.
+fn count_check_refusals() {
+    let Some(path) = CHECK_FILE.get() else {
+        return;
+    };
+    let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
+        return;
+    };
+    let seen = CHECKS_SEEN.fetch_max(len, Ordering::Relaxed);
+    if len > seen {
+        M.check_refusals.inc_by(len - seen);
+    }
+}
+
+/// Called by `lead-exec check` when it refuses a token: counts the refusal with the lead-exec
+/// that runs this job, if it serves metrics (best effort: a job that cleared its environment,
+/// or runs as a user who may not write the file, is not counted).
+pub fn check_refused() {
+    use std::io::Write;
+    let Some(path) = std::env::var_os(CHECK_REFUSALS_VAR) else {
+        return;
+    };
+    // Without create: a stale path from a lead-exec that has exited must not leave a file.
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+        // One byte in one append: concurrent checks never merge their counts.
+        let _ = f.write_all(b"\n");
+    }
 }
 
 /// Connections served at once; more wait in the kernel's accept queue.
@@ -280,6 +490,9 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// never the run loop; headers must arrive within 5 s, and at most
 /// 32 connections are served at once.
 pub async fn serve(addr: SocketAddr) -> Result<()> {
+    if let Err(e) = create_check_file() {
+        tracing::warn!("cannot count the job's `lead-exec check` refusals: {e}");
+    }
     // A taken port or a foreign address is a setting to fix, not an internal error.
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         crate::exit::fail(
@@ -345,4 +558,44 @@ async fn answer(
             .insert(hyper::header::CONTENT_LENGTH, len.into());
     }
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_election_label_goes_on_every_sample_in_name_order() {
+        let r = Registry::new();
+        let exits = made(
+            &r,
+            IntCounterVec::new(Opts::new("exits_total", "h"), &["code"]),
+        );
+        exits.with_label_values(&["0"]).inc();
+        made(&r, IntGauge::new("leader", "h")).set(1);
+        let rtt = made(
+            &r,
+            Histogram::with_opts(HistogramOpts::new("rtt", "h").buckets(vec![1.0])),
+        );
+        rtt.observe(0.5);
+        let mut families = r.gather();
+        label_all(&mut families, "election", "settle");
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&families, &mut buf).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        assert!(
+            text.contains(r#"exits_total{code="0",election="settle"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"leader{election="settle"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"rtt_bucket{election="settle",le="1"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"rtt_count{election="settle"} 1"#), "{text}");
+        let samples = text.lines().filter(|l| !l.starts_with('#'));
+        for line in samples {
+            assert!(line.contains(r#"election="settle""#), "{line}");
+        }
+    }
 }

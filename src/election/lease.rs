@@ -210,6 +210,7 @@ impl Lease {
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
         let renew = Arc::new(Notify::new());
         let plan = Renewal::plan(granted, grace, margin);
+        crate::metrics::lease_granted(granted, plan.timeout);
         let task = tokio::spawn(keepalive_loop(
             client.clone(),
             ctx.router.clone(),
@@ -431,7 +432,10 @@ async fn keepalive_loop(
                 }
                 let (reply, why) = match a.result {
                     Ok(r) => (r, None),
-                    Err(why) => (Reply::Failed, Some(why)),
+                    Err(why) => {
+                        crate::metrics::keepalive_failed();
+                        (Reply::Failed, Some(why))
+                    }
                 };
                 (Event::Answer { sent: a.sent, endpoint: a.endpoint, reply }, why)
             }

@@ -43,6 +43,7 @@ pub struct Ended {
 /// Runs until the job is done (or leadership is given up) and returns how it ended.
 pub async fn run(cfg: RunConfig) -> Result<Ended> {
     crate::supervisor::preflight(&cfg.command[0])?;
+    metrics::describe(cfg.election.name(), &cfg.id, cfg.slots, cfg.grace);
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr).await?;
     }
