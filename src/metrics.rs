@@ -44,6 +44,7 @@ struct Metrics {
     keepalive_failures: IntCounter,
     handover: Histogram,
     check_refusals: IntCounter,
+    deadline_stops: IntCounter,
 }
 
 static M: LazyLock<Metrics> = LazyLock::new(|| {
@@ -233,6 +234,13 @@ fn metrics() -> Metrics {
                 "`lead-exec check` refusals (exit 4) in this worker's jobs",
             ),
         ),
+        deadline_stops: made(
+            r,
+            IntCounter::new(
+                "lead_exec_deadline_stops_total",
+                "Jobs the watchdog stopped at the lease deadline: renewals did not come in time",
+            ),
+        ),
         registry,
     }
 }
@@ -240,7 +248,18 @@ fn metrics() -> Metrics {
 /// The metrics as a process starts: it holds no slot yet.
 fn init(m: &Metrics) {
     m.slot.set(-1);
+    // At 0 from the start, so that `increase()` sees a worker's first loss of each kind.
+    for reason in LOSS_REASONS {
+        m.lost.with_label_values(&[reason]);
+    }
 }
+
+/// The `reason` values of `lead_exec_leadership_lost_total` (`Loss::as_str`).
+const LOSS_REASONS: [&str; 3] = [
+    "lease expired",
+    "renewal deadline passed",
+    "leader key deleted",
+];
 
 /// A metric, registered: the names and help texts are constants, so failing is a bug.
 fn made<T: prometheus::core::Collector + Clone + 'static>(
@@ -382,6 +401,10 @@ fn label_all(families: &mut [prometheus::proto::MetricFamily], name: &str, value
 pub fn lease_granted(ttl: Duration, keepalive_timeout: Duration) {
     M.lease_ttl.set(ttl.as_secs_f64());
     M.keepalive_timeout.set(keepalive_timeout.as_secs_f64());
+}
+
+pub fn stopped_at_deadline() {
+    M.deadline_stops.inc();
 }
 
 pub fn keepalive_failed() {
@@ -563,6 +586,14 @@ async fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_loss_reason_is_shown_at_zero_from_the_start() {
+        use crate::election::lease::Loss;
+        for loss in [Loss::Expired, Loss::Deadline, Loss::KeyDeleted] {
+            assert!(LOSS_REASONS.contains(&loss.as_str()), "{loss:?}");
+        }
+    }
 
     #[test]
     fn the_election_label_goes_on_every_sample_in_name_order() {

@@ -847,6 +847,7 @@ impl Driver {
                     metrics::leading(false);
                     metrics::job_exited(exit.code(), ended.slack_ms);
                     let by_watchdog = matches!(ended.cause, GroupEnd::Deadline | GroupEnd::Orphaned | GroupEnd::WatchdogLost);
+                    if matches!(ended.cause, GroupEnd::Deadline) { metrics::stopped_at_deadline(); }
                     match ended.cause {
                         GroupEnd::Deadline => tracing::error!(
                             election = cfg.election.name(),
