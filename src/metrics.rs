@@ -492,7 +492,7 @@ fn count_check_refusals() {
 /// or runs as a user who may not write the file, is not counted).
 pub fn check_refused() {
     use std::io::Write;
-    let Some(path) = std::env::var_os(CHECK_REFUSALS_VAR) else {
+    let Some(path) = std::env::var_os(CHECK_REFUSALS_VAR).filter(|p| !p.is_empty()) else {
         return;
     };
     // Without create: a stale path from a lead-exec that has exited must not leave a file.
