@@ -698,6 +698,45 @@ fn named(doc: &str) -> std::collections::BTreeSet<String> {
 
 const RULES: &str = include_str!("../contrib/prometheus/lead-exec.rules.yml");
 const README: &str = include_str!("../README.md");
+const RULES_TESTS: &str = include_str!("../contrib/prometheus/lead-exec.rules.test.yml");
+
+/// The README's fleet queries (its `promql` block), each on one line.
+fn readme_queries() -> Vec<String> {
+    let block = README
+        .split("```promql\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the README has a promql block");
+    let mut queries = Vec::new();
+    let mut query = Vec::new();
+    for line in block.lines().chain([""]) {
+        if line.starts_with('#') || line.trim().is_empty() {
+            if !query.is_empty() {
+                queries.push(query.join(" "));
+                query.clear();
+            }
+        } else {
+            query.push(line.trim());
+        }
+    }
+    queries
+}
+
+#[test]
+fn the_readmes_fleet_queries_are_the_ones_promtool_tests() {
+    let queries = readme_queries();
+    assert!(queries.len() >= 3, "{queries:?}");
+    assert!(
+        queries.contains(&"sum by (election) (lead_exec_is_leader)".to_string()),
+        "leaders per election: {queries:?}"
+    );
+    for q in queries {
+        assert!(
+            RULES_TESTS.contains(&format!("expr: '{q}'")),
+            "not in lead-exec.rules.test.yml's promql_expr_test: {q}"
+        );
+    }
+}
 
 #[test]
 fn every_metric_the_alert_rules_and_readme_name_is_exported_by_leader_and_candidate() {
