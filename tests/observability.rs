@@ -723,6 +723,28 @@ fn readme_queries() -> Vec<String> {
 }
 
 #[test]
+fn the_dashboards_panels_query_only_what_promtool_tests() {
+    let dashboard: serde_json::Value = serde_json::from_str(include_str!(
+        "../contrib/prometheus/lead-exec.dashboard.json"
+    ))
+    .expect("the dashboard is JSON");
+    let exprs: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().expect("targets"))
+        .map(|t| t["expr"].as_str().expect("expr"))
+        .collect();
+    assert!(exprs.len() >= 3, "{exprs:?}");
+    for e in exprs {
+        assert!(
+            RULES_TESTS.contains(&format!("expr: '{e}'")),
+            "not in lead-exec.rules.test.yml's promql_expr_test: {e}"
+        );
+    }
+}
+
+#[test]
 fn the_readmes_fleet_queries_are_the_ones_promtool_tests() {
     let queries = readme_queries();
     assert!(queries.len() >= 3, "{queries:?}");
