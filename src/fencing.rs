@@ -41,5 +41,11 @@ pub fn job_env(
     if let Some(k) = &cfg.run_key {
         env.push(("LEAD_EXEC_RUN_KEY".to_string(), k.clone()));
     }
+    // Empty without --metrics-addr: a lead-exec run inside a job must not count its own job's
+    // refusals in the outer lead-exec's file.
+    let refusals = crate::metrics::check_refusals_path()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    env.push((crate::metrics::CHECK_REFUSALS_VAR.to_string(), refusals));
     env
 }

@@ -12,6 +12,9 @@ use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 struct Metrics {
     registry: Registry,
@@ -35,6 +38,26 @@ struct Metrics {
     preemptions: IntCounter,
     /// `healthy` is in `registry`: only with `--health-cmd`.
     healthy_registered: std::sync::Once,
+    /// The election this process runs, set once by [`describe`]: every series carries it.
+    election: OnceLock<String>,
+    /// When the key this candidate waited behind was seen deleted; taken by the next job start.
+    predecessor_gone: Mutex<Option<std::time::Instant>>,
+    /// The file this process counts its jobs' `check` refusals in: one byte per refusal,
+    /// appended by `lead-exec check` (see [`check_refused`]). A file, not a pipe or a socket:
+    /// it needs no listener in the run loop, survives the job closing its descriptors or
+    /// exec'ing, and a refusal written while lead-exec is frozen is still counted when it wakes.
+    check_file: OnceLock<PathBuf>,
+    /// The file's size at the last scrape: counted refusals.
+    checks_seen: AtomicU64,
+    info: prometheus::IntGaugeVec,
+    slots: IntGauge,
+    lease_ttl: Gauge,
+    grace: Gauge,
+    keepalive_timeout: Gauge,
+    keepalive_failures: IntCounter,
+    handover: Histogram,
+    check_refusals: IntCounter,
+    deadline_stops: IntCounter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -152,6 +175,10 @@ fn metrics() -> Metrics {
             ),
         ),
         healthy_registered: std::sync::Once::new(),
+        election: OnceLock::new(),
+        predecessor_gone: Mutex::new(None),
+        check_file: OnceLock::new(),
+        checks_seen: AtomicU64::new(0),
         preemptions: made(
             r,
             IntCounter::new(
@@ -166,6 +193,72 @@ fn metrics() -> Metrics {
                 "Terms whose fencing token was not above this process's previous one (etcd's revisions were reset)",
             ),
         ),
+        info: made(
+            r,
+            prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "lead_exec_info",
+                    "Always 1: the worker's --id and lead-exec's version, to join on",
+                ),
+                &["id", "version"],
+            ),
+        ),
+        slots: made(
+            r,
+            IntGauge::new(
+                "lead_exec_slots",
+                "--slots: how many workers of the election may hold at once",
+            ),
+        ),
+        lease_ttl: made(
+            r,
+            Gauge::new(
+                "lead_exec_lease_ttl_seconds",
+                "The TTL etcd granted the last lease (--ttl, or etcd's minimum)",
+            ),
+        ),
+        grace: made(
+            r,
+            Gauge::new(
+                "lead_exec_grace_seconds",
+                "--grace: from SIGTERM to SIGKILL, which the lease deadline also leaves",
+            ),
+        ),
+        keepalive_timeout: made(
+            r,
+            Gauge::new(
+                "lead_exec_keepalive_timeout_seconds",
+                "How long one keepalive may take before another goes out on the next endpoint",
+            ),
+        ),
+        keepalive_failures: made(
+            r,
+            IntCounter::new(
+                "lead_exec_keepalive_failures_total",
+                "Keepalive attempts that failed or got no answer in time (each is retried)",
+            ),
+        ),
+        handover: histogram(
+            "lead_exec_handover_seconds",
+            "From the deletion of the key this worker waited behind (the previous holder's end) to its job's start",
+            vec![
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ],
+        ),
+        check_refusals: made(
+            r,
+            IntCounter::new(
+                "lead_exec_check_refusals_total",
+                "`lead-exec check` refusals (exit 4) in this worker's jobs",
+            ),
+        ),
+        deadline_stops: made(
+            r,
+            IntCounter::new(
+                "lead_exec_deadline_stops_total",
+                "Jobs the watchdog stopped at the lease deadline: renewals did not come in time",
+            ),
+        ),
         registry,
     }
 }
@@ -173,7 +266,18 @@ fn metrics() -> Metrics {
 /// The metrics as a process starts: it holds no slot yet.
 fn init(m: &Metrics) {
     m.slot.set(-1);
+    // At 0 from the start, so that `increase()` sees a worker's first loss of each kind.
+    for reason in LOSS_REASONS {
+        m.lost.with_label_values(&[reason]);
+    }
 }
+
+/// The `reason` values of `lead_exec_leadership_lost_total` (`Loss::as_str`).
+const LOSS_REASONS: [&str; 3] = [
+    "lease expired",
+    "renewal deadline passed",
+    "leader key deleted",
+];
 
 /// A metric, registered: the names and help texts are constants, so failing is a bug.
 fn made<T: prometheus::core::Collector + Clone + 'static>(
@@ -256,6 +360,14 @@ pub fn lost(reason: &str) {
 
 pub fn job_started() {
     METRICS.job_starts.inc();
+    if let Some(gone) = METRICS
+        .predecessor_gone
+        .lock()
+        .expect("not poisoned")
+        .take()
+    {
+        METRICS.handover.observe(gone.elapsed().as_secs_f64());
+    }
 }
 
 pub fn job_exited(code: u8, slack_ms: i64) {
@@ -268,11 +380,141 @@ pub fn job_exited(code: u8, slack_ms: i64) {
 
 /// The exposition text.
 pub fn render() -> String {
+    count_check_refusals();
+    let mut families = METRICS.registry.gather();
+    if let Some(election) = METRICS.election.get() {
+        label_all(&mut families, "election", election);
+    }
     let mut buf = Vec::new();
     TextEncoder::new()
-        .encode(&METRICS.registry.gather(), &mut buf)
+        .encode(&families, &mut buf)
         .expect("text encoding cannot fail");
     String::from_utf8(buf).expect("exposition is UTF-8")
+}
+
+/// What a fleet's queries group and compare by: the election (a label on every series, so that
+/// "leaders per election" needs no join), the worker's id and version (`lead_exec_info`), and
+/// the settings its alerts measure against.
+pub fn describe(election: &str, id: &str, slots: u32, grace: Duration) {
+    let _ = METRICS.election.set(election.to_string());
+    METRICS
+        .info
+        .with_label_values(&[id, env!("CARGO_PKG_VERSION")])
+        .set(1);
+    METRICS.slots.set(i64::from(slots));
+    METRICS.grace.set(grace.as_secs_f64());
+}
+
+/// Adds `name="value"` to every sample, keeping each sample's labels sorted by name as the
+/// registry does.
+fn label_all(families: &mut [prometheus::proto::MetricFamily], name: &str, value: &str) {
+    for family in families {
+        for m in family.mut_metric() {
+            let mut labels = m.take_label();
+            let mut pair = prometheus::proto::LabelPair::default();
+            pair.set_name(name.to_string());
+            pair.set_value(value.to_string());
+            labels.push(pair);
+            labels.sort_by(|a, b| a.name().cmp(b.name()));
+            m.set_label(labels);
+        }
+    }
+}
+
+/// A lease was granted with `ttl`; each of its keepalives may take `keepalive_timeout`.
+pub fn lease_granted(ttl: Duration, keepalive_timeout: Duration) {
+    METRICS.lease_ttl.set(ttl.as_secs_f64());
+    METRICS
+        .keepalive_timeout
+        .set(keepalive_timeout.as_secs_f64());
+}
+
+pub fn stopped_at_deadline() {
+    METRICS.deadline_stops.inc();
+}
+
+pub fn keepalive_failed() {
+    METRICS.keepalive_failures.inc();
+}
+
+/// A new place in line: a deletion seen in an earlier one says nothing about this wait.
+pub fn queued() {
+    *METRICS.predecessor_gone.lock().expect("not poisoned") = None;
+}
+
+/// The key (or slot key) this candidate waited behind was deleted: the holder ahead ended.
+pub fn predecessor_gone() {
+    *METRICS.predecessor_gone.lock().expect("not poisoned") = Some(std::time::Instant::now());
+}
+
+/// The variable that tells a job's `lead-exec check` where to count a refusal.
+pub const CHECK_REFUSALS_VAR: &str = "LEAD_EXEC_CHECK_REFUSALS";
+
+/// The path for the job's [`CHECK_REFUSALS_VAR`], once [`serve`] has created the file.
+pub fn check_refusals_path() -> Option<&'static Path> {
+    METRICS.check_file.get().map(PathBuf::as_path)
+}
+
+/// Creates the refusals file, readable and writable by this user only, in the runtime
+/// directory (a tmpfs cleared at logout or boot) or else the temporary one; removed at exit.
+fn create_check_file() -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let path = dir.join(format!(
+        "lead-exec-{}-{nonce:08x}.check-refusals",
+        std::process::id()
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    if METRICS.check_file.set(path).is_ok() {
+        extern "C" fn remove_check_file() {
+            if let Some(p) = METRICS.check_file.get() {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        // SAFETY: registers a plain function with no captured state, run by exit().
+        unsafe { libc::atexit(remove_check_file) };
+    }
+    Ok(())
+}
+
+/// Brings the counter up to the refusals the file holds.
+fn count_check_refusals() {
+    let Some(path) = METRICS.check_file.get() else {
+        return;
+    };
+    let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
+        return;
+    };
+    let seen = METRICS.checks_seen.fetch_max(len, Ordering::Relaxed);
+    if len > seen {
+        METRICS.check_refusals.inc_by(len - seen);
+    }
+}
+
+/// Called by `lead-exec check` when it refuses a token: counts the refusal with the lead-exec
+/// that runs this job, if it serves metrics (best effort: a job that cleared its environment,
+/// or runs as a user who may not write the file, is not counted).
+pub fn check_refused() {
+    use std::io::Write;
+    let Some(path) = std::env::var_os(CHECK_REFUSALS_VAR).filter(|p| !p.is_empty()) else {
+        return;
+    };
+    // Without create: a stale path from a lead-exec that has exited must not leave a file.
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+        // One byte in one append: concurrent checks never merge their counts.
+        let _ = f.write_all(b"\n");
+    }
 }
 
 /// Connections served at once; more wait in the kernel's accept queue.
@@ -286,6 +528,9 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// never the run loop; headers must arrive within 5 s, and at most
 /// 32 connections are served at once.
 pub async fn serve(addr: SocketAddr) -> Result<()> {
+    if let Err(e) = create_check_file() {
+        tracing::warn!("cannot count the job's `lead-exec check` refusals: {e}");
+    }
     // A taken port or a foreign address is a setting to fix, not an internal error.
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         crate::exit::fail(
@@ -351,4 +596,52 @@ async fn answer(
             .insert(hyper::header::CONTENT_LENGTH, len.into());
     }
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_loss_reason_is_shown_at_zero_from_the_start() {
+        use crate::election::lease::Loss;
+        for loss in [Loss::Expired, Loss::Deadline, Loss::KeyDeleted] {
+            assert!(LOSS_REASONS.contains(&loss.as_str()), "{loss:?}");
+        }
+    }
+
+    #[test]
+    fn the_election_label_goes_on_every_sample_in_name_order() {
+        let r = Registry::new();
+        let exits = made(
+            &r,
+            IntCounterVec::new(Opts::new("exits_total", "h"), &["code"]),
+        );
+        exits.with_label_values(&["0"]).inc();
+        made(&r, IntGauge::new("leader", "h")).set(1);
+        let rtt = made(
+            &r,
+            Histogram::with_opts(HistogramOpts::new("rtt", "h").buckets(vec![1.0])),
+        );
+        rtt.observe(0.5);
+        let mut families = r.gather();
+        label_all(&mut families, "election", "settle");
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&families, &mut buf).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        assert!(
+            text.contains(r#"exits_total{code="0",election="settle"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"leader{election="settle"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"rtt_bucket{election="settle",le="1"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"rtt_count{election="settle"} 1"#), "{text}");
+        let samples = text.lines().filter(|l| !l.starts_with('#'));
+        for line in samples {
+            assert!(line.contains(r#"election="settle""#), "{line}");
+        }
+    }
 }

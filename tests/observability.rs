@@ -85,11 +85,13 @@ fn metrics_count_losses_and_job_exits_by_reason() {
     wait_int(&dir.path().join("w.token"), secs(10));
     let text = scrape(port).unwrap();
     assert!(
-        text.contains(r#"lead_exec_leadership_lost_total{reason="leader key deleted"} 1"#),
+        text.contains(
+            r#"lead_exec_leadership_lost_total{election="loss",reason="leader key deleted"} 1"#
+        ),
         "{text}"
     );
     assert!(
-        text.contains(r#"lead_exec_job_exits_total{code="0"} 1"#),
+        text.contains(r#"lead_exec_job_exits_total{code="0",election="loss"} 1"#),
         "{text}"
     );
     assert!(metric(&text, "lead_exec_deadline_slack_seconds").unwrap() > 0.0);
@@ -663,4 +665,270 @@ fn full_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
         libc::fcntl(w, libc::F_SETFL, flags);
     }
     (reader, writer)
+}
+
+/// The metric names an exposition text exports: every sample's name, and each family's own
+/// (a histogram's samples are its `_bucket`, `_sum` and `_count`).
+fn exported(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| match l.strip_prefix("# TYPE ") {
+            Some(t) => t.split(' ').next(),
+            None if l.starts_with('#') => None,
+            None => l.split(['{', ' ']).next(),
+        })
+        .filter(|n| n.starts_with("lead_exec_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `lead_exec_*` names a document mentions.
+fn named(doc: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = doc;
+    while let Some(i) = rest.find("lead_exec_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The README without its SQL blocks: the fencing SQL names a table and a function
+/// `lead_exec_fence`, which are no metrics.
+fn without_sql(doc: &str) -> String {
+    let mut out = String::new();
+    let mut rest = doc;
+    while let Some(i) = rest.find("```sql\n") {
+        out.push_str(&rest[..i]);
+        let block = &rest[i + 7..];
+        rest = block.find("```").map_or("", |end| &block[end + 3..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+const RULES: &str = include_str!("../contrib/prometheus/lead-exec.rules.yml");
+const README: &str = include_str!("../README.md");
+const RULES_TESTS: &str = include_str!("../contrib/prometheus/lead-exec.rules.test.yml");
+
+/// The README's fleet queries (its `promql` block), each on one line.
+fn readme_queries() -> Vec<String> {
+    let block = README
+        .split("```promql\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the README has a promql block");
+    let mut queries = Vec::new();
+    let mut query = Vec::new();
+    for line in block.lines().chain([""]) {
+        if line.starts_with('#') || line.trim().is_empty() {
+            if !query.is_empty() {
+                queries.push(query.join(" "));
+                query.clear();
+            }
+        } else {
+            query.push(line.trim());
+        }
+    }
+    queries
+}
+
+#[test]
+fn the_dashboards_panels_query_only_what_promtool_tests() {
+    let dashboard: serde_json::Value = serde_json::from_str(include_str!(
+        "../contrib/prometheus/lead-exec.dashboard.json"
+    ))
+    .expect("the dashboard is JSON");
+    let exprs: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().expect("targets"))
+        .map(|t| t["expr"].as_str().expect("expr"))
+        .collect();
+    assert!(exprs.len() >= 3, "{exprs:?}");
+    for e in exprs {
+        assert!(
+            RULES_TESTS.contains(&format!("expr: '{e}'")),
+            "not in lead-exec.rules.test.yml's promql_expr_test: {e}"
+        );
+    }
+}
+
+#[test]
+fn the_readmes_fleet_queries_are_the_ones_promtool_tests() {
+    let queries = readme_queries();
+    assert!(queries.len() >= 3, "{queries:?}");
+    assert!(
+        queries.contains(&"sum by (election) (lead_exec_is_leader)".to_string()),
+        "leaders per election: {queries:?}"
+    );
+    for q in queries {
+        assert!(
+            RULES_TESTS.contains(&format!("expr: '{q}'")),
+            "not in lead-exec.rules.test.yml's promql_expr_test: {q}"
+        );
+    }
+}
+
+#[test]
+fn every_metric_the_alert_rules_and_readme_name_is_exported_by_leader_and_candidate() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (pa, pb) = (free_port(), free_port());
+    let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
+    // With a health check, so that its gauge is exported too.
+    let checked = ["--health-cmd", "true", "--health-interval", "200ms"];
+    let (ea, eb) = (
+        [&["--metrics-addr", &ma][..], &checked].concat(),
+        [&["--metrics-addr", &mb, "--id", "b"][..], &checked].concat(),
+    );
+    let (ja, jb) = (job(dir.path(), "a"), job(dir.path(), "b"));
+    let a = spawn(dir.path(), "a", &run_args("fleet", &ep, &ea, &ja));
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let b = spawn(dir.path(), "b", &run_args("fleet", &ep, &eb, &jb));
+    b.wait_log("waiting behind", secs(10));
+
+    let in_rules = named(RULES);
+    assert!(in_rules.len() >= 10, "{in_rules:?}");
+    let missing = |text: &str, names: &std::collections::BTreeSet<String>| -> Vec<String> {
+        let have = exported(text);
+        names.difference(&have).cloned().collect()
+    };
+    let mut leader = String::new();
+    let leads = wait_until(secs(5), || {
+        leader = scrape(pa).unwrap_or_default();
+        metric(&leader, "lead_exec_is_leader") == Some(1.0)
+    });
+    assert!(leads, "{leader}");
+    let waiting = scrape(pb).unwrap();
+    for (who, text) in [("leader", &leader), ("waiting candidate", &waiting)] {
+        assert_eq!(
+            missing(text, &in_rules),
+            Vec::<String>::new(),
+            "{who}:\n{text}"
+        );
+        for line in text.lines().filter(|l| l.starts_with("lead_exec_")) {
+            assert!(line.contains(r#"election="fleet""#), "{who}: {line}");
+        }
+        assert_eq!(metric(text, "lead_exec_slots"), Some(1.0), "{who}");
+    }
+    assert!(
+        waiting.contains(&format!(
+            r#"lead_exec_info{{election="fleet",id="b",version="{}"}} 1"#,
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{waiting}"
+    );
+
+    // A handover: a's key goes, b takes over and a queues behind it.
+    std::fs::remove_file(dir.path().join("b.token")).ok();
+    let key = etcd.keys("lead-exec/elections/fleet/").remove(0);
+    etcd.ctl(&["del", &key]);
+    wait_int(&dir.path().join("b.token"), secs(10));
+    a.wait_log("waiting behind", secs(10));
+    let mut new_leader = String::new();
+    let leads = wait_until(secs(5), || {
+        new_leader = scrape(pb).unwrap_or_default();
+        metric(&new_leader, "lead_exec_is_leader") == Some(1.0)
+    });
+    assert!(leads, "{new_leader}");
+    let old_leader = scrape(pa).unwrap();
+    for (who, text) in [("new leader", &new_leader), ("old leader", &old_leader)] {
+        assert_eq!(
+            missing(text, &in_rules),
+            Vec::<String>::new(),
+            "{who}:\n{text}"
+        );
+    }
+    // The README's table and queries: every name is exported by one of them.
+    let both = format!("{old_leader}\n{new_leader}");
+    assert_eq!(
+        missing(&both, &named(&without_sql(README))),
+        Vec::<String>::new(),
+        "{both}"
+    );
+    drop((a, b));
+}
+
+#[test]
+fn a_handover_is_timed_from_the_deletion_of_the_key_ahead_to_the_jobs_start() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let (pa, pb) = (free_port(), free_port());
+    let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
+    let mut a = spawn(
+        dir.path(),
+        "a",
+        &run_args("hand", &ep, &["--metrics-addr", &ma], &job(dir.path(), "a")),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let text = scrape(pa).unwrap();
+    assert_eq!(
+        metric(&text, "lead_exec_handover_seconds_count"),
+        Some(0.0),
+        "nobody was ahead of the first leader:\n{text}"
+    );
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args("hand", &ep, &["--metrics-addr", &mb], &job(dir.path(), "b")),
+    );
+    b.wait_log("waiting behind", secs(10));
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    wait_int(&dir.path().join("b.token"), secs(10));
+    let mut text = String::new();
+    let timed = wait_until(secs(5), || {
+        text = scrape(pb).unwrap_or_default();
+        metric(&text, "lead_exec_handover_seconds_count") == Some(1.0)
+    });
+    assert!(timed, "{text}");
+    let took = metric(&text, "lead_exec_handover_seconds_sum").unwrap();
+    assert!(took > 0.0 && took < 5.0, "handover took {took}s:\n{text}");
+    drop(b);
+}
+
+#[test]
+fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    // Token 1 is never the leader's: each check is refused (exit 4).
+    let body = format!(
+        "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/file; \
+         for i in 1 2 3; do {} check --token 1 2>/dev/null; echo $? >> $D/rc; done; \
+         echo $FENCING_TOKEN > $D/w.token; trap 'exit 0' TERM; while :; do sleep 0.05; done",
+        bin()
+    );
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args(
+            "chkc",
+            &etcd.endpoints(),
+            &["--metrics-addr", &addr],
+            &script(dir.path(), &body),
+        ),
+    );
+    wait_int(&dir.path().join("w.token"), secs(10));
+    assert_eq!(lines(&dir.path().join("rc")), ["4", "4", "4"]);
+    let text = scrape(port).unwrap();
+    assert_eq!(
+        metric(&text, "lead_exec_check_refusals_total"),
+        Some(3.0),
+        "{text}"
+    );
+    let file = std::fs::read_to_string(dir.path().join("file")).unwrap();
+    let file = std::path::Path::new(file.trim());
+    assert!(file.is_file(), "{}", file.display());
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert!(!file.exists(), "left behind: {}", file.display());
 }

@@ -17,7 +17,10 @@ pub async fn run(a: CheckArgs) -> Result<Exit> {
     let line = ctx.holders().await?;
     // The first N of the line, paused or not: a paused holder must stop, not look stale.
     let first = &line.entries[..line.entries.len().min(line.slots as usize)];
-    let stale = |why: String| Err(fail(Exit::StaleToken, format!("token {} {why}", a.token)));
+    let stale = |why: String| {
+        crate::metrics::check_refused();
+        Err(fail(Exit::StaleToken, format!("token {} {why}", a.token)))
+    };
     match first.iter().find(|e| e.token == a.token) {
         Some(e) if line.paused.is_none() => {
             let whose = if line.slots == 1 {

@@ -75,6 +75,7 @@ const CONNECT_POLLS: usize = 4;
 /// Connects, probes etcd and starts what the first campaign needs; `Err` is how the run
 /// ended already (its run key was done).
 pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>> {
+    metrics::describe(cfg.election.name(), &cfg.id, cfg.slots, cfg.grace);
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr).await?;
     }

@@ -148,6 +148,7 @@ fn job_ended(ended: crate::supervisor::JobEnd, cfg: &RunConfig) -> (Exit, bool) 
     let (election, id) = (cfg.election.name(), &cfg.id);
     let by_watchdog = match ended.cause {
         GroupEnd::Deadline => {
+            metrics::stopped_at_deadline();
             tracing::error!(
                 election,
                 id,

@@ -158,7 +158,8 @@ pub fn decode_start_line(line: &[u8]) -> Option<StartLine> {
     match line.first()? {
         b'A' => decode_command(line).map(StartLine::Command),
         b'V' => {
-            let line = std::str::from_utf8(line).ok()?.trim_end();
+            // Only the newline goes: an empty value is an empty last word.
+            let line = std::str::from_utf8(line).ok()?.trim_end_matches('\n');
             let mut w = line.split(' ').skip(1);
             let (k, v) = (unhex(w.next()?)?, unhex(w.next()?)?);
             (!k.is_empty() && w.next().is_none()).then_some(StartLine::Var(k, v))
@@ -327,6 +328,7 @@ mod tests {
         let env = vec![
             ("FENCING_TOKEN".to_string(), "42".to_string()),
             ("X".into(), "a b\nc".into()),
+            ("EMPTY".into(), String::new()),
         ];
         let deadline = Order::Deadline {
             term_at: 5,
@@ -343,6 +345,7 @@ mod tests {
             vec![
                 Some(StartLine::Var("FENCING_TOKEN".into(), "42".into())),
                 Some(StartLine::Var("X".into(), "a b\nc".into())),
+                Some(StartLine::Var("EMPTY".into(), "".into())),
                 Some(StartLine::Deadline {
                     term_at: 5,
                     kill_at: 9

@@ -147,6 +147,7 @@ impl Campaign<'_> {
         let mut client = self.client.clone();
         let key = self.election.candidate_key(self.lease.id);
         let (created, my_rev) = self.create(&mut client, &key).await?;
+        crate::metrics::queued();
         tracing::debug!(key, my_rev, "candidate key created");
         let mut lease_rx = self.lease.subscribe();
         if created.is_some_and(|ops| holds_unpaused(&ops, my_rev)) {

@@ -216,6 +216,8 @@ impl Campaign<'_> {
         // Subscribed before the watch opens: a pin move while it opens would leave the watch
         // on the endpoint just left, with nothing to tell us.
         let mut moves = self.router.moves();
+        // A resume is not a holder's end: only a candidate or slot key's deletion times a handover.
+        let holder = key != self.election.paused_key().as_bytes();
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
@@ -247,6 +249,9 @@ impl Campaign<'_> {
                             return Ok(None);
                         }
                         if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                            if holder {
+                                crate::metrics::predecessor_gone();
+                            }
                             return Ok(None);
                         }
                     }

@@ -93,7 +93,10 @@ pub(super) async fn keepalive_loop(
                 }
                 let (reply, why) = match a.result {
                     Ok(r) => (r, None),
-                    Err(why) => (Reply::Failed, Some(why)),
+                    Err(why) => {
+                        crate::metrics::keepalive_failed();
+                        (Reply::Failed, Some(why))
+                    }
                 };
                 (Event::Answer { sent: a.sent, endpoint: a.endpoint, reply }, why)
             }

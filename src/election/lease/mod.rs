@@ -79,6 +79,7 @@ impl Lease {
             .await?;
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
         let plan = Renewal::plan(granted, grace, margin);
+        crate::metrics::lease_granted(granted, plan.timeout);
         let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
         let renew = Arc::new(Notify::new());
