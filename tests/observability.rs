@@ -664,3 +664,48 @@ fn full_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
     }
     (reader, writer)
 }
+
+/// Leaving the line on a failing health check gives up the candidacy (its lease revoked, a
+/// fresh campaign once healthy): a phase change like any other, so it has its log line, as
+/// it does after a failed campaign's backoff.
+#[test]
+fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let healthy = dir.path().join("healthy");
+    std::fs::write(&healthy, "").unwrap();
+    let _a = spawn(
+        dir.path(),
+        "a",
+        &run_args("hlog", &ep, &[], &job(dir.path(), "a")),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let check = format!("test -e {}", healthy.display());
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args(
+            "hlog",
+            &ep,
+            &[
+                "--health-cmd",
+                &check,
+                "--health-interval",
+                "100ms",
+                "--health-failures",
+                "2",
+            ],
+            &job(dir.path(), "b"),
+        ),
+    );
+    b.wait_log("waiting behind", secs(10));
+    std::fs::remove_file(&healthy).unwrap();
+    // Logged after the step's actions: the phase line, if any, is in the log by then.
+    b.wait_log("not campaigning until the health check passes", secs(10));
+    let log = b.log_text();
+    assert!(
+        log.contains("campaigning -> campaigning on Unhealthy"),
+        "no phase line for leaving the line:\n{log}"
+    );
+}

@@ -148,7 +148,10 @@ impl Driver {
             {
                 metrics::lost(r.as_str());
             }
-            if next != phase {
+            // Leaving the candidacy is a phase change even when the phase reads the same
+            // (out of line on a failing health check, back to `Campaigning { attempt: 0 }`).
+            let left_line = actions.iter().any(|a| matches!(a, Action::RevokeLease));
+            if next != phase || left_line {
                 tracing::info!(
                     election = self.cfg.election.name(),
                     id = self.cfg.id,
