@@ -148,10 +148,17 @@ impl Driver {
             {
                 metrics::lost(r.as_str());
             }
-            // Leaving the candidacy is a phase change even when the phase reads the same
-            // (out of line on a failing health check, back to `Campaigning { attempt: 0 }`).
-            let left_line = actions.iter().any(|a| matches!(a, Action::RevokeLease));
-            if next != phase || left_line {
+            // A step that stays in its phase is quiet only when it passes a signal on or
+            // judges a handover. One that reads the same phase but kills the job (a second
+            // stop while draining) or gives up the lease (out of line on a failing health
+            // check) changed the run, and says so.
+            let quiet = actions.iter().all(|a| {
+                matches!(
+                    a,
+                    Action::Forward(_) | Action::HandOverIn(_) | Action::KeepTerm
+                )
+            });
+            if next != phase || !quiet {
                 tracing::info!(
                     election = self.cfg.election.name(),
                     id = self.cfg.id,
