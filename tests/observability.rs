@@ -709,3 +709,44 @@ fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
         "no phase line for leaving the line:\n{log}"
     );
 }
+
+/// A failed campaign's phase line names what failed; the error itself has its own warning.
+/// Printing the error there too would carry its whole stack backtrace (kilobytes, on one
+/// line) whenever RUST_BACKTRACE is set.
+#[test]
+fn a_failed_campaigns_phase_line_carries_no_backtrace() {
+    let mut etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let _a = spawn(
+        dir.path(),
+        "a",
+        &run_args("bt", &ep, &[], &job(dir.path(), "a")),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let b = spawn_env(
+        dir.path(),
+        "b",
+        &run_args(
+            "bt",
+            &ep,
+            &["--command-timeout", "1s"],
+            &job(dir.path(), "b"),
+        ),
+        &[("RUST_BACKTRACE", "1")],
+    );
+    b.wait_log("waiting behind", secs(10));
+    // Refused connections fail the campaign's requests long before the lease runs out.
+    etcd.members[0].kill();
+    b.wait_log("-> backing-off on Failed(Etcd", secs(15));
+    let log = b.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("-> backing-off on"))
+        .unwrap();
+    assert!(
+        !line.contains("backtrace") && line.len() < 400,
+        "the phase line carries the error's debug form ({} bytes):\n{line}",
+        line.len()
+    );
+}
