@@ -931,4 +931,89 @@ fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
     assert!(!file.exists(), "left behind: {}", file.display());
+
+/// Leaving the line on a failing health check gives up the candidacy (its lease revoked, a
+/// fresh campaign once healthy): a phase change like any other, so it has its log line, as
+/// it does after a failed campaign's backoff.
+#[test]
+fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let healthy = dir.path().join("healthy");
+    std::fs::write(&healthy, "").unwrap();
+    let _a = spawn(
+        dir.path(),
+        "a",
+        &run_args("hlog", &ep, &[], &job(dir.path(), "a")),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let check = format!("test -e {}", healthy.display());
+    let b = spawn(
+        dir.path(),
+        "b",
+        &run_args(
+            "hlog",
+            &ep,
+            &[
+                "--health-cmd",
+                &check,
+                "--health-interval",
+                "100ms",
+                "--health-failures",
+                "2",
+            ],
+            &job(dir.path(), "b"),
+        ),
+    );
+    b.wait_log("waiting behind", secs(10));
+    std::fs::remove_file(&healthy).unwrap();
+    // Logged after the step's actions: the phase line, if any, is in the log by then.
+    b.wait_log("not campaigning until the health check passes", secs(10));
+    let log = b.log_text();
+    assert!(
+        log.contains("campaigning -> campaigning on Unhealthy"),
+        "no phase line for leaving the line:\n{log}"
+    );
+}
+
+/// A failed campaign's phase line names what failed; the error itself has its own warning.
+/// Printing the error there too would carry its whole stack backtrace (kilobytes, on one
+/// line) whenever RUST_BACKTRACE is set.
+#[test]
+fn a_failed_campaigns_phase_line_carries_no_backtrace() {
+    let mut etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let _a = spawn(
+        dir.path(),
+        "a",
+        &run_args("bt", &ep, &[], &job(dir.path(), "a")),
+    );
+    wait_int(&dir.path().join("a.token"), secs(10));
+    let b = spawn_env(
+        dir.path(),
+        "b",
+        &run_args(
+            "bt",
+            &ep,
+            &["--command-timeout", "1s"],
+            &job(dir.path(), "b"),
+        ),
+        &[("RUST_BACKTRACE", "1")],
+    );
+    b.wait_log("waiting behind", secs(10));
+    // Refused connections fail the campaign's requests long before the lease runs out.
+    etcd.members[0].kill();
+    b.wait_log("-> backing-off on Failed(Etcd", secs(15));
+    let log = b.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("-> backing-off on"))
+        .unwrap();
+    assert!(
+        !line.contains("backtrace") && line.len() < 400,
+        "the phase line carries the error's debug form ({} bytes):\n{line}",
+        line.len()
+    );
 }

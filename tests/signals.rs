@@ -89,3 +89,31 @@ fn term_while_campaigning_cancels_and_removes_the_key() {
     leader.signal(libc::SIGTERM);
     leader.wait(secs(10));
 }
+
+/// A second stop while the job is draining cuts its grace short with SIGKILL: the log says
+/// so with its phase line, so that a job killed before its grace is accounted for.
+#[test]
+fn a_second_stop_while_draining_logs_the_kill() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let s = script(
+        dir.path(),
+        "trap 'echo got-term >> $D/trap' TERM; echo up > $D/up; while :; do sleep 0.05; done",
+    );
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args_with(&WIDE_GRACE, "sig2", &etcd.endpoints(), &[], &s),
+    );
+    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    w.signal(libc::SIGTERM);
+    wait_line(&dir.path().join("trap"), secs(5), |l| l == "got-term");
+    w.wait_log("leading -> draining", secs(5));
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.code(secs(5)), 137, "{}", w.log_text());
+    let log = w.log_text();
+    assert!(
+        log.contains("draining -> draining on Signal(15)"),
+        "no phase line for the second stop:\n{log}"
+    );
+}

@@ -54,10 +54,18 @@ pub struct Ended {
 }
 
 /// An etcd error on the way, with what was being done.
-#[derive(Debug)]
 pub struct Failure {
     pub what: &'static str,
     pub error: anyhow::Error,
+}
+
+/// What failed, only: the event it travels in is printed on the phase line, and the error has
+/// a line of its own ([`Action::Report`], or the run's error). An error's debug form would
+/// put its whole stack backtrace on the phase line whenever RUST_BACKTRACE is set.
+impl std::fmt::Debug for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.what)
+    }
 }
 
 /// Runs until the job is done (or leadership is given up) and returns how it ended.
@@ -150,7 +158,17 @@ impl Driver {
             {
                 metrics::lost(r.as_str());
             }
-            if next != phase {
+            // A step that stays in its phase is quiet only when it passes a signal on or
+            // judges a handover. One that reads the same phase but kills the job (a second
+            // stop while draining) or gives up the lease (out of line on a failing health
+            // check) changed the run, and says so.
+            let quiet = actions.iter().all(|a| {
+                matches!(
+                    a,
+                    Action::Forward(_) | Action::HandOverIn(_) | Action::KeepTerm
+                )
+            });
+            if next != phase || !quiet {
                 tracing::info!(
                     election = self.cfg.election.name(),
                     id = self.cfg.id,
