@@ -931,6 +931,7 @@ fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
     assert!(!file.exists(), "left behind: {}", file.display());
+}
 
 /// Leaving the line on a failing health check gives up the candidacy (its lease revoked, a
 /// fresh campaign once healthy): a phase change like any other, so it has its log line, as
