@@ -532,7 +532,7 @@ fn tree(root: i32) -> Vec<i32> {
 }
 
 /// Records the moment each job process dies (polls every 2 ms).
-fn watch_deaths(events: PathBuf, deaths: Arc<Mutex<HashMap<i32, i64>>>, stop: Arc<AtomicBool>) {
+pub(crate) fn watch_deaths(events: PathBuf, deaths: Arc<Mutex<HashMap<i32, i64>>>, stop: Arc<AtomicBool>) {
     std::thread::spawn(move || {
         let mut live: Vec<i32> = Vec::new();
         let mut seen = 0usize;
@@ -624,6 +624,11 @@ pub struct Report {
     pub rejected: usize,
     /// Overlaps of a deposed worker's job with the next term (allowed: its writes were fenced).
     pub fenced_overlaps: usize,
+    /// Beats (writes tried, accepted or rejected) of a token after a newer token of its slot
+    /// started. Each is a violation unless its worker was deposed by force.
+    pub late_beats: usize,
+    /// Those of `late_beats` by a worker deposed by force (frozen whole, its key deleted).
+    pub late_beats_deposed: usize,
 }
 
 impl Report {
@@ -644,7 +649,9 @@ impl Report {
 /// 3. never more than `slots` jobs alive at once (with one: two terms never overlap), except
 ///    where a fault deposed an older one by force (its whole worker frozen, its key deleted):
 ///    then none of its writes after the first write of a newer term of its slot was accepted;
-/// 4. after a fault heals with a quorum, a job runs within TTL + 2 s.
+/// 4. after a fault heals with a quorum, a job runs within TTL + 2 s;
+/// 5. no job beats (tries a write) after a newer token of its slot started, unless its worker
+///    was deposed by force (then 3 holds for it).
 pub fn check(h: &History) -> Report {
     let mut r = Report {
         accepted: h.accepted.len(),
@@ -750,6 +757,7 @@ pub fn check(h: &History) -> Report {
             ));
         }
     }
+    late_beats(h, &terms, &mut r);
     for m in &h.marks {
         let (Some(heal), true) = (m.heal_ns, m.expect_liveness) else {
             continue;
@@ -783,6 +791,46 @@ pub fn check(h: &History) -> Report {
     }
     r.terms = terms;
     r
+}
+
+/// Check 5: beats of an old token after a newer token's start.
+fn late_beats(h: &History, terms: &[Term], r: &mut Report) {
+    let beats = h
+        .events
+        .iter()
+        .filter(|e| e.kind == "write" || e.kind == "reject");
+    for e in beats {
+        let Some(newer) = terms
+            .iter()
+            .filter(|t| t.token > e.token && t.slot == e.slot && t.start_ns < e.ns)
+            .min_by_key(|t| t.start_ns)
+        else {
+            continue;
+        };
+        r.late_beats += 1;
+        let own_start = terms
+            .iter()
+            .find(|t| t.token == e.token)
+            .map_or(i64::MIN, |t| t.start_ns);
+        let deposed = h.marks.iter().any(|m| {
+            m.deposed_worker.as_deref() == Some(e.worker.as_str())
+                && m.begin_ns <= newer.start_ns
+                && m.heal_ns.is_none_or(|heal| heal >= own_start)
+        });
+        if deposed {
+            r.late_beats_deposed += 1;
+        } else {
+            r.violations.push(format!(
+                "beat after a newer token: token {} ({}) {} {} ms after token {} ({}) started",
+                e.token,
+                e.worker,
+                e.kind,
+                (e.ns - newer.start_ns) / 1_000_000,
+                newer.token,
+                newer.worker
+            ));
+        }
+    }
 }
 
 /// Mode helpers re-exported for the fault tests.

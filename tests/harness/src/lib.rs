@@ -4,7 +4,9 @@
 //! checker ([`chaos`]), and what the benchmarks measure with ([`measure`]).
 
 pub mod chaos;
+pub mod liveness;
 pub mod measure;
+pub mod netns;
 pub mod proxy;
 
 use std::fs;
