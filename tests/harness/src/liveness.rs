@@ -81,33 +81,3 @@ fn attribute(a: i64, b: i64, causes: &[Cause]) -> Gap {
         attributed,
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn term(s: i64, e: i64) -> Term {
-        Term {
-            token: s,
-            slot: 0,
-            worker: "w".into(),
-            start_ns: s,
-            end_ns: e,
-        }
-    }
-
-    #[test]
-    fn a_gap_within_a_faults_window_is_its_and_one_past_it_is_unattributed() {
-        let terms = [term(0, 10), term(30, 40), term(80, 90)];
-        let causes = [Cause {
-            name: "cut".into(),
-            begin_ns: 5,
-            explains_until_ns: 35,
-        }];
-        let (g, longest) = gaps(&terms, &causes, 5, 90);
-        assert_eq!(g.len(), 2);
-        assert!(g[0].attributed && g[0].causes == ["cut"]);
-        assert!(!g[1].attributed && g[1].causes.is_empty());
-        assert_eq!(longest, 40.0 / 1e9);
-    }
-}

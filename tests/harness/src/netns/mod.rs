@@ -79,7 +79,7 @@ impl NetMember {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new("ip")
+        let child = Command::new(net::tool("ip"))
             .args(["netns", "exec", &self.node.ns])
             .arg(need("etcd", "etcd-server"))
             .args(&self.args)
@@ -300,7 +300,7 @@ impl Testbed {
 
     /// etcdctl from the hub namespace; `None` when it failed.
     pub fn ctl(&self, endpoints: &str, args: &[&str]) -> Option<String> {
-        let out = Command::new("ip")
+        let out = Command::new(net::tool("ip"))
             .args(["netns", "exec", &self.hub])
             .arg(need("etcdctl", "etcd-client"))
             .env("ETCDCTL_API", "3")
@@ -333,7 +333,7 @@ impl Testbed {
             .append(true)
             .open(&w.log)
             .unwrap();
-        let child = Command::new("ip")
+        let child = Command::new(net::tool("ip"))
             .args(["netns", "exec", &w.node.ns, bin(), "run", &self.election])
             .args(["--endpoints", &self.endpoints(), "--ttl", &ttl])
             .args(["--id", &w.node.name])

@@ -38,7 +38,7 @@ pub fn require() -> Result<(), String> {
     if unsafe { libc::geteuid() } != 0 {
         return Err("the network-namespace testbed needs root (ip netns add)".into());
     }
-    let probe = format!("{PREFIX}{}-probe", std::process::id());
+    let probe = scratch("probe");
     let made = run(&["ip", "netns", "add", &probe]);
     let nft = made.and_then(|_| {
         nft(
@@ -55,6 +55,11 @@ pub fn require() -> Result<(), String> {
     }
 }
 
+/// Where `tool` is: PATH, then the sbin directories a non-login root shell may lack.
+pub fn tool(tool: &str) -> std::path::PathBuf {
+    find(tool).unwrap_or_else(|| tool.into())
+}
+
 fn find(tool: &str) -> Option<std::path::PathBuf> {
     std::env::var("PATH")
         .unwrap_or_default()
@@ -62,6 +67,13 @@ fn find(tool: &str) -> Option<std::path::PathBuf> {
         .chain(["/usr/sbin", "/sbin"])
         .map(|d| Path::new(d).join(tool))
         .find(|p| p.is_file())
+}
+
+/// A name for a throwaway namespace, unique across the threads of this process.
+fn scratch(what: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    format!("{PREFIX}{}-{what}{n}", std::process::id())
 }
 
 /// Runs a command to completion; its stderr is the error.
@@ -90,8 +102,9 @@ pub fn must(argv: &[&str]) {
 
 /// Runs `argv` inside namespace `ns`.
 pub fn run_in(ns: &str, argv: &[&str]) -> Result<(), String> {
-    let mut all = vec!["ip", "netns", "exec", ns];
-    all.extend_from_slice(argv);
+    let first = tool(argv[0]);
+    let mut all = vec!["ip", "netns", "exec", ns, first.to_str().unwrap_or(argv[0])];
+    all.extend_from_slice(&argv[1..]);
     run(&all)
 }
 
@@ -100,7 +113,9 @@ pub fn nft(ns: &str, script: &str) -> Result<(), String> {
     use std::io::Write;
     let ip = find("ip").ok_or("`ip` not found")?;
     let mut child = Command::new(ip)
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .args(["netns", "exec", ns])
+        .arg(tool("nft"))
+        .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -184,7 +199,7 @@ pub fn sweep() -> usize {
 
 /// Whether the kernel has `sch_netem`: tried on a veth pair in a throwaway namespace.
 pub fn has_netem() -> bool {
-    let ns = format!("{PREFIX}{}-netem", std::process::id());
+    let ns = scratch("netem");
     let ok = run(&["ip", "netns", "add", &ns])
         .and_then(|_| {
             run_in(
