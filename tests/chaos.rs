@@ -548,7 +548,10 @@ fn partition_leader_cut_off_from_every_member_stops_before_its_lease_expires() {
         "the job ran {} ms after the cut, TTL {ttl:?}",
         (died_at - cut_at) / 1_000_000
     );
-    assert!(started > died_at, "the new term started before the old job died");
+    assert!(
+        started > died_at,
+        "the new term started before the old job died"
+    );
     tb.heal_all();
     let (_, r) = tb.finish();
     r.assert_ok(&tb.logs());

@@ -170,7 +170,7 @@ fn a_long_gap_is_attributed_to_a_cause_that_explains_its_end_or_to_none() {
         begin_ns: 5,
         explains_until_ns: 35,
     };
-    let (g, longest) = gaps(&terms, &[cut.clone()], 5, 90);
+    let (g, longest) = gaps(&terms, std::slice::from_ref(&cut), 5, 90);
     assert_eq!(longest, 40e-9);
     assert_eq!(g.len(), 2);
     assert!(g[0].attributed && g[0].causes == ["cut"]);

@@ -31,9 +31,7 @@ fn value(args: &[String], name: &str) -> Option<String> {
 fn parse<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
     match value(args, name) {
         None => Ok(default),
-        Some(v) => v
-            .parse()
-            .map_err(|_| format!("{name}: cannot parse {v:?}")),
+        Some(v) => v.parse().map_err(|_| format!("{name}: cannot parse {v:?}")),
     }
 }
 
@@ -48,7 +46,10 @@ fn settings(args: &[String]) -> Result<Settings, String> {
     if !(minutes > 0.0 && minutes <= 24.0 * 60.0) {
         return Err("--minutes: between 0 and 1440".into());
     }
-    let mut s = Settings::new(Duration::from_secs_f64(minutes * 60.0), parse(args, "--seed", 1)?);
+    let mut s = Settings::new(
+        Duration::from_secs_f64(minutes * 60.0),
+        parse(args, "--seed", 1)?,
+    );
     if let Some(ttl) = value(args, "--ttl") {
         s.ttl = humantime::parse_duration(&ttl).map_err(|e| format!("--ttl: {e}"))?;
     }

@@ -46,7 +46,10 @@ pub fn print(s: &Settings, o: &Outcome) {
         "| ledger writes accepted / rejected | {} / {} |",
         r.accepted, r.rejected
     );
-    println!("| **overlaps** | **{overlaps}** (plus {} of a frozen worker's job, fenced) |", r.fenced_overlaps);
+    println!(
+        "| **overlaps** | **{overlaps}** (plus {} of a frozen worker's job, fenced) |",
+        r.fenced_overlaps
+    );
     println!(
         "| **beats of an old token after a newer token's start** | **{beats}** (plus {} by a frozen worker) |",
         r.late_beats_deposed

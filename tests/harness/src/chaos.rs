@@ -531,20 +531,35 @@ fn tree(root: i32) -> Vec<i32> {
     all
 }
 
-/// Records the moment each job process dies (polls every 2 ms).
-pub(crate) fn watch_deaths(events: PathBuf, deaths: Arc<Mutex<HashMap<i32, i64>>>, stop: Arc<AtomicBool>) {
+/// Records the moment each job process dies (polls every 2 ms). Reads only what was appended
+/// since the last poll, so that an hour's history costs no more per poll than a minute's.
+pub(crate) fn watch_deaths(
+    events: PathBuf,
+    deaths: Arc<Mutex<HashMap<i32, i64>>>,
+    stop: Arc<AtomicBool>,
+) {
     std::thread::spawn(move || {
+        use std::io::{Read, Seek, SeekFrom};
         let mut live: Vec<i32> = Vec::new();
-        let mut seen = 0usize;
+        let mut offset = 0u64;
+        let mut partial = String::new();
         while !stop.load(Ordering::SeqCst) {
-            let text = fs::read_to_string(&events).unwrap_or_default();
-            let evs = parse_events(&text);
-            for e in &evs[seen.min(evs.len())..] {
+            let mut fresh = String::new();
+            if let Ok(mut f) = fs::File::open(&events) {
+                if f.seek(SeekFrom::Start(offset)).is_ok() {
+                    let _ = f.read_to_string(&mut fresh);
+                }
+            }
+            offset += fresh.len() as u64;
+            partial.push_str(&fresh);
+            // Only whole lines: a job may be halfway through appending one.
+            let whole = partial.rfind('\n').map_or(0, |i| i + 1);
+            for e in parse_events(&partial[..whole]) {
                 if e.kind == "start" {
                     live.push(e.pid);
                 }
             }
-            seen = evs.len();
+            partial.drain(..whole);
             live.retain(|&pid| {
                 if alive(pid) {
                     true

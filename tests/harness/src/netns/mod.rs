@@ -42,7 +42,9 @@ impl std::fmt::Display for Shaping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Shaping::Netem => "netem (delay and loss)",
-            Shaping::Tbf => "tbf queueing delay + nftables numgen loss (no sch_netem in this kernel)",
+            Shaping::Tbf => {
+                "tbf queueing delay + nftables numgen loss (no sch_netem in this kernel)"
+            }
         })
     }
 }
@@ -276,11 +278,20 @@ impl Testbed {
         let ip = format!("{}.{host}", net::SUBNET);
         let hub = self.hub.clone();
         net::must(&[
-            "ip", "-n", &hub, "link", "add", name, "type", "veth", "peer", "name", "eth0",
-            "netns", &ns,
+            "ip", "-n", &hub, "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns",
+            &ns,
         ]);
         net::must(&["ip", "-n", &hub, "link", "set", name, "master", "br0", "up"]);
-        net::must(&["ip", "-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        net::must(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{ip}/24"),
+            "dev",
+            "eth0",
+        ]);
         net::must(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
         net::nft(&ns, TABLE).unwrap_or_else(|e| panic!("{e}"));
         Node {
@@ -340,7 +351,13 @@ impl Testbed {
             .args(&self.lease_args)
             .arg("--")
             .arg(ledger_bin())
-            .args(["--db", self.db.to_str().unwrap(), "settle", "--every", "100"])
+            .args([
+                "--db",
+                self.db.to_str().unwrap(),
+                "settle",
+                "--every",
+                "100",
+            ])
             .args(["--events", self.events.to_str().unwrap()])
             .env_remove("LEAD_EXEC_ENDPOINTS")
             .stdin(Stdio::null())
@@ -416,7 +433,10 @@ impl Testbed {
         let n = self.node(name);
         self.add_rule(
             &n.ns,
-            &format!("ip saddr {}.0/24 numgen random mod 100 < {percent} drop", net::SUBNET),
+            &format!(
+                "ip saddr {}.0/24 numgen random mod 100 < {percent} drop",
+                net::SUBNET
+            ),
         );
     }
 
@@ -426,7 +446,9 @@ impl Testbed {
         let n = self.node(name);
         let delay = format!("{ms}ms");
         let argv: Vec<&str> = match self.shaping {
-            Shaping::Netem => vec!["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", &delay, "50ms"],
+            Shaping::Netem => vec![
+                "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", &delay, "50ms",
+            ],
             Shaping::Tbf => vec![
                 "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", "24kbit", "burst",
                 "1600", "latency", &delay,

@@ -204,13 +204,17 @@ pub fn has_netem() -> bool {
         .and_then(|_| {
             run_in(
                 &ns,
-                &["ip", "link", "add", "a", "type", "veth", "peer", "name", "b"],
+                &[
+                    "ip", "link", "add", "a", "type", "veth", "peer", "name", "b",
+                ],
             )
         })
         .and_then(|_| {
             run_in(
                 &ns,
-                &["tc", "qdisc", "add", "dev", "a", "root", "netem", "delay", "1ms"],
+                &[
+                    "tc", "qdisc", "add", "dev", "a", "root", "netem", "delay", "1ms",
+                ],
             )
         })
         .is_ok();

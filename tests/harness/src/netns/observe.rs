@@ -99,10 +99,7 @@ impl LeaderWatch {
                     if let Some(before) = seen[i].filter(|&b| sc.changes_seen > b && b > 0) {
                         c.lock().unwrap().push(LeaderChange {
                             ns: at,
-                            what: format!(
-                                "m{i} saw {} leader change(s)",
-                                sc.changes_seen - before
-                            ),
+                            what: format!("m{i} saw {} leader change(s)", sc.changes_seen - before),
                         });
                     }
                     seen[i] = Some(sc.changes_seen);
