@@ -9,14 +9,15 @@
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
 //! - `interop`: coexistence with `etcdctl elect`
 //! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
-//!   (including the routine ones: a member down, a rolling restart, a lost reply)
+//!   (including the routine ones: a member down, a rolling restart, a lost reply); real
+//!   partitions in network namespaces are the `partition_*` tests
 //! - `ops`: status, watch, resign, pause, history, check, run keys
 //! - `scheduling`: the scheduling controls (`--timeout`, `--slots`)
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
 //! - `docs`: the man pages match the clap definition
-//! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes
-//!   and token regressions
+//! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes,
+//!   token regressions and late beats, and names the cause of each liveness gap
 //!
 //! The harness (etcd clusters, the fault proxy, workers, waiting helpers, the history
 //! checker) is the `harness` crate in `tests/harness`, shared with the examples.
