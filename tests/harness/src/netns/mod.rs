@@ -81,15 +81,15 @@ impl NetMember {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(net::tool("ip"))
-            .args(["netns", "exec", &self.node.ns])
+        let mut cmd = Command::new(net::tool("ip"));
+        cmd.args(["netns", "exec", &self.node.ns])
             .arg(need("etcd", "etcd-server"))
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start etcd in its namespace");
+            .stderr(log);
+        die_with_owner(&mut cmd);
+        let child = cmd.spawn().expect("start etcd in its namespace");
         self.child = Some(child);
     }
 
@@ -137,6 +137,20 @@ pub struct Testbed {
     deaths: Arc<Mutex<HashMap<i32, i64>>>,
     stop: Arc<AtomicBool>,
     namespaces: Vec<String>,
+}
+
+/// SIGKILL when the thread that started it exits: a run that aborts (no drop) leaves no
+/// etcd or lead-exec behind; its namespaces go at the next [`net::sweep`]. `ip netns exec`
+/// execs the command, and the setting survives that exec.
+fn die_with_owner(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
 }
 
 static TESTBEDS: AtomicU32 = AtomicU32::new(0);
@@ -344,8 +358,8 @@ impl Testbed {
             .append(true)
             .open(&w.log)
             .unwrap();
-        let child = Command::new(net::tool("ip"))
-            .args(["netns", "exec", &w.node.ns, bin(), "run", &self.election])
+        let mut cmd = Command::new(net::tool("ip"));
+        cmd.args(["netns", "exec", &w.node.ns, bin(), "run", &self.election])
             .args(["--endpoints", &self.endpoints(), "--ttl", &ttl])
             .args(["--id", &w.node.name])
             .args(&self.lease_args)
@@ -362,9 +376,9 @@ impl Testbed {
             .env_remove("LEAD_EXEC_ENDPOINTS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start lead-exec in its namespace");
+            .stderr(log);
+        die_with_owner(&mut cmd);
+        let child = cmd.spawn().expect("start lead-exec in its namespace");
         self.workers[i].child = Some(child);
     }
 
