@@ -71,7 +71,12 @@ pub fn print(s: &Settings, o: &Outcome) {
         let t0 = o.faults.first().map_or(0, |f| f.begin_ns);
         for g in &o.gaps {
             let cause = if g.attributed {
-                g.causes.join("; then ")
+                // The first cause is the one that explains the gap's end.
+                match g.causes.split_first() {
+                    Some((first, [])) => first.clone(),
+                    Some((first, rest)) => format!("{first} (also during it: {})", rest.join("; ")),
+                    None => String::new(),
+                }
             } else if g.causes.is_empty() {
                 "**none**".into()
             } else {
