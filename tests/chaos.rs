@@ -504,3 +504,75 @@ fn faults_on_one_endpoint_after_another_keep_the_term_and_the_takeover_bound() {
     c.start_worker(i);
     done(c);
 }
+
+/// Real partitions (network namespaces, nftables drops with no RST): a leader cut off from
+/// every etcd member stops its job before its lease can expire on the server, and another
+/// worker takes over only after that.
+#[test]
+fn partition_leader_cut_off_from_every_member_stops_before_its_lease_expires() {
+    use harness::chaos::mono_ns;
+    use harness::netns::Testbed;
+    let ttl = secs(4);
+    let lease = ["--grace", "500ms", "--safety-margin", "500ms"].map(String::from);
+    let mut tb = Testbed::start(3, 2, ttl, lease.to_vec());
+    let (i, t) = tb
+        .wait_term_after(0, secs(30))
+        .unwrap_or_else(|| panic!("no first term\n{}", tb.logs()));
+    let job = tb
+        .events()
+        .into_iter()
+        .find(|e| e.kind == "start" && e.token == t)
+        .unwrap()
+        .pid;
+    let cut_at = mono_ns();
+    let w = tb.workers[i].node.name.clone();
+    let members: Vec<String> = tb.members.iter().map(|m| m.node.name.clone()).collect();
+    for m in &members {
+        tb.cut(&w, m);
+    }
+    let died = wait_until(ttl + secs(5), || tb.deaths().contains_key(&job));
+    assert!(died, "the cut-off leader's job still runs\n{}", tb.logs());
+    let died_at = tb.deaths()[&job];
+    let (j, t2) = tb
+        .wait_term_after(t, ttl + secs(20))
+        .unwrap_or_else(|| panic!("no takeover\n{}", tb.logs()));
+    assert_ne!(j, i, "the takeover must be on the other worker");
+    let started = tb
+        .events()
+        .into_iter()
+        .find(|e| e.kind == "start" && e.token == t2)
+        .unwrap()
+        .ns;
+    assert!(
+        died_at - cut_at < ttl.as_nanos() as i64,
+        "the job ran {} ms after the cut, TTL {ttl:?}",
+        (died_at - cut_at) / 1_000_000
+    );
+    assert!(
+        started > died_at,
+        "the new term started before the old job died"
+    );
+    tb.heal_all();
+    let (_, r) = tb.finish();
+    r.assert_ok(&tb.logs());
+}
+
+/// A testbed left behind by a dead owner (a crashed run) is removed by the next one's sweep;
+/// a live owner's is not.
+#[test]
+fn partition_testbed_sweeps_a_dead_owners_namespaces() {
+    use harness::netns::net;
+    net::require().unwrap_or_else(|e| panic!("{e}"));
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let left = format!("{}{dead}-0-w0", net::PREFIX);
+    let live = format!("{}{}-999-w0", net::PREFIX, std::process::id());
+    net::must(&["ip", "netns", "add", &left]);
+    net::must(&["ip", "netns", "add", &live]);
+    net::sweep();
+    let names = net::ours();
+    net::remove(&live);
+    assert!(!names.contains(&left), "{names:?}");
+    assert!(names.contains(&live), "{names:?}");
+}

@@ -126,3 +126,64 @@ fn with_slots_n_jobs_may_run_at_once_but_never_more() {
         "{v:?}"
     );
 }
+
+#[test]
+fn a_beat_of_an_old_token_after_a_newer_start_is_flagged_unless_its_worker_was_frozen() {
+    let mut events = vec![ev(10, "start", 5, "a", 1), ev(30, "start", 9, "b", 2)];
+    events.push(ev(32, "write", 9, "b", 2));
+    events.push(ev(31, "write", 5, "a", 1));
+    let mut h = history(events, &[(1, 29), (2, 60)], vec![(5, 11), (9, 32)]);
+    let r = check(&h);
+    assert_eq!(r.late_beats, 1);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.starts_with("beat after a newer token: token 5 (a)")),
+        "{:?}",
+        r.violations
+    );
+    h.marks.push(Mark {
+        name: "freeze".into(),
+        begin_ns: 20,
+        heal_ns: Some(31),
+        deposed_worker: Some("a".into()),
+        expect_liveness: false,
+    });
+    let r = check(&h);
+    assert_eq!((r.late_beats, r.late_beats_deposed), (1, 1));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+#[test]
+fn a_long_gap_is_attributed_to_a_cause_that_explains_its_end_or_to_none() {
+    use harness::liveness::{gaps, Cause};
+    let term = |s: i64, e: i64| Term {
+        token: s,
+        slot: 0,
+        worker: "w".into(),
+        start_ns: s,
+        end_ns: e,
+    };
+    let terms = [term(0, 10), term(30, 40), term(80, 90)];
+    let cut = Cause {
+        name: "cut".into(),
+        begin_ns: 5,
+        explains_until_ns: 35,
+    };
+    let (g, longest) = gaps(&terms, std::slice::from_ref(&cut), 5, 90);
+    assert_eq!(longest, 40e-9);
+    assert_eq!(g.len(), 2);
+    assert!(g[0].attributed && g[0].causes == ["cut"]);
+    assert!(!g[1].attributed && g[1].causes.is_empty());
+    // A leader change during the second gap explains it; one that only overlaps its start
+    // does not explain its end.
+    let change = |until| Cause {
+        name: "etcd leader change".into(),
+        begin_ns: 38,
+        explains_until_ns: until,
+    };
+    let (g, _) = gaps(&terms, &[cut.clone(), change(85)], 5, 90);
+    assert!(g[1].attributed && g[1].causes == ["etcd leader change"]);
+    let (g, _) = gaps(&terms, &[cut, change(60)], 5, 90);
+    assert!(!g[1].attributed && g[1].causes == ["etcd leader change"]);
+}

@@ -1,7 +1,7 @@
 //! Integration tests against the built binary and real etcd processes.
 //!
 //! Where new tests go:
-//! - `cli`: bad input, exit codes, the job's environment (issue: run)
+//! - `cli`: bad input, exit codes, the job's environment
 //! - `exclusion`: mutual exclusion and token order across workers
 //! - `signals`: signals to lead-exec and their effect on the job's group
 //! - `fail_closed`: etcd unreachable, lost key, expired candidates
@@ -9,16 +9,17 @@
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
 //! - `interop`: coexistence with `etcdctl elect`
 //! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
-//!   (including the routine ones: a member down, a rolling restart, a lost reply)
+//!   (including the routine ones: a member down, a rolling restart, a lost reply); real
+//!   partitions in network namespaces are the `partition_*` tests
 //! - `ops`: status, watch, resign, pause, history, check, run keys
 //! - `scheduling`: the scheduling controls (`--timeout`, `--slots`)
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
 //! - `docs`: the man pages match the clap definition
-//! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes
-//!   and token regressions
 //! - `postgres`: the fencing contract on a real PostgreSQL (`contrib/postgres/fencing.sql`):
 //!   terms writing through it, a frozen old leader refused, concurrent writers interleaved
+//! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes,
+//!   token regressions and late beats, and names the cause of each liveness gap
 //!
 //! The harness (etcd clusters, the fault proxy, workers, waiting helpers, the history
 //! checker, a throwaway PostgreSQL) is the `harness` crate in `tests/harness`, shared with the examples.

@@ -30,6 +30,19 @@ pub fn mono_ns() -> i64 {
 }
 
 /// The fenced ledger binary (`examples/ledger.rs`), built beside lead-exec.
+/// A fresh fenced ledger and an empty event log in `dir`: (the ledger's database, the log).
+pub fn new_ledger(dir: &Path) -> (PathBuf, PathBuf) {
+    let db = dir.join("ledger.db");
+    let events = dir.join("events");
+    fs::write(&events, "").unwrap();
+    let st = Command::new(ledger_bin())
+        .args(["--db", db.to_str().unwrap(), "init"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "ledger init failed");
+    (db, events)
+}
+
 pub fn ledger_bin() -> PathBuf {
     let bin_dir = Path::new(bin())
         .parent()
@@ -158,14 +171,7 @@ impl Cluster {
     pub fn start_slots(n: usize, ttl: Duration, lease_args: Vec<String>, slots: u32) -> Cluster {
         let etcd = Etcd::start3();
         let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("ledger.db");
-        let events = dir.path().join("events");
-        fs::write(&events, "").unwrap();
-        let st = Command::new(ledger_bin())
-            .args(["--db", db.to_str().unwrap(), "init"])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let (db, events) = new_ledger(dir.path());
         let cg_root = own_cgroup().and_then(|own| {
             let root = own.join(format!(
                 "lead-exec-chaos-{}-{}",
@@ -531,20 +537,35 @@ fn tree(root: i32) -> Vec<i32> {
     all
 }
 
-/// Records the moment each job process dies (polls every 2 ms).
-fn watch_deaths(events: PathBuf, deaths: Arc<Mutex<HashMap<i32, i64>>>, stop: Arc<AtomicBool>) {
+/// Records the moment each job process dies (polls every 2 ms). Reads only what was appended
+/// since the last poll, so that an hour's history costs no more per poll than a minute's.
+pub(crate) fn watch_deaths(
+    events: PathBuf,
+    deaths: Arc<Mutex<HashMap<i32, i64>>>,
+    stop: Arc<AtomicBool>,
+) {
     std::thread::spawn(move || {
+        use std::io::{Read, Seek, SeekFrom};
         let mut live: Vec<i32> = Vec::new();
-        let mut seen = 0usize;
+        let mut offset = 0u64;
+        let mut partial = String::new();
         while !stop.load(Ordering::SeqCst) {
-            let text = fs::read_to_string(&events).unwrap_or_default();
-            let evs = parse_events(&text);
-            for e in &evs[seen.min(evs.len())..] {
+            let mut fresh = String::new();
+            if let Ok(mut f) = fs::File::open(&events) {
+                if f.seek(SeekFrom::Start(offset)).is_ok() {
+                    let _ = f.read_to_string(&mut fresh);
+                }
+            }
+            offset += fresh.len() as u64;
+            partial.push_str(&fresh);
+            // Only whole lines: a job may be halfway through appending one.
+            let whole = partial.rfind('\n').map_or(0, |i| i + 1);
+            for e in parse_events(&partial[..whole]) {
                 if e.kind == "start" {
                     live.push(e.pid);
                 }
             }
-            seen = evs.len();
+            partial.drain(..whole);
             live.retain(|&pid| {
                 if alive(pid) {
                     true
@@ -624,9 +645,30 @@ pub struct Report {
     pub rejected: usize,
     /// Overlaps of a deposed worker's job with the next term (allowed: its writes were fenced).
     pub fenced_overlaps: usize,
+    /// Beats (writes tried, accepted or rejected) of a token after a newer token of its slot
+    /// started. Each is a violation unless its worker was deposed by force.
+    pub late_beats: usize,
+    /// Those of `late_beats` by a worker deposed by force (frozen whole, its key deleted).
+    pub late_beats_deposed: usize,
 }
 
 impl Report {
+    /// Stale writes the ledger accepted.
+    pub fn stale_writes(&self) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| v.starts_with("stale write") || v.contains("wrote after"))
+            .count()
+    }
+
+    /// More jobs at once than slots.
+    pub fn overlaps(&self) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| v.starts_with("overlap"))
+            .count()
+    }
+
     pub fn assert_ok(&self, context: &str) {
         assert!(
             self.violations.is_empty(),
@@ -644,7 +686,9 @@ impl Report {
 /// 3. never more than `slots` jobs alive at once (with one: two terms never overlap), except
 ///    where a fault deposed an older one by force (its whole worker frozen, its key deleted):
 ///    then none of its writes after the first write of a newer term of its slot was accepted;
-/// 4. after a fault heals with a quorum, a job runs within TTL + 2 s.
+/// 4. after a fault heals with a quorum, a job runs within TTL + 2 s;
+/// 5. no job beats (tries a write) after a newer token of its slot started, unless its worker
+///    was deposed by force (then 3 holds for it).
 pub fn check(h: &History) -> Report {
     let mut r = Report {
         accepted: h.accepted.len(),
@@ -750,6 +794,7 @@ pub fn check(h: &History) -> Report {
             ));
         }
     }
+    late_beats(h, &terms, &mut r);
     for m in &h.marks {
         let (Some(heal), true) = (m.heal_ns, m.expect_liveness) else {
             continue;
@@ -783,6 +828,46 @@ pub fn check(h: &History) -> Report {
     }
     r.terms = terms;
     r
+}
+
+/// Check 5: beats of an old token after a newer token's start.
+fn late_beats(h: &History, terms: &[Term], r: &mut Report) {
+    let beats = h
+        .events
+        .iter()
+        .filter(|e| e.kind == "write" || e.kind == "reject");
+    for e in beats {
+        let Some(newer) = terms
+            .iter()
+            .filter(|t| t.token > e.token && t.slot == e.slot && t.start_ns < e.ns)
+            .min_by_key(|t| t.start_ns)
+        else {
+            continue;
+        };
+        r.late_beats += 1;
+        let own_start = terms
+            .iter()
+            .find(|t| t.token == e.token)
+            .map_or(i64::MIN, |t| t.start_ns);
+        let deposed = h.marks.iter().any(|m| {
+            m.deposed_worker.as_deref() == Some(e.worker.as_str())
+                && m.begin_ns <= newer.start_ns
+                && m.heal_ns.is_none_or(|heal| heal >= own_start)
+        });
+        if deposed {
+            r.late_beats_deposed += 1;
+        } else {
+            r.violations.push(format!(
+                "beat after a newer token: token {} ({}) {} {} ms after token {} ({}) started",
+                e.token,
+                e.worker,
+                e.kind,
+                (e.ns - newer.start_ns) / 1_000_000,
+                newer.token,
+                newer.worker
+            ));
+        }
+    }
 }
 
 /// Mode helpers re-exported for the fault tests.

@@ -1,10 +1,14 @@
 //! The harness that lead-exec's integration tests and examples share: real etcd processes on
 //! free loopback ports, a fault proxy ([`proxy`]), the built binary, helpers that wait for
 //! events (a file line, a key, an exit) instead of sleeping, the Jepsen-style history
-//! checker ([`chaos`]), and what the benchmarks measure with ([`measure`]).
+//! checker ([`chaos`]) with liveness gaps and their causes ([`liveness`]), a testbed of real
+//! partitions in network namespaces ([`netns`]), and what the benchmarks measure with
+//! ([`measure`]).
 
 pub mod chaos;
+pub mod liveness;
 pub mod measure;
+pub mod netns;
 pub mod postgres;
 pub mod proxy;
 
