@@ -3,18 +3,22 @@
 //! The values live in one process-wide registry; the election and supervisor code update them
 //! through the small functions below, so no metrics type leaks into their signatures.
 
-use std::net::SocketAddr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use anyhow::Result;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, OnceLock};
+
+mod refusals;
+mod serve;
+
+pub use refusals::{check_refusals_path, check_refused, CHECK_REFUSALS_VAR};
+pub use serve::serve;
 
 struct Metrics {
     registry: Registry,
@@ -380,7 +384,7 @@ pub fn job_exited(code: u8, slack_ms: i64) {
 
 /// The exposition text.
 pub fn render() -> String {
-    count_check_refusals();
+    refusals::count_check_refusals();
     let mut families = METRICS.registry.gather();
     if let Some(election) = METRICS.election.get() {
         label_all(&mut families, "election", election);
@@ -445,157 +449,6 @@ pub fn queued() {
 /// The key (or slot key) this candidate waited behind was deleted: the holder ahead ended.
 pub fn predecessor_gone() {
     *METRICS.predecessor_gone.lock().expect("not poisoned") = Some(std::time::Instant::now());
-}
-
-/// The variable that tells a job's `lead-exec check` where to count a refusal.
-pub const CHECK_REFUSALS_VAR: &str = "LEAD_EXEC_CHECK_REFUSALS";
-
-/// The path for the job's [`CHECK_REFUSALS_VAR`], once [`serve`] has created the file.
-pub fn check_refusals_path() -> Option<&'static Path> {
-    METRICS.check_file.get().map(PathBuf::as_path)
-}
-
-/// Creates the refusals file, readable and writable by this user only, in the runtime
-/// directory (a tmpfs cleared at logout or boot) or else the temporary one; removed at exit.
-fn create_check_file() -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.is_dir())
-        .unwrap_or_else(std::env::temp_dir);
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let path = dir.join(format!(
-        "lead-exec-{}-{nonce:08x}.check-refusals",
-        std::process::id()
-    ));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)?;
-    if METRICS.check_file.set(path).is_ok() {
-        extern "C" fn remove_check_file() {
-            if let Some(p) = METRICS.check_file.get() {
-                let _ = std::fs::remove_file(p);
-            }
-        }
-        // SAFETY: registers a plain function with no captured state, run by exit().
-        unsafe { libc::atexit(remove_check_file) };
-    }
-    Ok(())
-}
-
-/// Brings the counter up to the refusals the file holds.
-fn count_check_refusals() {
-    let Some(path) = METRICS.check_file.get() else {
-        return;
-    };
-    let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
-        return;
-    };
-    let seen = METRICS.checks_seen.fetch_max(len, Ordering::Relaxed);
-    if len > seen {
-        METRICS.check_refusals.inc_by(len - seen);
-    }
-}
-
-/// Called by `lead-exec check` when it refuses a token: counts the refusal with the lead-exec
-/// that runs this job, if it serves metrics (best effort: a job that cleared its environment,
-/// or runs as a user who may not write the file, is not counted).
-pub fn check_refused() {
-    use std::io::Write;
-    let Some(path) = std::env::var_os(CHECK_REFUSALS_VAR).filter(|p| !p.is_empty()) else {
-        return;
-    };
-    // Without create: a stale path from a lead-exec that has exited must not leave a file.
-    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
-        // One byte in one append: concurrent checks never merge their counts.
-        let _ = f.write_all(b"\n");
-    }
-}
-
-/// Connections served at once; more wait in the kernel's accept queue.
-const MAX_CONNECTIONS: usize = 32;
-/// A client that has not sent its request headers by then is dropped.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Binds now (so a bad address fails at start-up) and serves in the background, with hyper.
-///
-/// Each connection is a task of its own, so a slow or abusive client holds only that task,
-/// never the run loop; headers must arrive within 5 s, and at most
-/// 32 connections are served at once.
-pub async fn serve(addr: SocketAddr) -> Result<()> {
-    if let Err(e) = create_check_file() {
-        tracing::warn!("cannot count the job's `lead-exec check` refusals: {e}");
-    }
-    // A taken port or a foreign address is a setting to fix, not an internal error.
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        crate::exit::fail(
-            crate::exit::Exit::Usage,
-            format!("--metrics-addr {addr}: cannot listen: {e}"),
-        )
-    })?;
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::spawn(async move {
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let Ok((sock, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(
-                        hyper_util::rt::TokioIo::new(sock),
-                        hyper::service::service_fn(answer),
-                    );
-                let _ = conn.await;
-                drop(permit);
-            });
-        }
-    });
-    Ok(())
-}
-
-type Body = http_body_util::Full<hyper::body::Bytes>;
-
-/// `GET` or `HEAD /metrics`; 404 elsewhere, 405 for other methods.
-async fn answer(
-    req: hyper::Request<hyper::body::Incoming>,
-) -> Result<hyper::Response<Body>, std::convert::Infallible> {
-    use hyper::{Method, StatusCode};
-    let reply = |status: StatusCode, body: String| {
-        let mut r = hyper::Response::new(Body::new(body.into()));
-        *r.status_mut() = status;
-        r
-    };
-    let mut resp = match (req.method(), req.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => {
-            let mut r = reply(StatusCode::OK, render());
-            r.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
-            r
-        }
-        (_, "/metrics") => reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into()),
-        _ => reply(StatusCode::NOT_FOUND, "not found: try /metrics\n".into()),
-    };
-    if req.method() == Method::HEAD {
-        // hyper sends no body for HEAD; keep the length a GET would have.
-        let len = hyper::body::Body::size_hint(resp.body())
-            .exact()
-            .unwrap_or(0);
-        resp.headers_mut()
-            .insert(hyper::header::CONTENT_LENGTH, len.into());
-    }
-    Ok(resp)
 }
 
 #[cfg(test)]

@@ -1,0 +1,90 @@
+//! The `/metrics` endpoint: hyper, one task per connection, bounded.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::refusals::create_check_file;
+use super::render;
+
+/// Connections served at once; more wait in the kernel's accept queue.
+const MAX_CONNECTIONS: usize = 32;
+/// A client that has not sent its request headers by then is dropped.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds now (so a bad address fails at start-up) and serves in the background, with hyper.
+///
+/// Each connection is a task of its own, so a slow or abusive client holds only that task,
+/// never the run loop; headers must arrive within 5 s, and at most
+/// 32 connections are served at once.
+pub async fn serve(addr: SocketAddr) -> Result<()> {
+    if let Err(e) = create_check_file() {
+        tracing::warn!("cannot count the job's `lead-exec check` refusals: {e}");
+    }
+    // A taken port or a foreign address is a setting to fix, not an internal error.
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        crate::exit::fail(
+            crate::exit::Exit::Usage,
+            format!("--metrics-addr {addr}: cannot listen: {e}"),
+        )
+    })?;
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(sock),
+                        hyper::service::service_fn(answer),
+                    );
+                let _ = conn.await;
+                drop(permit);
+            });
+        }
+    });
+    Ok(())
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+/// `GET` or `HEAD /metrics`; 404 elsewhere, 405 for other methods.
+async fn answer(
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<Body>, std::convert::Infallible> {
+    use hyper::{Method, StatusCode};
+    let reply = |status: StatusCode, body: String| {
+        let mut r = hyper::Response::new(Body::new(body.into()));
+        *r.status_mut() = status;
+        r
+    };
+    let mut resp = match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/metrics") => {
+            let mut r = reply(StatusCode::OK, render());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        (_, "/metrics") => reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into()),
+        _ => reply(StatusCode::NOT_FOUND, "not found: try /metrics\n".into()),
+    };
+    if req.method() == Method::HEAD {
+        // hyper sends no body for HEAD; keep the length a GET would have.
+        let len = hyper::body::Body::size_hint(resp.body())
+            .exact()
+            .unwrap_or(0);
+        resp.headers_mut()
+            .insert(hyper::header::CONTENT_LENGTH, len.into());
+    }
+    Ok(resp)
+}
