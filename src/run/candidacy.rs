@@ -95,8 +95,8 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
     // goes out beside the probe, on the connection it opens.
     let grant_beside_probe = cfg.health.is_none() && cfg.run_key.is_none();
     let first_lease = grant_beside_probe.then(|| {
-        let (c, cfg) = (ctx.clone(), cfg.clone());
-        tokio::spawn(async move { grant(&c, &cfg).await })
+        let (c, ttl, grace, margin) = (ctx.clone(), cfg.ttl, cfg.grace, cfg.safety_margin);
+        tokio::spawn(async move { Lease::grant(&c, ttl, grace, margin).await })
     });
     // The requests go out first: the watchdog the first campaign starts ahead (see
     // `Driver::campaign`) then overlaps their round trips instead of preceding them.
