@@ -4,6 +4,23 @@ use std::os::unix::net::UnixDatagram;
 
 use harness::*;
 
+/// Worker "w" of `election`, serving metrics on a free loopback port, running `body` (a
+/// script as [`script`] makes it) with the lease settings `lease`: the worker and its port.
+fn metrics_worker(
+    etcd: &Etcd,
+    dir: &std::path::Path,
+    lease: &[&str],
+    election: &str,
+    body: &str,
+) -> (Worker, u16) {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let extra = ["--metrics-addr", addr.as_str()];
+    let endpoints = etcd.endpoints();
+    let args = run_args_with(lease, election, &endpoints, &extra, body);
+    (spawn(dir, "w", &args), port)
+}
+
 fn job(dir: &std::path::Path, who: &str) -> String {
     script(
         dir,
@@ -66,18 +83,7 @@ fn metrics_follow_a_failover() {
 fn metrics_count_losses_and_job_exits_by_reason() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let w = spawn(
-        dir.path(),
-        "w",
-        &run_args(
-            "loss",
-            &etcd.endpoints(),
-            &["--metrics-addr", &addr],
-            &job(dir.path(), "w"),
-        ),
-    );
+    let (w, port) = metrics_worker(&etcd, dir.path(), &FAST, "loss", &job(dir.path(), "w"));
     wait_int(&dir.path().join("w.token"), secs(10));
     let key = etcd.keys("lead-exec/elections/loss/").remove(0);
     std::fs::remove_file(dir.path().join("w.token")).unwrap();
@@ -298,25 +304,14 @@ fn exchange(s: &mut std::net::TcpStream, req: &str) -> String {
 fn metrics_endpoint_answers_head_404_keep_alive_and_outlasts_a_slow_client() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args(
-            "http",
-            &etcd.endpoints(),
-            &["--metrics-addr", &addr],
-            &job(dir.path(), "w"),
-        ),
-    );
+    let (mut w, port) = metrics_worker(&etcd, dir.path(), &FAST, "http", &job(dir.path(), "w"));
     wait_int(&dir.path().join("w.token"), secs(10));
     assert!(wait_until(secs(5), || {
         scrape(port).and_then(|t| metric(&t, "lead_exec_is_leader")) == Some(1.0)
     }));
     // A client that connects and never sends a request must not hold up anyone else.
-    let _slow = std::net::TcpStream::connect(&addr).unwrap();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let _slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let head = exchange(&mut s, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
@@ -334,6 +329,10 @@ fn metrics_endpoint_answers_head_404_keep_alive_and_outlasts_a_slow_client() {
         "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
     );
     assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    assert!(
+        post.to_ascii_lowercase().contains("allow: get, head"),
+        "405 without Allow: {post}"
+    );
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
@@ -898,8 +897,6 @@ fn a_handover_is_timed_from_the_deletion_of_the_key_ahead_to_the_jobs_start() {
 fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
     // Token 1 is never the leader's: each check is refused (exit 4).
     let body = format!(
         "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/file; \
@@ -907,16 +904,8 @@ fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
          echo $FENCING_TOKEN > $D/w.token; trap 'exit 0' TERM; while :; do sleep 0.05; done",
         bin()
     );
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args(
-            "chkc",
-            &etcd.endpoints(),
-            &["--metrics-addr", &addr],
-            &script(dir.path(), &body),
-        ),
-    );
+    let (mut w, port) =
+        metrics_worker(&etcd, dir.path(), &FAST, "chkc", &script(dir.path(), &body));
     wait_int(&dir.path().join("w.token"), secs(10));
     assert_eq!(lines(&dir.path().join("rc")), ["4", "4", "4"]);
     let text = scrape(port).unwrap();
@@ -1017,4 +1006,145 @@ fn a_failed_campaigns_phase_line_carries_no_backtrace() {
         "the phase line carries the error's debug form ({} bytes):\n{line}",
         line.len()
     );
+}
+
+/// A scrape with a time limit: a starved endpoint fails it instead of hanging the test.
+fn scrape_within(port: u16, limit: std::time::Duration) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(limit)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// Clients that send requests and never read the answers fill their connections' buffers;
+/// each connection then waits on a write that never completes. Every connection slot taken
+/// that way must come free again, or the endpoint is gone for as long as they stay.
+#[test]
+fn clients_that_never_read_their_answers_do_not_lock_others_out_of_metrics() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, port) = metrics_worker(&etcd, dir.path(), &FAST, "noread", &job(dir.path(), "w"));
+    wait_int(&dir.path().join("w.token"), secs(10));
+    assert!(scrape_within(port, secs(5)).is_some());
+    let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(2000);
+    let hogs: Vec<std::net::TcpStream> = (0..32)
+        .map(|_| {
+            let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let small: libc::c_int = 1024;
+            // SAFETY: setsockopt on a socket we own, with a valid c_int.
+            unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    (&small as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+            s.set_write_timeout(Some(std::time::Duration::from_millis(200)))
+                .unwrap();
+            // Stops when the server stops reading: its answers have filled the buffers.
+            let _ = (&s).write_all(requests.as_bytes());
+            s
+        })
+        .collect();
+    let mut got = None;
+    assert!(
+        wait_until(secs(60), || {
+            got = scrape_within(port, secs(2));
+            got.is_some()
+        }),
+        "no scrape answered while 32 clients did not read"
+    );
+    let text = got.unwrap();
+    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(1.0), "{text}");
+    drop(hogs);
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+/// An etcd that stops answering shows in `lead_exec_keepalive_failures_total` while the term
+/// still holds, not only after it is lost: an attempt counts as failed once it is overdue.
+#[test]
+fn a_stalled_etcd_shows_in_keepalive_failures_before_the_lease_is_lost() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, port) = metrics_worker(
+        &etcd,
+        dir.path(),
+        &WIDE_GRACE,
+        "stall",
+        &job(dir.path(), "w"),
+    );
+    wait_int(&dir.path().join("w.token"), secs(10));
+    let failures = || {
+        scrape_within(port, secs(2))
+            .and_then(|t| metric(&t, "lead_exec_keepalive_failures_total"))
+            .unwrap_or(-1.0)
+    };
+    assert_eq!(failures(), 0.0);
+    etcd.members[0].stop();
+    let mut text = String::new();
+    let counted = wait_until(secs(20), || {
+        text = scrape_within(port, secs(2)).unwrap_or_default();
+        metric(&text, "lead_exec_keepalive_failures_total").unwrap_or(0.0) >= 1.0
+    });
+    let leading = metric(&text, "lead_exec_is_leader");
+    etcd.members[0].cont();
+    assert!(
+        counted,
+        "no keepalive failure counted during the stall:\n{text}"
+    );
+    // Seen before the stop at the deadline: the term was still held when it was counted.
+    assert_eq!(leading, Some(1.0), "{text}");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(20));
+}
+
+/// The refusals path in a job's environment can be stale (a job that outlived its lead-exec)
+/// and lies in a shared directory: `check` writes only to a plain file with one link, never
+/// through a symlink, never into a FIFO (where it would block). And lead-exec counts the file
+/// it created, whatever the path has since become.
+#[test]
+fn a_replaced_refusals_path_is_neither_followed_nor_miscounted() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let check = format!("{} check --token 1 2>/dev/null", bin());
+    let body = format!(
+        "F=$LEAD_EXEC_CHECK_REFUSALS; echo \"$F\" > $D/file; \
+         {check}; echo $? >> $D/rc; \
+         printf 'keep' > $D/target; ln -s $D/target $D/link; ln $D/target $D/hard; mkfifo $D/fifo; \
+         LEAD_EXEC_CHECK_REFUSALS=$D/link {check}; echo $? >> $D/rc; \
+         LEAD_EXEC_CHECK_REFUSALS=$D/hard {check}; echo $? >> $D/rc; \
+         LEAD_EXEC_CHECK_REFUSALS=$D/fifo timeout 10 {check}; echo $? >> $D/rc; \
+         head -c 5000 /dev/zero > $D/big; rm \"$F\"; ln -s $D/big \"$F\"; \
+         {check}; echo $? >> $D/rc; \
+         echo $FENCING_TOKEN > $D/w.token; trap 'exit 0' TERM; while :; do sleep 0.05; done"
+    );
+    let (mut w, port) =
+        metrics_worker(&etcd, dir.path(), &FAST, "chkr", &script(dir.path(), &body));
+    wait_int(&dir.path().join("w.token"), secs(20));
+    // 124 would be a check blocked on the FIFO.
+    assert_eq!(lines(&dir.path().join("rc")), ["4", "4", "4", "4", "4"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("target")).unwrap(),
+        "keep"
+    );
+    assert_eq!(
+        std::fs::metadata(dir.path().join("big")).unwrap().len(),
+        5000
+    );
+    let text = scrape_within(port, secs(5)).unwrap();
+    assert_eq!(
+        metric(&text, "lead_exec_check_refusals_total"),
+        Some(1.0),
+        "{text}"
+    );
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
 }

@@ -10,8 +10,6 @@ use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
-use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, OnceLock};
 
 mod refusals;
@@ -50,9 +48,9 @@ struct Metrics {
     /// appended by `lead-exec check` (see [`check_refused`]). A file, not a pipe or a socket:
     /// it needs no listener in the run loop, survives the job closing its descriptors or
     /// exec'ing, and a refusal written while lead-exec is frozen is still counted when it wakes.
-    check_file: OnceLock<PathBuf>,
+    check_file: OnceLock<refusals::CheckFile>,
     /// The file's size at the last scrape: counted refusals.
-    checks_seen: AtomicU64,
+    checks_seen: Mutex<u64>,
     info: prometheus::IntGaugeVec,
     slots: IntGauge,
     lease_ttl: Gauge,
@@ -182,7 +180,7 @@ fn metrics() -> Metrics {
         election: OnceLock::new(),
         predecessor_gone: Mutex::new(None),
         check_file: OnceLock::new(),
-        checks_seen: AtomicU64::new(0),
+        checks_seen: Mutex::new(0),
         preemptions: made(
             r,
             IntCounter::new(

@@ -4,26 +4,35 @@
 //! lead-exec created (mode 600) and named in the job's environment, and a scrape counts the
 //! bytes: an append needs no listener in this process, and two checks never merge counts.
 
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
 use super::METRICS;
 
 /// The variable that tells a job's `lead-exec check` where to count a refusal.
 pub const CHECK_REFUSALS_VAR: &str = "LEAD_EXEC_CHECK_REFUSALS";
 
+/// The refusals file, kept open: counting reads the size of this file, whatever the path has
+/// since become (deleted, replaced, a link somewhere else).
+pub(super) struct CheckFile {
+    path: PathBuf,
+    file: File,
+}
+
 /// The path for the job's [`CHECK_REFUSALS_VAR`], once [`super::serve`] has created the file.
 pub fn check_refusals_path() -> Option<&'static Path> {
-    METRICS.check_file.get().map(PathBuf::as_path)
+    METRICS.check_file.get().map(|c| c.path.as_path())
 }
 
 /// Creates the refusals file, readable and writable by this user only, in the runtime
 /// directory (a tmpfs cleared at logout or boot) or else the temporary one; removed at exit.
 pub(super) fn create_check_file() -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
+    // A relative XDG_RUNTIME_DIR is to be ignored (XDG base directory spec): the job may run
+    // elsewhere.
     let dir = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
-        .filter(|d| d.is_dir())
+        .filter(|d| d.is_absolute() && d.is_dir())
         .unwrap_or_else(std::env::temp_dir);
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -33,15 +42,16 @@ pub(super) fn create_check_file() -> std::io::Result<()> {
         "lead-exec-{}-{nonce:08x}.check-refusals",
         std::process::id()
     ));
-    std::fs::OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)?;
-    if METRICS.check_file.set(path).is_ok() {
+        .open(&path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    if METRICS.check_file.set(CheckFile { path, file }).is_ok() {
         extern "C" fn remove_check_file() {
-            if let Some(p) = METRICS.check_file.get() {
-                let _ = std::fs::remove_file(p);
+            if let Some(c) = METRICS.check_file.get() {
+                let _ = std::fs::remove_file(&c.path);
             }
         }
         // SAFETY: registers a plain function with no captured state, run by exit().
@@ -50,31 +60,46 @@ pub(super) fn create_check_file() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Brings the counter up to the refusals the file holds.
+/// Brings the counter up to the refusals the file holds. A file cut short (truncated) counts
+/// on from its new size; nothing counted is taken back.
 pub(super) fn count_check_refusals() {
-    let Some(path) = METRICS.check_file.get() else {
+    let Some(c) = METRICS.check_file.get() else {
         return;
     };
-    let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
+    let Ok(len) = c.file.metadata().map(|m| m.len()) else {
         return;
     };
-    let seen = METRICS.checks_seen.fetch_max(len, Ordering::Relaxed);
-    if len > seen {
-        METRICS.check_refusals.inc_by(len - seen);
+    let mut seen = METRICS.checks_seen.lock().expect("not poisoned");
+    if len > *seen {
+        METRICS.check_refusals.inc_by(len - *seen);
     }
+    *seen = len;
 }
 
 /// Called by `lead-exec check` when it refuses a token: counts the refusal with the lead-exec
 /// that runs this job, if it serves metrics (best effort: a job that cleared its environment,
 /// or runs as a user who may not write the file, is not counted).
+///
+/// The path may be stale (a job that outlived its lead-exec) and the directory shared, so
+/// nothing but a plain file with one link is written: no symlink is followed, a FIFO or
+/// device neither blocks nor gets the byte, and no file is created.
 pub fn check_refused() {
     use std::io::Write;
     let Some(path) = std::env::var_os(CHECK_REFUSALS_VAR).filter(|p| !p.is_empty()) else {
         return;
     };
-    // Without create: a stale path from a lead-exec that has exited must not leave a file.
-    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
-        // One byte in one append: concurrent checks never merge their counts.
-        let _ = f.write_all(b"\n");
+    let Ok(mut f) = OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return;
+    };
+    match f.metadata() {
+        Ok(m) if m.file_type().is_file() && m.nlink() == 1 => {
+            // One byte in one append: concurrent checks never merge their counts.
+            let _ = f.write_all(b"\n");
+        }
+        _ => {}
     }
 }

@@ -12,12 +12,16 @@ use super::render;
 const MAX_CONNECTIONS: usize = 32;
 /// A client that has not sent its request headers by then is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection's whole life, whatever it does: a client that sends requests but never reads
+/// the answers would otherwise keep its slot for as long as it likes. A scrape takes
+/// milliseconds, and an idle keep-alive connection is closed after `HEADER_TIMEOUT` anyway.
+const CONNECTION_LIFE: Duration = Duration::from_secs(10);
 
 /// Binds now (so a bad address fails at start-up) and serves in the background, with hyper.
 ///
 /// Each connection is a task of its own, so a slow or abusive client holds only that task,
-/// never the run loop; headers must arrive within 5 s, and at most
-/// 32 connections are served at once.
+/// never the run loop; headers must arrive within 5 s, a connection lives at most 10 s, and at
+/// most 32 connections are served at once.
 pub async fn serve(addr: SocketAddr) -> Result<()> {
     if let Err(e) = create_check_file() {
         tracing::warn!("cannot count the job's `lead-exec check` refusals: {e}");
@@ -29,6 +33,9 @@ pub async fn serve(addr: SocketAddr) -> Result<()> {
             format!("--metrics-addr {addr}: cannot listen: {e}"),
         )
     })?;
+    if let Ok(bound) = listener.local_addr() {
+        tracing::info!("metrics at http://{bound}/metrics");
+    }
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
@@ -46,7 +53,7 @@ pub async fn serve(addr: SocketAddr) -> Result<()> {
                         hyper_util::rt::TokioIo::new(sock),
                         hyper::service::service_fn(answer),
                     );
-                let _ = conn.await;
+                let _ = tokio::time::timeout(CONNECTION_LIFE, conn).await;
                 drop(permit);
             });
         }
@@ -75,7 +82,14 @@ async fn answer(
             );
             r
         }
-        (_, "/metrics") => reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into()),
+        (_, "/metrics") => {
+            let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into());
+            r.headers_mut().insert(
+                hyper::header::ALLOW,
+                hyper::header::HeaderValue::from_static("GET, HEAD"),
+            );
+            r
+        }
         _ => reply(StatusCode::NOT_FOUND, "not found: try /metrics\n".into()),
     };
     if req.method() == Method::HEAD {

@@ -77,6 +77,10 @@ pub(super) async fn keepalive_loop(
     let mut schedule = Schedule::new(plan, deadline, BootInstant::now());
     let mut inflight: JoinSet<RenewalAttempt> = JoinSet::new();
     let mut idle: Option<Idle> = None;
+    // Attempts already counted as failed when they went overdue (their send times), so a late
+    // error is not counted twice; at most a handful are ever in flight.
+    let mut counted: Vec<BootInstant> = Vec::new();
+    let mut last_sent: Option<BootInstant> = None;
     while let Some(wake) = schedule.next_wake() {
         let (event, why) = tokio::select! {
             _ = tokio::time::sleep(wake.remaining()) => {
@@ -85,6 +89,11 @@ pub(super) async fn keepalive_loop(
             _ = renew.notified() => (Event::Renew, None),
             Some(joined) = inflight.join_next(), if !inflight.is_empty() => {
                 let Ok(a) = joined else { continue };
+                let overdue_counted = counted
+                    .iter()
+                    .position(|&s| s == a.sent)
+                    .map(|i| counted.swap_remove(i))
+                    .is_some();
                 if let Ok(Reply::Alive) = a.result {
                     crate::metrics::keepalive_rtt(BootInstant::now().saturating_since(a.sent));
                     if idle.is_none() && a.endpoint == router.pinned() {
@@ -94,7 +103,9 @@ pub(super) async fn keepalive_loop(
                 let (reply, why) = match a.result {
                     Ok(r) => (r, None),
                     Err(why) => {
-                        crate::metrics::keepalive_failed();
+                        if !overdue_counted {
+                            crate::metrics::keepalive_failed();
+                        }
                         (Reply::Failed, Some(why))
                     }
                 };
@@ -107,6 +118,10 @@ pub(super) async fn keepalive_loop(
                 if let Some(e) = overdue {
                     tracing::debug!(lease, "keepalive answer overdue; trying the next endpoint");
                     router.endpoint_failed(e);
+                    // Counted now: against a stalled etcd its error comes only after the
+                    // deadline, when this loop has ended.
+                    crate::metrics::keepalive_failed();
+                    counted.extend(last_sent);
                 }
                 let endpoint = router.pinned();
                 let stream = idle
@@ -125,6 +140,7 @@ pub(super) async fn keepalive_loop(
                     }
                 });
                 schedule.sent(sent, endpoint);
+                last_sent = Some(sent);
             }
             Some(Action::EndpointFailed(e)) => {
                 let why = why.unwrap_or_default();
