@@ -1148,3 +1148,41 @@ fn a_replaced_refusals_path_is_neither_followed_nor_miscounted() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
+
+/// Under systemd with `RuntimeDirectory=` (as the example unit), the refusals file lives in
+/// the service's own directory, which systemd removes when the service stops, even after a
+/// SIGKILL left the file behind; a relative `XDG_RUNTIME_DIR` is never used.
+#[test]
+fn the_refusals_file_goes_in_the_services_runtime_directory() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = dir.path().join("rt");
+    std::fs::create_dir(&rt).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let body = "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/file; \
+                echo $FENCING_TOKEN > $D/w.token; trap 'exit 0' TERM; while :; do sleep 0.05; done";
+    let runtime = format!("{}:/run/other", rt.display());
+    let endpoints = etcd.endpoints();
+    let mut w = spawn_env(
+        dir.path(),
+        "w",
+        &run_args(
+            "rtdir",
+            &endpoints,
+            &["--metrics-addr", &addr],
+            &script(dir.path(), body),
+        ),
+        &[
+            ("RUNTIME_DIRECTORY", &runtime),
+            ("XDG_RUNTIME_DIR", "relative"),
+        ],
+    );
+    wait_int(&dir.path().join("w.token"), secs(10));
+    let file = std::fs::read_to_string(dir.path().join("file")).unwrap();
+    let file = std::path::Path::new(file.trim());
+    assert_eq!(file.parent(), Some(rt.as_path()), "{}", file.display());
+    assert!(file.is_file(), "{}", file.display());
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    assert!(!file.exists(), "left behind: {}", file.display());
+}

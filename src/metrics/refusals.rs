@@ -25,14 +25,21 @@ pub fn check_refusals_path() -> Option<&'static Path> {
     METRICS.check_file.get().map(|c| c.path.as_path())
 }
 
-/// Creates the refusals file, readable and writable by this user only, in the runtime
-/// directory (a tmpfs cleared at logout or boot) or else the temporary one; removed at exit.
+/// Creates the refusals file, readable and writable by this user only, in the service's
+/// runtime directory (systemd's `RuntimeDirectory=`, removed when the service stops, even
+/// after a SIGKILL), else the user's (a tmpfs cleared at logout or boot), else the temporary
+/// one; removed at exit.
 pub(super) fn create_check_file() -> std::io::Result<()> {
-    // A relative XDG_RUNTIME_DIR is to be ignored (XDG base directory spec): the job may run
-    // elsewhere.
-    let dir = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.is_absolute() && d.is_dir())
+    // systemd lists several directories with ':'; the first is this service's own.
+    let service = std::env::var_os("RUNTIME_DIRECTORY").and_then(|v| {
+        let v = v.to_string_lossy().into_owned();
+        v.split(':').next().map(PathBuf::from)
+    });
+    // Relative values are to be ignored (XDG base directory spec): the job may run elsewhere.
+    let dir = service
+        .into_iter()
+        .chain(std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from))
+        .find(|d| d.is_absolute() && d.is_dir())
         .unwrap_or_else(std::env::temp_dir);
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
