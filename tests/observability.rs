@@ -1008,17 +1008,6 @@ fn a_failed_campaigns_phase_line_carries_no_backtrace() {
     );
 }
 
-/// A scrape with a time limit: a starved endpoint fails it instead of hanging the test.
-fn scrape_within(port: u16, limit: std::time::Duration) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(limit)).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
-}
-
 /// Clients that send requests and never read the answers fill their connections' buffers;
 /// each connection then waits on a write that never completes. Every connection slot taken
 /// that way must come free again, or the endpoint is gone for as long as they stay.

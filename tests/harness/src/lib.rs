@@ -545,14 +545,35 @@ impl KeyGone {
     }
 }
 
-/// GET /metrics from a `--metrics-addr` port on loopback.
-pub fn scrape(port: u16) -> Option<String> {
+/// GET /metrics from `addr` (lead-exec's or an etcd member's): `None` when the connection
+/// takes longer than `connect`, or the answer longer than `read` between bytes.
+pub fn scrape_addr(
+    addr: std::net::SocketAddr,
+    connect: Duration,
+    read: Duration,
+) -> Option<String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, connect).ok()?;
+    s.set_read_timeout(Some(read)).ok()?;
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
+}
+
+/// GET /metrics from a `--metrics-addr` port on loopback, within `limit`: a starved endpoint
+/// fails the scrape instead of hanging the test.
+pub fn scrape_within(port: u16, limit: Duration) -> Option<String> {
+    scrape_addr(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        limit,
+        limit,
+    )
+}
+
+/// GET /metrics from a `--metrics-addr` port on loopback.
+pub fn scrape(port: u16) -> Option<String> {
+    scrape_within(port, Duration::from_secs(60))
 }
 
 /// One sample's value from an exposition text.

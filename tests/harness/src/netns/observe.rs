@@ -2,8 +2,7 @@
 //! who leads, and when the leadership changed. A change matters to liveness because the new
 //! etcd leader extends every lease by its full TTL: a key nobody renews outlives its TTL.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,11 +34,7 @@ pub fn in_namespace<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 
 }
 
 fn scrape_one(addr: SocketAddr) -> Option<Scrape> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
-    s.set_read_timeout(Some(Duration::from_millis(700))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
+    let text = crate::scrape_addr(addr, Duration::from_millis(300), Duration::from_millis(700))?;
     let is_leader = crate::metric(&text, "etcd_server_is_leader")? == 1.0;
     let changes_seen = crate::metric(&text, "etcd_server_leader_changes_seen_total")? as u64;
     Some(Scrape {
