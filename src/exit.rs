@@ -85,6 +85,17 @@ pub enum JobStatus {
     Signaled(i32),
 }
 
+impl JobStatus {
+    /// A status in waitpid's form (as /proc's `exit_code` gives it).
+    pub fn from_wait(status: i32) -> JobStatus {
+        if libc::WIFSIGNALED(status) {
+            JobStatus::Signaled(libc::WTERMSIG(status))
+        } else {
+            JobStatus::Exited(libc::WEXITSTATUS(status))
+        }
+    }
+}
+
 impl fmt::Display for JobStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -203,8 +203,10 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
         Command::Run(a) => {
             let cfg = config::RunConfig::from_args(&a)?;
-            // A command that cannot run is refused (127, 126) before anything starts.
+            // A command that cannot run is refused (127, 126) before anything starts, and so
+            // is a place where the job's processes could not be seen (64).
             supervisor::preflight(&cfg.command[0])?;
+            supervisor::preflight::proc_view()?;
             let ended = run::run(cfg.clone()).await?;
             if let Exit::NotAcquired(_) = ended.exit {
                 ops::status::report_not_acquired(&cfg, ended.unhealthy).await;

@@ -7,6 +7,8 @@
 //! - `fail_closed`: etcd unreachable, lost key, expired candidates
 //! - `availability`: riding through routine etcd trouble (connections kept, `--wait` per wait)
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
+//! - `containment`: no process of the job outlives its term, wherever it moves (the README's
+//!   escape table: setsid, setpgid, cgroup moves, daemons, PID namespaces; root and not)
 //! - `interop`: coexistence with `etcdctl elect`
 //! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
 //!   (including the routine ones: a member down, a rolling restart, a lost reply); real
@@ -28,6 +30,7 @@ mod availability;
 mod chaos;
 mod checker;
 mod cli;
+mod containment;
 mod docs;
 mod exclusion;
 mod fail_closed;

@@ -153,8 +153,10 @@ fn setsid_daemon_is_contained_by_the_cgroup() {
     );
 }
 
+/// Without a cgroup, a daemon that calls setsid is still the watchdog's descendant: it dies
+/// with the term, and lead-exec exits only once it is gone (the escape table has the rest).
 #[test]
-fn without_a_cgroup_a_setsid_daemon_escapes_as_documented() {
+fn without_a_cgroup_a_setsid_daemon_dies_with_the_term() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let job = script(
@@ -167,11 +169,7 @@ fn without_a_cgroup_a_setsid_daemon_escapes_as_documented() {
     let mut w = spawn(dir.path(), "w", &args);
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
     let daemon = wait_int(&dir.path().join("daemon"), secs(5)) as i32;
-    assert!(
-        alive(daemon),
-        "expected the escapee to survive without a cgroup"
-    );
-    signal(daemon, libc::SIGKILL);
+    assert!(!alive(daemon), "the setsid daemon outlived the term");
 }
 
 #[test]
@@ -577,8 +575,11 @@ fn the_log_names_the_frozen_watchdog_it_kills() {
     let dir = tempfile::tempdir().unwrap();
     let (mut w, _pid, _gc, wd, _key) =
         start_heartbeat(dir.path(), &etcd, "wdname", &proxy.endpoint());
-    let _stopped = StoppedWatchdog(wd);
-    signal(wd, libc::SIGSTOP);
+    // Frozen in a cgroup, not stopped: a stopped watchdog is continued by lead-exec once
+    // the job's main process is dead, and then reports the end itself.
+    let cg = TestCgroup::new("wdname").expect("a writable cgroup v2 (run as root)");
+    std::fs::write(cg.0.join("cgroup.procs"), wd.to_string()).unwrap();
+    std::fs::write(cg.0.join("cgroup.freeze"), "1").unwrap();
     proxy.set(Mode::Blackhole);
     w.wait_log("killing the watchdog", secs(20));
     let log = w.log_text();
@@ -603,6 +604,86 @@ impl Drop for StoppedWatchdog {
             signal(self.0, libc::SIGKILL);
         }
     }
+}
+
+/// A job that exits while its watchdog stays stopped (`pkill -STOP -x ldx-warden`, never
+/// continued by hand) ends its term with its own exit code: lead-exec sees the job's end on
+/// its own pidfd and continues the watchdog. The next worker's job starts within the grace
+/// plus 2 s of the job's end.
+#[test]
+fn a_job_that_exits_while_its_watchdog_stays_stopped_ends_its_term() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "echo $PPID > $D/watchdog; while [ ! -e $D/go ]; do sleep 0.01; done; date +%s%N > $D/ended; exit 3",
+    );
+    let mut first = spawn(dir.path(), "first", &run_args("wdstays", &ep, &[], &job));
+    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    let _stopped = StoppedWatchdog(wd);
+    signal(wd, libc::SIGSTOP);
+    let next_job = script(dir.path(), "date +%s%N > $D/next");
+    let mut second = spawn(
+        dir.path(),
+        "second",
+        &run_args("wdstays", &ep, &[], &next_job),
+    );
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(first.code(secs(10)), 3, "{}", first.log_text());
+    assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
+    let ended = wait_int(&dir.path().join("ended"), secs(1)) as i128;
+    let next = wait_int(&dir.path().join("next"), secs(1)) as i128;
+    let gap = Duration::from_nanos((next - ended) as u64);
+    eprintln!("next job {gap:?} after the job's end, its watchdog stopped");
+    // Grace 0.5 s (FAST) plus 2 s.
+    assert!(gap < Duration::from_millis(2500), "{gap:?}");
+}
+
+/// The same with a watchdog that SIGCONT cannot wake (frozen in a cgroup): lead-exec reads
+/// the job's exit status from the zombie the watchdog holds, kills what is left and the
+/// watchdog, and ends the term as the job did.
+#[test]
+fn a_job_that_exits_while_its_watchdog_is_frozen_ends_its_term() {
+    let cg = TestCgroup::new("wdfrozen").expect("a writable cgroup v2 (run as root)");
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(
+        dir.path(),
+        "echo $PPID > $D/watchdog; while [ ! -e $D/go ]; do sleep 0.01; done; date +%s%N > $D/ended; exit 3",
+    );
+    let mut first = spawn(dir.path(), "first", &run_args("wdfrozen", &ep, &[], &job));
+    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    std::fs::write(cg.0.join("cgroup.procs"), wd.to_string()).unwrap();
+    std::fs::write(cg.0.join("cgroup.freeze"), "1").unwrap();
+    assert!(
+        wait_until(secs(5), || std::fs::read_to_string(
+            cg.0.join("cgroup.events")
+        )
+        .is_ok_and(|e| e.contains("frozen 1"))),
+        "the watchdog's cgroup never froze"
+    );
+    let next_job = script(dir.path(), "date +%s%N > $D/next");
+    let mut second = spawn(
+        dir.path(),
+        "second",
+        &run_args("wdfrozen", &ep, &[], &next_job),
+    );
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(first.code(secs(10)), 3, "{}", first.log_text());
+    assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
+    let ended = wait_int(&dir.path().join("ended"), secs(1)) as i128;
+    let next = wait_int(&dir.path().join("next"), secs(1)) as i128;
+    let gap = Duration::from_nanos((next - ended) as u64);
+    eprintln!("next job {gap:?} after the job's end, its watchdog frozen");
+    assert!(gap < Duration::from_millis(2500), "{gap:?}");
+    assert!(
+        first.log_text().contains("its watchdog has not said so"),
+        "{}",
+        first.log_text()
+    );
+    assert!(!alive(wd), "the frozen watchdog was left behind");
 }
 
 /// SIGSTOP to the watchdog, then SIGTERM to lead-exec: lead-exec does not wait for the

@@ -10,9 +10,13 @@ use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
+use std::collections::HashSet;
+
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
+
+use super::tree::{self, ProcView, Root};
 
 /// A cgroup v2 directory that holds only the job's processes.
 ///
@@ -42,6 +46,12 @@ impl Cgroup {
     /// and locks it. A name that is taken all the same is never used: the directory may hold
     /// someone else's job, so another name is drawn.
     pub fn create_in(parent: &Path) -> std::io::Result<Cgroup> {
+        Cgroup::create_with(parent, |_| {})
+    }
+
+    /// [`Cgroup::create_in`], with `between` run after each mkdir and before the open: where
+    /// a test plays the sweep that races with us.
+    fn create_with(parent: &Path, mut between: impl FnMut(&Path)) -> std::io::Result<Cgroup> {
         let mut last = None;
         for _ in 0..8 {
             let dir = parent.join(unique_name()?);
@@ -53,11 +63,21 @@ impl Cgroup {
                 }
                 Err(e) => return Err(e),
             }
-            let file = fs::File::open(&dir)?;
+            between(&dir);
             // Between mkdir and the lock, a sweep may take the empty directory for a stale
-            // one and remove it: then the lock is on a removed cgroup, and we start over.
+            // one and remove it: before the open (which then finds nothing), or before the
+            // lock (which is then on a removed cgroup). Either way another name is drawn.
+            let swept = || other("a sweep took the new job cgroup");
+            let file = match fs::File::open(&dir) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    last = Some(swept());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if !try_lock(&file)? || !same_file(&file, &dir) {
-                last = Some(other("a sweep took the new job cgroup"));
+                last = Some(swept());
                 continue;
             }
             let procs = dir.join("cgroup.procs");
@@ -162,7 +182,8 @@ pub fn kill_dir(dir: &Path) -> bool {
     }
 }
 
-fn pids_in(dir: &Path) -> Vec<i32> {
+/// The members of the cgroup `dir`, as pids of our namespace.
+pub fn pids_in(dir: &Path) -> Vec<i32> {
     fs::read_to_string(dir.join("cgroup.procs"))
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
@@ -282,99 +303,102 @@ fn cgroup2_mount() -> std::io::Result<PathBuf> {
         .ok_or_else(|| other("no cgroup2 mount"))
 }
 
-/// The job: a process group led by `leader`, optionally inside a cgroup.
+/// The job: a process group led by `leader`, its cgroup when one could be made, and the tree
+/// of the watchdog's descendants (see [`super::tree`]). Containment is the union of the three:
+/// a process that left the group (setsid) is still in the cgroup and the tree; one that left
+/// the cgroup (`su` through pam_systemd, `systemd-run --scope`) is still in the group and the
+/// tree; a daemon's double fork is re-parented to the watchdog, into the tree.
 pub struct Group {
     pub leader: Pid,
     pub cgroup: Option<Cgroup>,
+    /// How /proc shows our namespace; `None` where it cannot (lead-exec refuses to run there,
+    /// so only a watchdog started by hand gets here).
+    pub view: Option<ProcView>,
 }
 
-impl Group {
-    /// Signals every member once: the process group, and the cgroup's escapees (members
-    /// that left the group). Signalling the group's members through the cgroup as well would
-    /// deliver a second SIGTERM, and a shell with a trap would run it twice.
+/// Where the job's processes are, for whoever signals them: the watchdog, or lead-exec when
+/// the watchdog is stopped or gone.
+pub struct Reach<'a> {
+    pub leader: Pid,
+    pub cgroup: Option<&'a Path>,
+    /// The tree: how /proc shows us, and whose descendants the job's processes are.
+    pub tree: Option<(&'a ProcView, Root)>,
+}
+
+impl Reach<'_> {
+    /// Signals every process of the job once: the process group, then the cgroup's members
+    /// and the tree's that left the group. A second SIGTERM to one process would run a
+    /// shell's trap twice.
     pub fn signal(&self, sig: Signal) {
         let _ = killpg(self.leader, sig);
-        if let Some(cg) = &self.cgroup {
-            for pid in cg.pids() {
-                let pid = Pid::from_raw(pid);
-                if nix::unistd::getpgid(Some(pid)) != Ok(self.leader) {
-                    let _ = nix::sys::signal::kill(pid, sig);
+        let in_group = |pid: i32| nix::unistd::getpgid(Some(Pid::from_raw(pid))) == Ok(self.leader);
+        let mut done = HashSet::new();
+        if let Some(dir) = self.cgroup {
+            for pid in pids_in(dir) {
+                if !in_group(pid) {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+                }
+                done.insert(pid);
+            }
+        }
+        if let Some((view, root)) = self.tree {
+            for m in tree::walk(view, root) {
+                if !m.zombie && !done.contains(&m.pid) && !in_group(m.pid) {
+                    let _ = m.signal(sig as i32);
                 }
             }
         }
     }
 
+    /// SIGKILL to all three: the group, the cgroup, and the tree until a walk finds it empty.
     pub fn kill(&self) {
         let _ = killpg(self.leader, Signal::SIGKILL);
-        if let Some(cg) = &self.cgroup {
-            cg.kill();
+        if let Some(dir) = self.cgroup {
+            kill_dir(dir);
+        }
+        if let Some((view, root)) = self.tree {
+            tree::kill_all(view, root, &[]);
+        }
+    }
+}
+
+impl Group {
+    fn reach(&self) -> Reach<'_> {
+        Reach {
+            leader: self.leader,
+            cgroup: self.cgroup.as_ref().map(|c| c.path()),
+            tree: self.view.as_ref().map(|v| (v, Root::Me)),
         }
     }
 
-    /// Whether any member other than the (exited) leader is still alive. With a cgroup its
-    /// member list answers (exited processes leave it at once, and it includes escapees);
-    /// without one, every process's stat has to be read.
+    pub fn signal(&self, sig: Signal) {
+        self.reach().signal(sig);
+    }
+
+    pub fn kill(&self) {
+        self.reach().kill();
+    }
+
+    /// Whether any process of the job other than its (exited) leader is still alive, wherever
+    /// it moved: a live child of ours (the tree, asked without /proc), or a member of the
+    /// cgroup.
     pub fn has_live_members(&self) -> bool {
-        match &self.cgroup {
-            Some(cg) => cg.pids().iter().any(|&p| p != self.leader.as_raw()),
-            None => live_in_pgrp(self.leader.as_raw()),
-        }
+        tree::has_live_children()
+            || self
+                .cgroup
+                .as_ref()
+                .is_some_and(|cg| cg.pids().iter().any(|&p| p != self.leader.as_raw()))
     }
 
     /// Reaps zombies reparented to us, never the leader.
     pub fn reap_orphans(&self) {
-        for pid in own_children() {
+        let Some(view) = &self.view else { return };
+        for pid in tree::zombie_children(view) {
             if pid != self.leader.as_raw() {
                 let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
             }
         }
     }
-}
-
-/// Our children, from `/proc/self/task/*/children` (cheap, unlike a scan of all of /proc).
-fn own_children() -> Vec<i32> {
-    let mut out = Vec::new();
-    for task in fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if let Ok(s) = fs::read_to_string(task.path().join("children")) {
-            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-        }
-    }
-    out
-}
-
-struct Stat {
-    state: char,
-    pgrp: i32,
-}
-
-fn procs() -> impl Iterator<Item = (i32, Stat)> {
-    fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            Some((pid, read_stat(&e.path())?))
-        })
-}
-
-fn read_stat(dir: &Path) -> Option<Stat> {
-    let s = fs::read_to_string(dir.join("stat")).ok()?;
-    // The command name may contain spaces and parentheses: fields start after the last ')'.
-    let rest = &s[s.rfind(')')? + 2..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let _ppid = f.next()?;
-    let pgrp = f.next()?.parse().ok()?;
-    Some(Stat { state, pgrp })
-}
-
-fn live_in_pgrp(pgid: i32) -> bool {
-    procs().any(|(pid, st)| pid != pgid && st.pgrp == pgid && st.state != 'Z')
 }
 
 #[cfg(test)]
@@ -433,6 +457,31 @@ mod tests {
             "{names:?}"
         );
         assert_eq!(locked, [false, false], "a job cgroup's lock was free");
+    }
+
+    /// A sweep that removes the new directory between its mkdir and its open costs a name,
+    /// not the job's cgroup: another name is drawn.
+    #[test]
+    fn a_job_cgroup_swept_before_it_was_opened_is_made_again_under_another_name() {
+        let Some(parent) = parent("swept") else {
+            eprintln!("no writable cgroup v2 here; nothing to check");
+            return;
+        };
+        let mut swept = Vec::new();
+        let cg = Cgroup::create_with(&parent, |dir| {
+            if swept.is_empty() {
+                fs::remove_dir(dir).unwrap();
+                swept.push(dir.to_path_buf());
+            }
+        });
+        let made = cg.as_ref().map(|c| c.path().to_path_buf());
+        if let Ok(c) = &cg {
+            c.remove();
+        }
+        let _ = fs::remove_dir(&parent);
+        let made = made.expect("a swept directory failed the job's cgroup");
+        assert_eq!(swept.len(), 1);
+        assert_ne!(made, swept[0]);
     }
 
     #[test]

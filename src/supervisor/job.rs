@@ -8,8 +8,11 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{BufReader, Lines};
 use tokio::net::unix::pipe;
 
+use std::os::fd::OwnedFd;
+
 use super::ctl::Ctl;
 use super::protocol::{GroupEnd, Order, Report};
+use super::tree::{self, ProcView, Root};
 use super::{detach, group, JobEnd, KILL_LEAD};
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
@@ -21,6 +24,31 @@ const STOP_SLACK: Duration = Duration::from_millis(200);
 /// How long a watchdog that has not reported the group gone by the time lead-exec had to
 /// kill it itself gets, before lead-exec kills the watchdog too and moves on.
 const ABANDON_AFTER: Duration = Duration::from_secs(2);
+
+/// How long lead-exec waits for the watchdog to say that the job's main process exited, once
+/// its own pidfd says so, before it sends the watchdog SIGCONT (one stopped by hand, or by a
+/// `pkill -STOP` by name).
+const NUDGE_AFTER: Duration = Duration::from_millis(100);
+
+/// How long after that SIGCONT a watchdog that still has not said (frozen in a cgroup,
+/// stopped again) gets before lead-exec stops the rest of the job itself.
+const TAKE_OVER_AFTER: Duration = Duration::from_millis(200);
+
+/// How long a watchdog that has not reported the group gone gets, once lead-exec killed it
+/// itself after the job's main process had exited: nothing is left for it to do.
+const ABANDON_EXITED_AFTER: Duration = Duration::from_millis(500);
+
+/// What lead-exec knows of the job's main process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Leader {
+    /// Running, as far as lead-exec knows.
+    Running,
+    /// Its pidfd says it exited, and the watchdog has not said so: it may be stopped.
+    Unreported { since: BootInstant, nudged: bool },
+    /// It exited with this status; the rest of the job is being stopped (by the watchdog, or
+    /// by lead-exec when the watchdog never said).
+    Exited(Option<JobStatus>),
+}
 
 /// A running job under its watchdog.
 pub struct Job {
@@ -42,6 +70,18 @@ pub struct Job {
     /// When a watchdog that left the kill to lead-exec is killed in turn, if it still has not
     /// reported the group gone: one that is stopped would hold the term until continued.
     pub(super) abandon_at: Option<BootInstant>,
+    /// A pidfd of the job's main process, lead-exec's own: a stopped watchdog cannot hold a
+    /// term whose job has ended.
+    pub(super) leader_fd: Option<AsyncFd<OwnedFd>>,
+    pub(super) leader: Leader,
+    /// How /proc shows us, to reach the job's tree through the watchdog's.
+    pub(super) view: Option<ProcView>,
+    /// Whether lead-exec asked for a stop or a kill.
+    pub(super) stopping: bool,
+    /// Whether lead-exec killed the job itself at D, the watchdog not having done it.
+    pub(super) killed_at_deadline: bool,
+    /// `--grace`: what the rest of the job gets once its main process exited.
+    pub(super) grace: Duration,
 }
 
 impl Job {
@@ -64,14 +104,21 @@ impl Job {
     /// `sig` now, SIGKILL after the grace. lead-exec kills the group itself once the grace
     /// is over, should the watchdog not have done it by then.
     pub fn stop(&mut self, sig: i32, grace: Duration) {
-        let by = BootInstant::now().plus(grace);
-        self.stop_by = Some(self.stop_by.map_or(by, |t| t.min(by)));
+        self.stopping = true;
+        self.stop_within(grace);
         self.ctl.push(Order::Stop(sig));
     }
 
     pub fn kill(&mut self) {
+        self.stopping = true;
         self.stop_by = Some(BootInstant::now());
         self.ctl.push(Order::Kill);
+    }
+
+    /// The job's stop is due to be complete `grace` from now, at the latest.
+    fn stop_within(&mut self, grace: Duration) {
+        let by = BootInstant::now().plus(grace);
+        self.stop_by = Some(self.stop_by.map_or(by, |t| t.min(by)));
     }
 
     /// Waits until the whole group is gone. Cancel-safe.
@@ -81,6 +128,7 @@ impl Job {
     /// the same at the same moment (a second SIGKILL is harmless); a frozen one cannot, and
     /// then this is what stops the job.
     pub async fn wait(&mut self) -> JobEnd {
+        let grace = self.grace;
         let ended = loop {
             let due = self.kill_at.minus(KILL_LEAD);
             // A stop is the watchdog's to carry out: lead-exec steps in a little later, only
@@ -89,15 +137,29 @@ impl Job {
             let next = self
                 .abandon_at
                 .or_else(|| (!self.backstop_fired).then_some(due));
+            let next = match (next, self.unreported_check()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             if let Err(e) = self.backstop.get_ref().arm(next) {
                 tracing::warn!("deadline timer: {e}; the watchdog alone enforces this deadline");
             }
+            let watch_leader = self.leader == Leader::Running;
             tokio::select! {
                 line = self.reports.next_line() => match line {
                     Ok(Some(l)) => match Report::decode(&l) {
                         Some(Report::Ended { status, cause, slack_ms }) => {
                             break JobEnd { status, cause, slack_ms };
                         }
+                        // The watchdog stops the rest now, SIGKILL after the grace; lead-exec
+                        // steps in should it stop meanwhile.
+                        Some(Report::LeaderExited { status })
+                            if !matches!(self.leader, Leader::Exited(_)) =>
+                        {
+                            self.leader = Leader::Exited(Some(status));
+                            self.stop_within(grace);
+                        }
+                        Some(Report::LeaderExited { .. }) => {}
                         Some(other) => {
                             tracing::warn!("unexpected report from the watchdog: {other:?}");
                         }
@@ -108,20 +170,32 @@ impl Job {
                 },
                 // What a busy watchdog could not take yet goes as soon as it can.
                 _ = self.ctl.writable(), if self.ctl.pending() => self.ctl.flush(),
+                _ = leader_exit(&self.leader_fd), if watch_leader => {
+                    self.leader = Leader::Unreported { since: BootInstant::now(), nudged: false };
+                }
                 ready = self.backstop.readable() => {
                     if let Ok(mut guard) = ready {
                         self.backstop.get_ref().drain();
                         guard.clear_ready();
                     }
                     let now = BootInstant::now();
-                    if !self.backstop_fired && now >= due {
+                    if self.unreported_check().is_some_and(|t| now >= t) {
+                        self.watchdog_silent(now, grace);
+                    } else if !self.backstop_fired && now >= due {
                         self.backstop_fired = true;
-                        self.abandon_at = Some(now.plus(ABANDON_AFTER));
+                        self.killed_at_deadline = now >= self.kill_at.minus(KILL_LEAD);
+                        let after = match self.leader {
+                            Leader::Exited(_) => ABANDON_EXITED_AFTER,
+                            _ => ABANDON_AFTER,
+                        };
+                        self.abandon_at = Some(now.plus(after));
                         tracing::debug!(pid = self.pid, "deadline: lead-exec kills the job's group itself");
-                        self.kill_directly();
+                        self.reach().kill();
                     } else if self.abandon_at.is_some_and(|t| now >= t) {
                         self.abandon_at = None;
                         tracing::warn!(pid = self.pid, watchdog = self.watchdog.id(), "the watchdog has not reported the job's group gone; killing the watchdog");
+                        // Its tree first: what it re-parented would go to init with it.
+                        self.reach().kill();
                         self.watchdog.kill();
                     }
                 }
@@ -137,31 +211,134 @@ impl Job {
         ended
     }
 
-    /// SIGKILL to the job's group and cgroup, without the watchdog. The watchdog holds the
-    /// group leader unreaped until the group is empty, so the pgid belongs to the job unless
-    /// the group ended in the instant before this, with its report still in the pipe.
-    fn kill_directly(&self) {
-        if let Some(cg) = &self.cgroup {
-            group::kill_dir(cg);
+    /// When the next look is due at a job's main process that exited while the watchdog said
+    /// nothing.
+    fn unreported_check(&self) -> Option<BootInstant> {
+        match self.leader {
+            Leader::Unreported { since, nudged } => Some(if nudged {
+                since.plus(NUDGE_AFTER + TAKE_OVER_AFTER)
+            } else {
+                since.plus(NUDGE_AFTER)
+            }),
+            _ => None,
         }
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(self.pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+    }
+
+    /// The job's main process exited and the watchdog has not said so: first a SIGCONT (it
+    /// may only be stopped), then lead-exec stops the rest of the job itself, SIGKILL after
+    /// the grace, and kills the watchdog once the job is gone. The exit status is read from
+    /// the zombie the watchdog holds.
+    fn watchdog_silent(&mut self, now: BootInstant, grace: Duration) {
+        let Leader::Unreported { since, nudged } = self.leader else {
+            return;
+        };
+        let wd = self.watchdog.id() as i32;
+        if !nudged {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(wd),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+            self.leader = Leader::Unreported {
+                since,
+                nudged: true,
+            };
+            return;
+        }
+        let status = self
+            .view
+            .and_then(|v| tree::zombie_status(&v, Root::Child(wd), self.pid))
+            .map(JobStatus::from_wait);
+        let silent = now.saturating_since(since);
+        self.leader = Leader::Exited(status);
+        if self.anything_left() {
+            tracing::warn!(
+                pid = self.pid,
+                watchdog = wd,
+                "the job's main process exited and its watchdog has not said so in {silent:?} (stopped or frozen?); lead-exec stops the rest of the job itself"
+            );
+            self.reach().signal(nix::sys::signal::Signal::SIGTERM);
+            self.stop_within(grace);
+        } else {
+            // Nothing left to stop: the watchdog goes now, and its pipe's end ends the wait.
+            tracing::warn!(
+                pid = self.pid,
+                watchdog = wd,
+                "the job has ended and its watchdog has not said so in {silent:?} (stopped or frozen?); killing the watchdog"
+            );
+            self.backstop_fired = true;
+            self.watchdog.kill();
+        }
+    }
+
+    /// Whether any process of the job but its exited main process may still be alive: a live
+    /// one in the watchdog's tree, or a member of the cgroup. Without a view of /proc, yes.
+    fn anything_left(&self) -> bool {
+        let Some(view) = &self.view else {
+            return true;
+        };
+        let wd = Root::Child(self.watchdog.id() as i32);
+        tree::walk(view, wd).iter().any(|m| !m.zombie)
+            || self
+                .cgroup
+                .as_deref()
+                .is_some_and(|cg| group::pids_in(cg).iter().any(|&p| p != self.pid))
+    }
+
+    /// Where the job's processes are: its group (the watchdog holds the group's leader
+    /// unreaped until the group is empty, so the pgid belongs to the job unless the group
+    /// ended in the instant before this, with its report still in the pipe), its cgroup, and
+    /// the watchdog's tree.
+    fn reach(&self) -> group::Reach<'_> {
+        group::Reach {
+            leader: nix::unistd::Pid::from_raw(self.pid),
+            cgroup: self.cgroup.as_deref(),
+            tree: self
+                .view
+                .as_ref()
+                .map(|v| (v, Root::Child(self.watchdog.id() as i32))),
+        }
     }
 
     fn watchdog_lost(&mut self, why: &str) -> JobEnd {
+        // The job's main process had ended and lead-exec stopped the rest, or the watchdog
+        // said how it ended: the term ends as the job did, once what is left is killed.
+        if let Leader::Exited(Some(status)) = self.leader {
+            self.kill_orphaned();
+            let cause = if self.killed_at_deadline {
+                GroupEnd::Deadline
+            } else if self.stopping {
+                GroupEnd::Stop
+            } else {
+                GroupEnd::SelfExit
+            };
+            return JobEnd {
+                status,
+                cause,
+                slack_ms: self.kill_at.millis_after(BootInstant::now()),
+            };
+        }
         // One line, whatever the error holds: this goes to the log as is.
         let why = why.replace('\n', " ");
         tracing::error!(
             pid = self.pid,
             "the watchdog died ({why}); killing what is left of the job"
         );
-        // The job's main process dies with its parent (PR_SET_PDEATHSIG); the rest of its
-        // cgroup and of its group is ours to kill now. The group too, cgroup or not: a member
-        // the cgroup does not hold must not run on. Nobody holds the group's leader unreaped
-        // any more, so this is the one place a reused pgid could be hit, and only in the
-        // instant after the watchdog itself was killed.
+        self.kill_orphaned();
+        JobEnd {
+            status: JobStatus::Signaled(libc::SIGKILL),
+            cause: GroupEnd::WatchdogLost,
+            slack_ms: 0,
+        }
+    }
+
+    /// Kills what is left of a job whose watchdog is gone. The job's main process dies with
+    /// its parent (PR_SET_PDEATHSIG); the rest of its cgroup and of its group is ours to kill
+    /// now. The group too, cgroup or not: a member the cgroup does not hold must not run on.
+    /// Nobody holds the group's leader unreaped any more, so this is the one place a reused
+    /// pgid could be hit, and only in the instant after the watchdog itself was killed. What
+    /// left both the group and the cgroup went to init with the watchdog's death, out of
+    /// reach: the README's escape table says so.
+    fn kill_orphaned(&self) {
         if let Some(cg) = &self.cgroup {
             group::Cgroup::kill_orphaned(cg);
         }
@@ -169,11 +346,6 @@ impl Job {
             nix::unistd::Pid::from_raw(self.pid),
             nix::sys::signal::Signal::SIGKILL,
         );
-        JobEnd {
-            status: JobStatus::Signaled(libc::SIGKILL),
-            cause: GroupEnd::WatchdogLost,
-            slack_ms: 0,
-        }
     }
 
     pub(super) fn reap_watchdog(&mut self) {
@@ -190,5 +362,16 @@ impl Job {
         if let Some(cg) = &self.cgroup {
             group::Cgroup::kill_orphaned(cg);
         }
+    }
+}
+
+/// Resolves once the job's main process has exited (its pidfd turns readable); never without
+/// a pidfd.
+async fn leader_exit(fd: &Option<AsyncFd<OwnedFd>>) {
+    match fd {
+        Some(fd) => {
+            let _ = fd.readable().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -39,6 +39,7 @@ pub mod preflight;
 pub mod protocol;
 pub mod spawn;
 pub mod standby;
+pub mod tree;
 pub mod watchdog;
 
 use std::time::Duration;

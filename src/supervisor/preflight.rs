@@ -39,6 +39,22 @@ fn check_interpreter(cmd: &str, path: &std::path::Path) -> Result<()> {
     ))
 }
 
+/// Checks that the job's processes can be seen here, wherever they move: the tree of the
+/// watchdog's descendants is read from /proc (see [`super::tree`]), which must be the /proc of
+/// our PID namespace or of an ancestor's. Elsewhere a process that left the job's group and
+/// cgroup could outlive the term unseen, so lead-exec refuses to start (64), in every
+/// `--cgroup` mode: without /proc the cgroup cannot be found either.
+pub fn proc_view() -> Result<()> {
+    super::tree::ProcView::detect().map(|_| ()).map_err(|why| {
+        fail(
+            Exit::Usage,
+            format!(
+                "the job's processes cannot be seen here: {why}; mount the /proc of this PID namespace (for example `unshare --pid --fork --mount-proc`) or run lead-exec outside it"
+            ),
+        )
+    })
+}
+
 /// Checks the command before campaigning, so a typo is reported at once instead of after
 /// winning an election.
 pub fn preflight(cmd: &str) -> Result<()> {

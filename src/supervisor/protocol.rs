@@ -75,6 +75,10 @@ pub enum Report {
     TooLate,
     /// The watchdog could not set up (e.g. `--cgroup on` without cgroup v2).
     SetupFailed { message: String },
+    /// The job's main process exited with `status`; the rest of the job is being stopped
+    /// (TERM now, SIGKILL after the grace). lead-exec then knows the end it waits for even
+    /// if the watchdog stops before it can say [`Report::Ended`].
+    LeaderExited { status: JobStatus },
     /// The whole group is gone and reaped. `slack_ms` = lease deadline − time of death.
     Ended {
         status: JobStatus,
@@ -210,15 +214,16 @@ impl Report {
             Report::ExecFailed { errno } => format!("E {errno}\n"),
             Report::TooLate => "L\n".to_string(),
             Report::SetupFailed { message } => format!("F {}\n", message.replace('\n', " ")),
+            Report::LeaderExited { status } => {
+                let (kind, n) = status_words(*status);
+                format!("G {kind} {n}\n")
+            }
             Report::Ended {
                 status,
                 cause,
                 slack_ms,
             } => {
-                let (kind, n) = match status {
-                    JobStatus::Exited(c) => ("exit", c),
-                    JobStatus::Signaled(s) => ("signal", s),
-                };
+                let (kind, n) = status_words(*status);
                 format!("X {kind} {n} {} {slack_ms}\n", cause.as_str())
             }
         }
@@ -243,14 +248,11 @@ impl Report {
             "F" => Report::SetupFailed {
                 message: rest.to_string(),
             },
+            "G" => Report::LeaderExited {
+                status: parse_status(w.next()?, w.next()?)?,
+            },
             "X" => {
-                let kind = w.next()?;
-                let n: i32 = w.next()?.parse().ok()?;
-                let status = match kind {
-                    "exit" => JobStatus::Exited(n),
-                    "signal" => JobStatus::Signaled(n),
-                    _ => return None,
-                };
+                let status = parse_status(w.next()?, w.next()?)?;
                 Report::Ended {
                     status,
                     cause: GroupEnd::parse(w.next()?)?,
@@ -259,6 +261,22 @@ impl Report {
             }
             _ => return None,
         })
+    }
+}
+
+fn status_words(status: JobStatus) -> (&'static str, i32) {
+    match status {
+        JobStatus::Exited(c) => ("exit", c),
+        JobStatus::Signaled(s) => ("signal", s),
+    }
+}
+
+fn parse_status(kind: &str, n: &str) -> Option<JobStatus> {
+    let n: i32 = n.parse().ok()?;
+    match kind {
+        "exit" => Some(JobStatus::Exited(n)),
+        "signal" => Some(JobStatus::Signaled(n)),
+        _ => None,
     }
 }
 
@@ -375,6 +393,12 @@ mod tests {
             Report::TooLate,
             Report::SetupFailed {
                 message: "no cgroup v2 here".into(),
+            },
+            Report::LeaderExited {
+                status: JobStatus::Exited(3),
+            },
+            Report::LeaderExited {
+                status: JobStatus::Signaled(15),
             },
             Report::Ended {
                 status: JobStatus::Exited(7),

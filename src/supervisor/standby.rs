@@ -11,7 +11,9 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 
 use super::ctl::Ctl;
+use super::job::Leader;
 use super::protocol::{self, Order, Report};
+use super::tree::{self, ProcView, Root};
 use super::{detach, exec_error, watchdog, CgroupMode, Job, JobSpec};
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::{fail, Exit};
@@ -122,6 +124,12 @@ impl Standby {
             backstop,
             backstop_fired: false,
             abandon_at: None,
+            leader_fd: None,
+            leader: Leader::Running,
+            view: None,
+            stopping: false,
+            killed_at_deadline: false,
+            grace,
         };
         let answer = tokio::time::timeout(answer_within, async {
             if let Err(e) = job.ctl.write_all(start.as_bytes()).await {
@@ -161,6 +169,16 @@ impl Standby {
             Report::Spawned { pid, contained } => {
                 job.pid = pid;
                 job.contained = contained;
+                // lead-exec's own pidfd of the job's main process, pinned while the
+                // watchdog holds it (it reaps it only once the whole job is gone).
+                job.view = ProcView::detect().ok();
+                let wd = Root::Child(job.watchdog.id() as i32);
+                job.leader_fd = job
+                    .view
+                    .and_then(|v| tree::pin_child(&v, wd, pid))
+                    // SAFETY: the AsyncFd owns the descriptor and keeps it open for as long as
+                    // it is registered.
+                    .and_then(|fd| unsafe { AsyncFd::register(fd) }.ok());
                 if !contained && spec.cgroup == CgroupMode::Auto {
                     warn_uncontained(warned_uncontained);
                 }
@@ -178,7 +196,7 @@ impl Standby {
                 job.reap_watchdog();
                 Err(fail(Exit::Software, message))
             }
-            Report::Ended { .. } | Report::Cgroup { .. } => {
+            Report::Ended { .. } | Report::LeaderExited { .. } | Report::Cgroup { .. } => {
                 job.abandon();
                 anyhow::bail!("watchdog reported an end before a start")
             }

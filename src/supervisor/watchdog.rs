@@ -24,6 +24,7 @@ use nix::unistd::Pid;
 use super::enforcer::{may_spawn, Enforcer, GroupOp, Input};
 use super::group::{Cgroup, Group};
 use super::protocol::{decode_start_line, GroupEnd, Order, Report, StartLine};
+use super::tree::ProcView;
 use super::CgroupMode;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
@@ -186,6 +187,9 @@ fn run(argv: &[OsString]) -> Result<()> {
     }
     // Everything that can fail is set up before the fork, so that no job runs unsupervised.
     let timer = BootTimer::new().context("timerfd_create")?;
+    // lead-exec refuses to run where /proc cannot show our namespace; a watchdog started
+    // otherwise still has the group, the cgroup and the tree's liveness.
+    let view = ProcView::detect().ok();
     let prepared = (a.cgroup != CgroupMode::Off).then(Cgroup::create);
     // lead-exec learns the cgroup's name now, not with the job: should we stop or die from
     // here on, it can still kill whatever we started in it.
@@ -259,6 +263,7 @@ fn run(argv: &[OsString]) -> Result<()> {
         group: Group {
             leader: Pid::from_raw(pid),
             cgroup,
+            view,
         },
         enforcer: Enforcer::new(a.grace, start.term_at, start.kill_at),
         exited: None,
@@ -302,7 +307,7 @@ fn supervise(
     let pid = w.group.leader.as_raw();
     let pidfd = match pidfd {
         Some(fd) => fd,
-        None => pidfd_open(pid)?,
+        None => super::tree::pidfd_open(pid).context("pidfd_open (needs Linux 5.3)")?,
     };
     let mut ctl_open = true;
     w.take_orders(&mut buf, BootInstant::now());
@@ -363,6 +368,11 @@ fn supervise(
         let now = BootInstant::now();
         if w.exited.is_none() && fds[2].revents != 0 {
             w.exited = peek_exit(pid);
+            // Said at once: should we be stopped from here on, lead-exec knows how the job
+            // ended and ends the term itself.
+            if let Some(status) = w.exited {
+                send(&mut io.report, &Report::LeaderExited { status });
+            }
         }
         if ctl_open && fds.get(ctl_slot).is_some_and(|f| f.revents != 0) {
             let mut chunk = [0u8; 512];
@@ -514,16 +524,6 @@ fn set_nonblocking(fd: RawFd) -> Result<()> {
     Ok(())
 }
 
-fn pidfd_open(pid: i32) -> Result<OwnedFd> {
-    // SAFETY: the syscall returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("pidfd_open (needs Linux 5.3)");
-    }
-    // SAFETY: a fresh descriptor that we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
 fn pollfd(fd: RawFd) -> libc::pollfd {
     libc::pollfd {
         fd,
@@ -558,6 +558,8 @@ mod tests {
             group: Group {
                 leader,
                 cgroup: None,
+                // Not the tree: the test process's children are other tests' too.
+                view: None,
             },
             enforcer: Enforcer::new(Duration::from_millis(500), at(9_500), at(10_000)),
             exited: None,

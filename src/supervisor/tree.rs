@@ -1,0 +1,358 @@
+//! The job's process tree: every descendant of the watchdog, whatever process group, session
+//! or cgroup it has moved to since.
+//!
+//! The watchdog is a child subreaper, so a process of the job that outlives its parent (a
+//! daemon's double fork) is re-parented to the watchdog, never to init: the job's processes
+//! are exactly the watchdog's descendants. `setsid`, `setpgid`, `su` through pam_systemd and
+//! `systemd-run --scope` change a process's group, session or cgroup, never its parent. Two
+//! questions are asked of the tree:
+//!
+//! - Is any of it alive? [`has_live_children`] needs no /proc: `waitid` on our children says
+//!   ECHILD once only zombies (or nothing) are left, and every live descendant has a live
+//!   ancestor among our children.
+//! - Who is in it? [`walk`] reads `/proc/PID/task/*/children` from the root down. The /proc
+//!   mounted may belong to an ancestor PID namespace (`unshare --pid --fork` without
+//!   `--mount-proc`, a container that bind-mounts the host's /proc): its numbers are then
+//!   translated into ours through each process's `NSpid` ([`ProcView`]). Each process found is
+//!   pinned with a pidfd, then checked to still be a child of the process it was found under,
+//!   so a pid reused meanwhile is never signalled: signals go through the pidfd.
+
+use std::collections::HashSet;
+use std::fs;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// How this process's PID namespace is seen through the /proc that is mounted: at `depth`
+/// levels below the namespace /proc belongs to (0: /proc is our namespace's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcView {
+    depth: usize,
+}
+
+impl ProcView {
+    /// Reads how /proc sees us. An error names why the job's processes cannot be seen here:
+    /// no /proc, or one of a namespace in which this process does not exist (a sibling's, or
+    /// a child's), where `/proc/self` names nobody.
+    pub fn detect() -> Result<ProcView, String> {
+        let status = fs::read_to_string("/proc/self/status")
+            .map_err(|e| format!("/proc/self/status cannot be read ({e})"))?;
+        let ns = nspid(&status).ok_or("/proc/self/status has no NSpid line")?;
+        let me = std::process::id() as i32;
+        if ns.last() != Some(&me) {
+            return Err(format!(
+                "/proc/self is process {} of another PID namespace, not this one ({me})",
+                ns.last().copied().unwrap_or(0)
+            ));
+        }
+        Ok(ProcView {
+            depth: ns.len() - 1,
+        })
+    }
+
+    /// Whether /proc is our own namespace's (no translation needed).
+    pub fn is_own(&self) -> bool {
+        self.depth == 0
+    }
+
+    /// The pid in our namespace of the process that /proc calls `apid`; `None` when it is
+    /// gone or lives outside our namespace (then it is no descendant of ours).
+    fn here(&self, apid: i32) -> Option<i32> {
+        if self.depth == 0 {
+            return Some(apid);
+        }
+        let status = fs::read_to_string(format!("/proc/{apid}/status")).ok()?;
+        nspid(&status)?.get(self.depth).copied()
+    }
+
+    /// What /proc calls this process.
+    fn own_apid(&self) -> Option<i32> {
+        if self.depth == 0 {
+            return Some(std::process::id() as i32);
+        }
+        stat(&fs::read_to_string("/proc/self/stat").ok()?).map(|s| s.pid)
+    }
+
+    /// What /proc calls our child `pid` (in our numbering), found among our children.
+    fn child_apid(&self, pid: i32) -> Option<i32> {
+        if self.depth == 0 {
+            return Some(pid);
+        }
+        let me = self.own_apid()?;
+        children_of(me)
+            .into_iter()
+            .find(|&c| self.here(c) == Some(pid))
+    }
+}
+
+/// The `NSpid:` field of a status file: the pid in /proc's namespace first, ours last.
+fn nspid(status: &str) -> Option<Vec<i32>> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let v: Vec<i32> = line
+        .split_whitespace()
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    (!v.is_empty()).then_some(v)
+}
+
+/// What a stat line says of its process.
+struct Stat {
+    pid: i32,
+    state: char,
+    ppid: i32,
+    /// The status as waitpid reports it; only filled in for a zombie that we may read.
+    exit_code: i32,
+}
+
+fn stat(line: &str) -> Option<Stat> {
+    let pid = line.split_whitespace().next()?.parse().ok()?;
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &line[line.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat {
+        pid,
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        // Field 52 overall; the fields here start at field 3.
+        exit_code: f.get(49).and_then(|c| c.parse().ok()).unwrap_or(0),
+    })
+}
+
+fn read_stat(apid: i32) -> Option<Stat> {
+    stat(&fs::read_to_string(format!("/proc/{apid}/stat")).ok()?)
+}
+
+/// The children of every thread of `apid`, in /proc's numbering.
+fn children_of(apid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let tasks = fs::read_dir(format!("/proc/{apid}/task"));
+    for task in tasks.into_iter().flatten().flatten() {
+        if let Ok(s) = fs::read_to_string(task.path().join("children")) {
+            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+/// One process of the tree, pinned.
+pub struct Member {
+    /// Its pid in our namespace.
+    pub pid: i32,
+    pidfd: OwnedFd,
+    /// Exited, not yet reaped: nothing to signal.
+    pub zombie: bool,
+    /// For a zombie, its status in waitpid's form (0 if it could not be read).
+    exit_code: i32,
+}
+
+impl Member {
+    /// Sends `sig` to this process, never to another that took its pid since.
+    pub fn signal(&self, sig: i32) -> std::io::Result<()> {
+        pidfd_send_signal(self.pidfd.as_raw_fd(), sig)
+    }
+}
+
+/// Where a walk starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Root {
+    /// This process (the watchdog walks its own tree).
+    Me,
+    /// Our child with this pid (lead-exec walks its watchdog's tree).
+    Child(i32),
+}
+
+/// Every descendant of `root`, parents before their children. A process that forks while
+/// this reads may be missed; callers that must leave nothing walk again.
+pub fn walk(view: &ProcView, root: Root) -> Vec<Member> {
+    let top = match root {
+        Root::Me => view.own_apid(),
+        Root::Child(pid) => view.child_apid(pid),
+    };
+    let Some(top) = top else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut queue = vec![top];
+    while let Some(parent) = queue.pop() {
+        for c in children_of(parent) {
+            if !seen.insert(c) {
+                continue;
+            }
+            let Some(pid) = view.here(c) else { continue };
+            let Ok(pidfd) = pidfd_open(pid) else { continue };
+            // Pinned now; still the child we read (or re-parented to the root meanwhile)?
+            let Some(st) = read_stat(c) else { continue };
+            if st.ppid != parent && st.ppid != top {
+                continue;
+            }
+            let zombie = matches!(st.state, 'Z' | 'X');
+            out.push(Member {
+                pid,
+                pidfd,
+                zombie,
+                exit_code: st.exit_code,
+            });
+            if !zombie {
+                queue.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// A pidfd of our child `root`'s child `pid`, checked to be that child once pinned: lead-exec's
+/// own view of the job's main process, for when its watchdog cannot say that it ended.
+pub fn pin_child(view: &ProcView, root: Root, pid: i32) -> Option<OwnedFd> {
+    let top = match root {
+        Root::Me => view.own_apid(),
+        Root::Child(p) => view.child_apid(p),
+    }?;
+    let c = children_of(top)
+        .into_iter()
+        .find(|&c| view.here(c) == Some(pid))?;
+    let fd = pidfd_open(pid).ok()?;
+    (read_stat(c)?.ppid == top).then_some(fd)
+}
+
+/// SIGKILLs every descendant of `root` except `spare` (pids), walking again until a walk
+/// finds none alive, so that what forked during a walk is found by the next. Bounded: a
+/// tree that keeps growing past this is left to the caller's next attempt.
+pub fn kill_all(view: &ProcView, root: Root, spare: &[i32]) {
+    for _ in 0..64 {
+        let live: Vec<Member> = walk(view, root)
+            .into_iter()
+            .filter(|m| !m.zombie && !spare.contains(&m.pid))
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        for m in &live {
+            let _ = m.signal(libc::SIGKILL);
+        }
+    }
+}
+
+/// The status of our child `root`'s exited child `pid`, in waitpid's form, while it is an
+/// unreaped zombie: how a job ended whose watchdog cannot say.
+pub fn zombie_status(view: &ProcView, root: Root, pid: i32) -> Option<i32> {
+    walk(view, root)
+        .into_iter()
+        .find(|m| m.pid == pid && m.zombie)
+        .map(|m| m.exit_code)
+}
+
+/// Whether any child of ours is alive (zombies do not count). No /proc: waitid's ECHILD
+/// answers for our own namespace, whatever /proc is mounted.
+pub fn has_live_children() -> bool {
+    // SAFETY: waitid fills the siginfo we own. Without WEXITED a zombie is neither reported
+    // nor counted, so ECHILD means no live child; WNOWAIT leaves a stopped one as it is.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        !(rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
+    }
+}
+
+/// The pids of our children that are zombies, in our numbering, for reaping by pid.
+pub fn zombie_children(view: &ProcView) -> Vec<i32> {
+    let Some(me) = view.own_apid() else {
+        return Vec::new();
+    };
+    children_of(me)
+        .into_iter()
+        .filter(|&c| read_stat(c).is_some_and(|s| s.state == 'Z'))
+        .filter_map(|c| view.here(c))
+        .collect()
+}
+
+pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: the syscall returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn pidfd_send_signal(fd: RawFd, sig: i32) -> std::io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we own; no siginfo.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd,
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nspid_lists_the_outer_namespace_first() {
+        let status = "Name:\tsh\nPid:\t4242\nNSpid:\t4242\t7\t1\nNSpgid:\t1\n";
+        assert_eq!(nspid(status), Some(vec![4242, 7, 1]));
+        assert_eq!(nspid("Name:\tsh\n"), None);
+        assert_eq!(nspid("NSpid:\tx\n"), None);
+    }
+
+    #[test]
+    fn a_stat_line_is_read_past_a_name_with_spaces_and_parentheses() {
+        let mut fields: Vec<String> = (3..=52).map(|i| i.to_string()).collect();
+        fields[0] = "Z".into();
+        fields[1] = "77".into();
+        fields[49] = "768".into();
+        let line = format!("123 (a (b) c) {}\n", fields.join(" "));
+        let s = stat(&line).unwrap();
+        assert_eq!((s.pid, s.state, s.ppid, s.exit_code), (123, 'Z', 77, 768));
+    }
+
+    /// In the namespace the tests run in, /proc is our own.
+    #[test]
+    fn the_test_processes_proc_is_their_own() {
+        let v = ProcView::detect().unwrap();
+        assert!(v.is_own(), "{v:?}");
+        assert_eq!(
+            v.here(std::process::id() as i32),
+            Some(std::process::id() as i32)
+        );
+    }
+
+    /// A child that left its process group and session and one that did not are both found
+    /// by a walk from their parent; kill_all leaves neither.
+    #[test]
+    fn a_walk_finds_every_descendant_and_kill_all_leaves_none() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", "setsid sleep 30 & sleep 30"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let view = ProcView::detect().unwrap();
+        // Never `Root::Me` here: the test process has other tests' children.
+        let root = Root::Child(child.id() as i32);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while walk(&view, root).iter().filter(|m| !m.zombie).count() < 2 {
+            assert!(std::time::Instant::now() < until, "the tree never grew");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        kill_all(&view, root, &[]);
+        assert!(
+            walk(&view, root).iter().all(|m| m.zombie),
+            "a descendant survived"
+        );
+        let _ = child.wait();
+    }
+}

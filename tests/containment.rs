@@ -1,0 +1,308 @@
+//! No process of the job outlives its term, wherever it moves: the README's escape table,
+//! cell by cell. Each cell runs a job that starts a heartbeating escapee one way or another
+//! and exits; a second worker of the same election then runs. The escapee's heartbeats must
+//! stop before the second worker's job starts, and never resume.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use harness::*;
+
+/// The ways out of where lead-exec puts the job (rows of the table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// A new session (and so a new process group).
+    Setsid,
+    /// A new process group in the same session.
+    Setpgid,
+    /// Into another cgroup, keeping the process group (`systemd-run --scope`, `cgexec`).
+    CgroupMove,
+    /// A daemon: a new session and a double fork, its parent gone.
+    DoubleFork,
+    /// What `su -` through pam_systemd does: into a session scope's cgroup, then another uid.
+    SuPamSystemd,
+    /// Into a PID namespace of its own, with its own /proc (`unshare --pid --fork
+    /// --mount-proc`).
+    PidNamespace,
+    /// lead-exec itself in a PID namespace whose /proc is the host's (`unshare --pid --fork`
+    /// without `--mount-proc`, a container that bind-mounts the host's /proc); the job's
+    /// escapee a daemon.
+    ForeignProc,
+}
+
+/// Who runs lead-exec (columns, with the `--cgroup` mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum User {
+    Root,
+    /// `nobody`: no cgroup can be made, no cgroup can be joined.
+    Nobody,
+}
+
+const MODES: [&str; 3] = ["auto", "on", "off"];
+
+/// A cgroup v2 beside the job cgroups, for escapees to move into; removed with what is in it.
+struct OtherCgroup(PathBuf);
+
+impl OtherCgroup {
+    fn new(name: &str) -> OtherCgroup {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = info
+            .lines()
+            .find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                (right.split_whitespace().next()? == "cgroup2")
+                    .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+            })
+            .expect("no cgroup2 mount: the containment tests need cgroup v2 (run as root)");
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let own = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+        let dir = mount
+            .join(own.trim_start_matches('/'))
+            .join(format!("test-escape-{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e} (run as root)", dir.display()));
+        OtherCgroup(dir)
+    }
+}
+
+impl Drop for OtherCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+        wait_until(secs(2), || std::fs::remove_dir(&self.0).is_ok());
+    }
+}
+
+/// The escapee: records its pid (in its own namespace) and beats every 50 ms.
+fn write_escapee(dir: &Path) -> PathBuf {
+    let path = dir.join("escapee.sh");
+    let body = format!(
+        "#!/bin/sh\necho $$ > {d}/escapee\nwhile :; do date +%s%N >> {d}/hb; sleep 0.05; done\n",
+        d = dir.display()
+    );
+    std::fs::write(&path, body).unwrap();
+    chmod(&path, 0o755);
+    path
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The job of the first worker: start the escapee `way`, wait until it beats, exit 0.
+fn escaping_job(way: Way, user: User, dir: &Path, other: Option<&Path>) -> String {
+    // A PID namespace takes root, or a user namespace of one's own.
+    let userns = if user == User::Nobody {
+        "--user --map-root-user "
+    } else {
+        ""
+    };
+    let esc = write_escapee(dir).display().to_string();
+    let procs = || other.expect("a cgroup to move to").join("cgroup.procs");
+    let start = match way {
+        Way::Setsid => format!("setsid {esc} &"),
+        Way::Setpgid => format!("perl -e 'setpgrp(0, 0); exec @ARGV' {esc} &"),
+        Way::CgroupMove => format!("sh -c 'echo $$ > {} && exec {esc}' &", procs().display()),
+        Way::DoubleFork | Way::ForeignProc => format!("setsid sh -c '{esc} & exit' &"),
+        Way::SuPamSystemd => format!(
+            "sh -c 'echo $$ > {} && exec setpriv --reuid=nobody --regid=nogroup --clear-groups {esc}' &",
+            procs().display()
+        ),
+        Way::PidNamespace => format!("unshare {userns}--pid --fork --mount-proc {esc} &"),
+    };
+    format!(
+        "{start} while [ ! -s {d}/hb ]; do sleep 0.01; done; exit 0",
+        d = dir.display()
+    )
+}
+
+/// The heartbeats written so far.
+fn beats(dir: &Path) -> Vec<i128> {
+    lines(&dir.join("hb"))
+        .iter()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// `lead-exec ARGS` as `user`, inside a PID namespace whose /proc is the host's for
+/// [`Way::ForeignProc`].
+fn command_for(user: User, way: Way) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if user == User::Nobody {
+        // Without cargo's LD_LIBRARY_PATH, which may point into a directory only root can
+        // read: the system's libraries are what an unprivileged user gets.
+        v.extend([
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "env",
+            "-u",
+            "LD_LIBRARY_PATH",
+        ]);
+    }
+    if way == Way::ForeignProc {
+        v.push("unshare");
+        if user == User::Nobody {
+            v.extend(["--user", "--map-root-user"]);
+        }
+        // Under an init of its own that outlives it, as in a container: the namespace's
+        // end would otherwise kill what lead-exec left behind.
+        v.extend([
+            "--pid",
+            "--fork",
+            "sh",
+            "-c",
+            "\"$0\" \"$@\"; s=$?; sleep 1; exit $s",
+        ]);
+    }
+    v.push(bin());
+    v
+}
+
+/// One cell: the escapee's beats stop before the next worker's job starts.
+fn cell(etcd: &Etcd, way: Way, user: User, mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The escapee may run as nobody, and so may lead-exec.
+    chmod(d, 0o777);
+    let other = matches!(way, Way::CgroupMove | Way::SuPamSystemd)
+        .then(|| OtherCgroup::new(&format!("{way:?}-{mode}").to_lowercase()));
+    let election = format!("esc-{way:?}-{user:?}-{mode}").to_lowercase();
+    let ep = etcd.endpoints();
+    let job = escaping_job(way, user, d, other.as_ref().map(|o| o.0.as_path()));
+    let program = command_for(user, way);
+    let mut args: Vec<&str> = program[1..].to_vec();
+    args.extend(run_args(&election, &ep, &["--cgroup", mode], &job));
+    let first = spawn_program(Path::new(program[0]), d, "first", &args, &[]);
+    let what = format!("{way:?} as {user:?} with --cgroup {mode}");
+    let mut first = first;
+    assert!(
+        wait_until(secs(15), || !beats(d).is_empty()),
+        "{what}: the escapee never beat:\n{}",
+        first.log_text()
+    );
+    let next_job = script(d, "date +%s%N > $D/next");
+    let mut second = spawn(d, "second", &run_args(&election, &ep, &[], &next_job));
+    assert_eq!(first.code(secs(15)), 0, "{what}:\n{}", first.log_text());
+    assert_eq!(second.code(secs(15)), 0, "{what}:\n{}", second.log_text());
+    let next = wait_int(&d.join("next"), secs(5)) as i128;
+    // Long enough for a surviving escapee to beat several times more.
+    std::thread::sleep(Duration::from_millis(300));
+    let all = beats(d);
+    let late: Vec<_> = all.iter().filter(|&&b| b >= next).collect();
+    assert!(
+        late.is_empty(),
+        "{what}: the escapee beat {} times after the next leader's job started:\n{}",
+        late.len(),
+        first.log_text()
+    );
+    eprintln!(
+        "{what}: last beat {:.1} ms before the next job",
+        (next - all.iter().max().unwrap()) as f64 / 1e6
+    );
+}
+
+/// Every mode for `user` but `--cgroup on` as nobody (refused: see below).
+fn row(way: Way, users: &[User]) {
+    let etcd = Etcd::start();
+    for &user in users {
+        for mode in MODES {
+            if user == User::Nobody && mode == "on" {
+                continue;
+            }
+            cell(&etcd, way, user, mode);
+        }
+    }
+}
+
+const BOTH: [User; 2] = [User::Root, User::Nobody];
+
+#[test]
+fn a_setsid_escapee_dies_with_the_term() {
+    row(Way::Setsid, &BOTH);
+}
+
+#[test]
+fn a_setpgid_escapee_dies_with_the_term() {
+    row(Way::Setpgid, &BOTH);
+}
+
+/// Only root can move a process to another cgroup here.
+#[test]
+fn an_escapee_moved_to_another_cgroup_dies_with_the_term() {
+    row(Way::CgroupMove, &[User::Root]);
+}
+
+#[test]
+fn a_double_forked_daemon_dies_with_the_term() {
+    row(Way::DoubleFork, &BOTH);
+}
+
+/// `su -` through pam_systemd: the move to a session scope's cgroup, then the uid change.
+#[test]
+fn an_escapee_that_moved_cgroup_and_changed_user_dies_with_the_term() {
+    row(Way::SuPamSystemd, &[User::Root]);
+}
+
+#[test]
+fn an_escapee_in_a_pid_namespace_of_its_own_dies_with_the_term() {
+    row(Way::PidNamespace, &BOTH);
+}
+
+#[test]
+fn under_a_foreign_proc_a_daemon_still_dies_with_the_term() {
+    row(Way::ForeignProc, &BOTH);
+}
+
+/// As nobody no cgroup can be made: `--cgroup on` refuses to start the job.
+#[test]
+fn as_an_unprivileged_user_cgroup_on_is_refused() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    chmod(dir.path(), 0o777);
+    let ep = etcd.endpoints();
+    let program = command_for(User::Nobody, Way::Setsid);
+    let mut args: Vec<&str> = program[1..].to_vec();
+    args.extend(run_args(
+        "esc-refused",
+        &ep,
+        &["--cgroup", "on"],
+        "echo ran > /dev/null",
+    ));
+    let mut w = spawn_program(Path::new(program[0]), dir.path(), "w", &args, &[]);
+    assert_eq!(w.code(secs(15)), 70, "{}", w.log_text());
+    assert!(
+        w.log_text()
+            .contains("--cgroup on: cannot create a cgroup v2"),
+        "{}",
+        w.log_text()
+    );
+}
+
+/// Where /proc shows nothing of this PID namespace, the job's processes could not be found:
+/// lead-exec refuses at start with 64 and one line that names the cause and the remedy,
+/// before anything reaches etcd.
+#[test]
+fn without_a_proc_of_this_namespace_run_is_refused() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    for mode in MODES {
+        let inner = format!(
+            "mount -t tmpfs none /proc && exec {} run no-proc --endpoints {ep} --cgroup {mode} -- true",
+            bin()
+        );
+        let out = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &inner])
+            .output()
+            .expect("unshare (package util-linux)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "--cgroup {mode}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("the job's processes cannot be seen here") && err.contains("--mount-proc"),
+            "{err}"
+        );
+    }
+    assert!(etcd.keys("lead-exec/").is_empty(), "something was written");
+}
