@@ -13,7 +13,8 @@
 //! The job does not run inside lead-exec. A watchdog process (the small `lead-exec-watchdog`
 //! binary, or lead-exec re-executed in a hidden mode), started while lead-exec connects and
 //! campaigns and waiting on its pipe until the term is won, forks it into its own process group,
-//! and cgroup when possible, and enforces the lease deadline D = send time of the last renewed
+//! and cgroup when possible, as a child subreaper whose descendants the job's processes stay
+//! wherever they move, and enforces the lease deadline D = send time of the last renewed
 //! keepalive + TTL − safety margin on CLOCK_BOOTTIME: SIGTERM to the group at D − grace,
 //! SIGKILL just before D. lead-exec only ever moves D forward, over a pipe. If lead-exec dies,
 //! the pipe closes and the group is killed at once; if it freezes, the deadline fires anyway.
@@ -82,7 +83,9 @@
 //!   running job (deadlines, signals, stop and kill, and lead-exec's own enforcement of D).
 //!   The watchdog's side: [`supervisor::enforcer`] decides, without I/O, what the group gets
 //!   and when; [`supervisor::watchdog`] is the process that carries it out, started by
-//!   [`supervisor::detach`]; [`supervisor::group`] the process group and cgroup.
+//!   [`supervisor::detach`]; [`supervisor::group`] the process group and cgroup, and
+//!   [`supervisor::tree`] the tree of the watchdog's descendants: together, everything a stop
+//!   reaches and the term waits for.
 //!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
 //! - [`exit`], [`clock`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
 //!   CLOCK_BOOTTIME, Prometheus, systemd, values made safe to print.

@@ -1389,7 +1389,7 @@ fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
     assert!(
         wait_until(secs(5), || {
             out = run(&["status", "nocg", "--endpoints", &ep]).1;
-            out.contains("job:       no cgroup (process group only)")
+            out.contains("job:       no cgroup (process group and tree)")
         }),
         "{out}"
     );

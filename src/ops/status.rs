@@ -241,7 +241,7 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                     outln!("{indent}lease:     {t}s left");
                 }
                 if *cgroup == Some(false) {
-                    outln!("{indent}job:       no cgroup (process group only)");
+                    outln!("{indent}job:       no cgroup (process group and tree)");
                 }
                 if let (Some(s), Some(t)) = (since, timeout) {
                     outln!(

@@ -76,7 +76,7 @@ pub struct Record {
     /// The `--takeover-delay` this term waited out before its job started, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub takeover_delay_ms: Option<u64>,
-    /// Whether the job runs in a cgroup of its own (false: its process group only); unset
+    /// Whether the job runs in a cgroup of its own (false: its process group and tree); unset
     /// when the record was written before the job started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_cgroup: Option<bool>,

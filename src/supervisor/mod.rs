@@ -28,7 +28,8 @@
 //! then told to start it); [`job`] is the handle on the running job (deadlines, signals to pass
 //! on, stop and kill, and lead-exec's own enforcement of D); `ctl` is the control pipe that
 //! never blocks. [`mod@preflight`] checks the command before campaigning. The watchdog's side is
-//! [`watchdog`], [`enforcer`], [`spawn`] and [`group`]; [`protocol`] is what the pipes carry.
+//! [`watchdog`], [`enforcer`], [`spawn`], [`group`] and [`tree`] (lead-exec reads the tree too,
+//! through the watchdog's, when the watchdog is stopped); [`protocol`] is what the pipes carry.
 
 mod ctl;
 pub mod detach;

@@ -67,7 +67,8 @@ pub enum Report {
     /// The job cgroup the watchdog made (ahead, while it waits): lead-exec kills it by this
     /// path when the watchdog cannot.
     Cgroup { path: std::ffi::OsString },
-    /// The job runs; `contained` says whether in its cgroup or in its process group only.
+    /// The job runs; `contained` says whether in a cgroup of its own (always also in its process
+    /// group and the watchdog's tree).
     Spawned { pid: i32, contained: bool },
     /// exec failed with this errno (ENOENT → 127, EACCES → 126).
     ExecFailed { errno: i32 },

@@ -204,12 +204,12 @@ impl Standby {
     }
 }
 
-/// Says once (`warned` is then set) that `--cgroup auto` found no cgroup for the job: escapees
-/// from its process group (a daemon that calls setsid) are then out of reach.
+/// Says once (`warned` is then set) that `--cgroup auto` found no cgroup for the job: its
+/// process group and its process tree are what stops it then, without cgroup.kill's one write.
 fn warn_uncontained(warned: &mut bool) {
     if !std::mem::replace(warned, true) {
         tracing::warn!(
-            "the job runs without a cgroup of its own (none could be made here: cgroup v2 not mounted or not writable); only its process group is killed"
+            "the job runs without a cgroup of its own (none could be made here: cgroup v2 not mounted or not writable); its process group and process tree are stopped instead"
         );
     }
 }
