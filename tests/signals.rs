@@ -45,6 +45,67 @@ fn usr1_and_hup_are_forwarded_too() {
     assert_eq!(w.code(secs(10)), 3);
 }
 
+/// `nohup lead-exec run …`: the SIGHUP of a logout is ignored, as nohup asked, not
+/// forwarded and not the run's end; SIGTERM still ends it.
+#[test]
+fn a_hangup_ignored_at_start_stays_ignored() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let s = script(
+        dir.path(),
+        "trap 'echo hup >> $D/got' HUP; echo up > $D/up; while :; do sleep 0.05; done",
+    );
+    let ep = etcd.endpoints();
+    let mut args = vec![bin()];
+    args.extend(run_args("nohup", &ep, &[], &s));
+    let mut w = spawn_program(std::path::Path::new("nohup"), dir.path(), "w", &args, &[]);
+    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    w.signal(libc::SIGHUP);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(w.child.try_wait().unwrap().is_none(), "{}", w.log_text());
+    assert!(
+        lines(&dir.path().join("got")).is_empty(),
+        "HUP was forwarded"
+    );
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.code(secs(10)), 143, "{}", w.log_text());
+}
+
+/// A background command of a non-interactive shell starts with INT and QUIT ignored; they
+/// stay so (a ^C meant for the foreground does not end the run).
+#[test]
+fn int_and_quit_ignored_at_start_stay_ignored() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let s = script(dir.path(), "echo up > $D/up; while :; do sleep 0.05; done");
+    let le = run_args("bg", &etcd.endpoints(), &[], &s)
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let line = format!(
+        "'{}' {le} & echo $! > {}/pid; wait",
+        bin(),
+        dir.path().display()
+    );
+    let mut sh = spawn_program(
+        std::path::Path::new("sh"),
+        dir.path(),
+        "sh",
+        &["-c", &line],
+        &[],
+    );
+    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let pid = wait_int(&dir.path().join("pid"), secs(5)) as i32;
+    signal(pid, libc::SIGINT);
+    signal(pid, libc::SIGQUIT);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(alive(pid), "{}", sh.log_text());
+    signal(pid, libc::SIGTERM);
+    assert_eq!(sh.code(secs(10)), 0, "{}", sh.log_text());
+    assert!(!alive(pid));
+}
+
 #[test]
 fn job_ignoring_term_is_killed_after_the_grace_with_its_grandchild() {
     let etcd = Etcd::start();

@@ -16,10 +16,26 @@ pub fn is_stopping(sig: i32) -> bool {
     matches!(sig, SIGTERM | SIGINT | SIGHUP | SIGQUIT)
 }
 
-/// Starts listening; the receiver yields signal numbers.
+/// Whether `sig` was ignored when this process started: under `nohup` (HUP), or as a
+/// background command of a shell without job control (INT, QUIT).
+fn ignored(sig: i32) -> bool {
+    // SAFETY: sigaction with no new action only reads the current one into ours.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// Starts listening; the receiver yields signal numbers. A signal ignored at start stays
+/// ignored, as POSIX shells and flock(1) leave it: neither forwarded nor ending the run, so
+/// `nohup lead-exec run …` survives the logout's SIGHUP.
 pub fn listen() -> Result<mpsc::UnboundedReceiver<i32>> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let mut signals = signal_hook::iterator::Signals::new(CAUGHT)?;
+    let (caught, kept): (Vec<i32>, Vec<i32>) = CAUGHT.into_iter().partition(|&s| !ignored(s));
+    for sig in kept {
+        tracing::debug!(signal = sig, "ignored at start (nohup?); it stays ignored");
+    }
+    let mut signals = signal_hook::iterator::Signals::new(caught)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {

@@ -751,6 +751,7 @@ fn worker_command(
     env: &[(&str, &str)],
 ) -> Command {
     let mut cmd = Command::new(program);
+    default_signals(&mut cmd);
     cmd.args(args)
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .env_remove("ETCDCTL_ENDPOINTS")
@@ -758,6 +759,23 @@ fn worker_command(
         .stdin(Stdio::null())
         .stdout(fs::File::create(dir.join(format!("{name}.out"))).unwrap());
     cmd
+}
+
+/// The signals a test sends start with their default action in the worker, however the test
+/// runner itself was started: lead-exec keeps a signal that was ignored at its start ignored
+/// (nohup), and a runner started in the background of a non-interactive shell has INT and
+/// QUIT ignored.
+fn default_signals(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal() is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
 }
 
 fn start_worker(mut cmd: Command, dir: &Path, name: &str) -> Worker {
