@@ -106,6 +106,95 @@ fn int_and_quit_ignored_at_start_stay_ignored() {
     assert!(!alive(pid));
 }
 
+/// The state letter of a process (`T` when stopped).
+fn state(pid: i32) -> char {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    s.rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|f| f.chars().next())
+        .unwrap_or('?')
+}
+
+/// Whether the heartbeats stay still for `window`.
+fn beats_still(dir: &std::path::Path, window: std::time::Duration) -> bool {
+    let before = lines(&dir.join("hb")).len();
+    std::thread::sleep(window);
+    lines(&dir.join("hb")).len() == before
+}
+
+/// Ctrl-Z (SIGTSTP to lead-exec): the whole job stops first (both of its processes), then
+/// lead-exec; `fg` (SIGCONT) continues both, in the same term.
+#[test]
+fn ctrl_z_stops_the_job_then_lead_exec_and_fg_continues_both() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = heartbeat_job(dir.path());
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args_with(&WIDE_GRACE, "ctrlz", &etcd.endpoints(), &[], &job),
+    );
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    w.signal(libc::SIGTSTP);
+    assert!(
+        wait_until(secs(2), || state(w.pid()) == 'T'),
+        "lead-exec did not stop"
+    );
+    assert_eq!((state(pid), state(gc)), ('T', 'T'), "the job runs on");
+    assert!(beats_still(
+        dir.path(),
+        std::time::Duration::from_millis(300)
+    ));
+    w.signal(libc::SIGCONT);
+    assert!(
+        wait_until(secs(2), || !beats_still(
+            dir.path(),
+            std::time::Duration::from_millis(200)
+        )),
+        "the job was not continued"
+    );
+    assert_ne!(state(w.pid()), 'T');
+    assert_eq!(terms(dir.path()).len(), 1, "{}", w.log_text());
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.code(secs(10)), 143, "{}", w.log_text());
+}
+
+/// A Ctrl-Z that outlasts the lease ends the term the fail-closed way: the stopped job is
+/// killed by the deadline, and lead-exec, once continued, runs it again in a new term.
+#[test]
+fn a_ctrl_z_longer_than_the_lease_kills_the_job_by_the_deadline() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let job = heartbeat_job(dir.path());
+    let mut w = spawn(
+        dir.path(),
+        "w",
+        &run_args("ctrlzlong", &etcd.endpoints(), &[], &job),
+    );
+    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let stopped = std::time::Instant::now();
+    w.signal(libc::SIGTSTP);
+    assert!(wait_until(secs(2), || state(w.pid()) == 'T'));
+    assert!(
+        wait_until(secs(5), || !alive(pid)),
+        "the stopped job outlived D"
+    );
+    // TTL 3 s: D is at most 3 s − margin after the last renewal before the stop.
+    assert!(stopped.elapsed() < std::time::Duration::from_millis(2900));
+    w.signal(libc::SIGCONT);
+    assert!(
+        wait_until(secs(20), || terms(dir.path()).len() >= 2),
+        "{}",
+        w.log_text()
+    );
+    let t = terms(dir.path());
+    assert!(t[1].0 > t[0].0, "{t:?}");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
 #[test]
 fn job_ignoring_term_is_killed_after_the_grace_with_its_grandchild() {
     let etcd = Etcd::start();

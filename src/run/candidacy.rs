@@ -81,7 +81,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
     }
     // The first check runs while we connect.
     let health = cfg.health.clone().map(health::start);
-    let signals = signals::listen()?;
+    let (signals, job_control) = signals::listen()?;
     let candidate = Candidate {
         priority: cfg.priority,
         ..Candidate::this_process(&cfg.id)
@@ -132,6 +132,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         health,
         standby: None,
         signals,
+        job_control,
         give_up_at,
         last_token: None,
         warned_uncontained: false,

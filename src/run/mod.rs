@@ -89,6 +89,8 @@ pub struct Driver {
     /// A watchdog started ahead of the next job.
     standby: Option<crate::supervisor::Standby>,
     signals: mpsc::UnboundedReceiver<i32>,
+    /// Where the signal thread's Ctrl-Z reaches the running job.
+    job_control: crate::supervisor::JobControl,
     /// When `--wait` gives up. A term that ran a job clears it: `--wait` bounds a wait in
     /// line, not the life of the process, so the next campaign counts afresh.
     give_up_at: Option<Instant>,

@@ -4,8 +4,13 @@
 //! ever runs async code.
 
 use anyhow::Result;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use nix::sys::signal::Signal;
+use signal_hook::consts::{
+    SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2,
+};
 use tokio::sync::mpsc;
+
+use crate::supervisor::JobControl;
 
 /// Signals that lead-exec catches. TERM, INT, HUP and QUIT stop (or cancel) the run; USR1 and
 /// USR2 are only forwarded to a running job.
@@ -26,26 +31,50 @@ fn ignored(sig: i32) -> bool {
     }
 }
 
+/// Job control: the terminal's stop signals (Ctrl-Z, a background read or write), and the
+/// continue that `fg` or `bg` sends.
+const JOB_CONTROL: [i32; 4] = [SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT];
+
 /// Starts listening; the receiver yields signal numbers. A signal ignored at start stays
 /// ignored, as POSIX shells and flock(1) leave it: neither forwarded nor ending the run, so
 /// `nohup lead-exec run …` survives the logout's SIGHUP.
-pub fn listen() -> Result<mpsc::UnboundedReceiver<i32>> {
+///
+/// Job control is handled here, on the signal thread, as ssh and sudo do: a stop signal stops
+/// the running job first (every process of it, through `control`), then lead-exec itself;
+/// SIGCONT continues the job. A stop that outlasts the lease ends the term the fail-closed
+/// way: the watchdog, which no terminal reaches, kills the stopped job at D, and lead-exec,
+/// once continued, finds its lease lost and campaigns again.
+pub fn listen() -> Result<(mpsc::UnboundedReceiver<i32>, JobControl)> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let (caught, kept): (Vec<i32>, Vec<i32>) = CAUGHT.into_iter().partition(|&s| !ignored(s));
+    let (caught, kept): (Vec<i32>, Vec<i32>) = CAUGHT
+        .into_iter()
+        .chain(JOB_CONTROL)
+        .partition(|&s| !ignored(s));
     for sig in kept {
         tracing::debug!(signal = sig, "ignored at start (nohup?); it stays ignored");
     }
     let mut signals = signal_hook::iterator::Signals::new(caught)?;
+    let control = JobControl::default();
+    let job = control.clone();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for sig in signals.forever() {
-                if tx.send(sig).is_err() {
-                    break;
+                match sig {
+                    SIGTSTP | SIGTTIN | SIGTTOU => {
+                        job.signal(Signal::SIGSTOP);
+                        let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+                    }
+                    SIGCONT => job.signal(Signal::SIGCONT),
+                    _ => {
+                        if tx.send(sig).is_err() {
+                            break;
+                        }
+                    }
                 }
             }
         })?;
-    Ok(rx)
+    Ok((rx, control))
 }
 
 #[cfg(test)]

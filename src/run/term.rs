@@ -220,6 +220,8 @@ impl Driver {
                 metrics::leading(true);
                 metrics::job_started();
                 notify::status(&format!("leading, token {token}"));
+                let mut job = job;
+                job.under_job_control(&self.job_control);
                 term.job = Some(RunningJob::new(*job, cfg.timeout));
                 // Beside the job, not before it or in the driver's path: the audit record must
                 // neither delay the job nor hold up the deadlines forwarded to the watchdog.

@@ -2,6 +2,7 @@
 //! killing it, and waiting for its end, with lead-exec as the second enforcer of D.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
@@ -50,6 +51,40 @@ pub(super) enum Leader {
     Exited(Option<JobStatus>),
 }
 
+/// lead-exec's job control (Ctrl-Z): stops and continues the running job from lead-exec's
+/// signal thread, directly (the group, the cgroup and the tree through the watchdog's), so
+/// that the job is stopped before lead-exec stops itself. Empty while no job runs: a job
+/// clears it as it ends, before its group's id may be reused.
+#[derive(Clone, Default)]
+pub struct JobControl(Arc<Mutex<Option<Target>>>);
+
+/// Where the running job's processes are, as lead-exec sees them.
+struct Target {
+    pid: i32,
+    cgroup: Option<PathBuf>,
+    watchdog: i32,
+    view: Option<ProcView>,
+}
+
+impl JobControl {
+    /// Sends `sig` to every process of the running job, if one runs.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = slot.as_ref() {
+            group::Reach {
+                leader: nix::unistd::Pid::from_raw(t.pid),
+                cgroup: t.cgroup.as_deref(),
+                tree: t.view.as_ref().map(|v| (v, Root::Child(t.watchdog))),
+            }
+            .signal(sig);
+        }
+    }
+
+    fn set(&self, target: Option<Target>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = target;
+    }
+}
+
 /// A running job under its watchdog.
 pub struct Job {
     pub pid: i32,
@@ -82,6 +117,8 @@ pub struct Job {
     pub(super) killed_at_deadline: bool,
     /// `--grace`: what the rest of the job gets once its main process exited.
     pub(super) grace: Duration,
+    /// Where Ctrl-Z finds this job, once [`Job::under_job_control`] put it there.
+    pub(super) control: Option<JobControl>,
 }
 
 impl Job {
@@ -95,6 +132,17 @@ impl Job {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
         });
+    }
+
+    /// Lets lead-exec's job control (see [`JobControl`]) reach this job until it ends.
+    pub fn under_job_control(&mut self, control: &JobControl) {
+        control.set(Some(Target {
+            pid: self.pid,
+            cgroup: self.cgroup.clone(),
+            watchdog: self.watchdog.id() as i32,
+            view: self.view,
+        }));
+        self.control = Some(control.clone());
     }
 
     pub fn forward(&mut self, sig: i32) {
@@ -201,6 +249,10 @@ impl Job {
                 }
             }
         };
+        // Its group's id is free once the watchdog reaps the leader: no more job control.
+        if let Some(c) = self.control.take() {
+            c.set(None);
+        }
         if ended.cause == GroupEnd::WatchdogLost {
             self.reap_watchdog();
         } else {
@@ -373,5 +425,13 @@ async fn leader_exit(fd: &Option<AsyncFd<OwnedFd>>) {
             let _ = fd.readable().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(c) = self.control.take() {
+            c.set(None);
+        }
     }
 }

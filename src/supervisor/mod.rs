@@ -48,7 +48,7 @@ use std::time::Duration;
 use crate::exit::JobStatus;
 use protocol::GroupEnd;
 
-pub use job::Job;
+pub use job::{Job, JobControl};
 pub use preflight::{exec_error, preflight};
 pub use standby::{Launch, Standby};
 

@@ -130,6 +130,7 @@ impl Standby {
             stopping: false,
             killed_at_deadline: false,
             grace,
+            control: None,
         };
         let answer = tokio::time::timeout(answer_within, async {
             if let Err(e) = job.ctl.write_all(start.as_bytes()).await {
