@@ -165,6 +165,42 @@ fn systemd_notify_gets_ready_and_status() {
     drop(w);
 }
 
+/// systemd's notify socket and watchdog settings are lead-exec's, not the job's.
+#[test]
+fn the_job_gets_no_notify_socket_or_watchdog_settings() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let _sock = UnixDatagram::bind(&sock_path).unwrap();
+    let job = script(dir.path(), "env > $D/env");
+    let pid = std::process::id().to_string();
+    let mut w = spawn_env(
+        dir.path(),
+        "w",
+        &run_args("sdenv", &etcd.endpoints(), &[], &job),
+        &[
+            ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "10000000"),
+            ("WATCHDOG_PID", &pid),
+        ],
+    );
+    assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
+    let env = lines(&dir.path().join("env"));
+    assert!(
+        env.iter().any(|l| l.starts_with("FENCING_TOKEN=")),
+        "{env:?}"
+    );
+    let leaked: Vec<_> = env
+        .iter()
+        .filter(|l| {
+            ["NOTIFY_SOCKET=", "WATCHDOG_USEC=", "WATCHDOG_PID="]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect();
+    assert!(leaked.is_empty(), "{leaked:?}");
+}
+
 #[test]
 fn completions_are_generated_for_each_shell() {
     for shell in ["bash", "zsh", "fish"] {

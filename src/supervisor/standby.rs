@@ -31,8 +31,16 @@ pub enum Launch {
     NoAnswer,
 }
 
-/// Variables lead-exec reads that the job must not see.
-const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
+/// Variables lead-exec reads that the job must not see: the password, and systemd's notify
+/// and watchdog settings, which are lead-exec's (under `NotifyAccess=all` a job's `READY=1`
+/// would be taken for the service's; under `NotifyAccess=main` its messages are refused, each
+/// with a line in the journal).
+const SECRET_ENV: [&str; 4] = [
+    "LEAD_EXEC_PASSWORD",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+];
 
 /// A watchdog started ahead of its job, waiting on its pipe: lead-exec starts one while it
 /// campaigns, so that a won term pays only for the job's own fork and exec. Dropping it
