@@ -1,4 +1,5 @@
-//! systemd `Type=notify` support: READY=1, STATUS=, and WATCHDOG=1 when the unit asks.
+//! systemd `Type=notify` support: READY=1, STATUS=, STOPPING=1 with EXTEND_TIMEOUT_USEC=, and
+//! WATCHDOG=1 when the unit asks.
 //!
 //! Without NOTIFY_SOCKET every call here does nothing.
 
@@ -44,6 +45,16 @@ pub fn ready() {
             }
         });
     }
+}
+
+/// A stopping signal reached lead-exec: it is going, in at most `within` (the job's grace,
+/// then the end record and the lease's release). Tells systemd so, and to wait that long
+/// beyond its own stop timeout if need be.
+pub fn stopping(within: Duration) {
+    send(&format!(
+        "STOPPING=1\nSTATUS=stopping\nEXTEND_TIMEOUT_USEC={}",
+        within.as_micros()
+    ));
 }
 
 pub fn status(s: &str) {

@@ -165,6 +165,41 @@ fn systemd_notify_gets_ready_and_status() {
     drop(w);
 }
 
+/// A SIGTERM (`systemctl stop`) is said to systemd at once: STOPPING=1, with how long the
+/// stop may take beyond the unit's timeout.
+#[test]
+fn systemd_hears_stopping_with_the_time_the_stop_may_take() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(secs(10))).unwrap();
+    let mut w = spawn_env(
+        dir.path(),
+        "w",
+        &run_args("sdstop", &etcd.endpoints(), &[], &job(dir.path(), "w")),
+        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
+    );
+    wait_int(&dir.path().join("w.token"), secs(10));
+    w.signal(libc::SIGTERM);
+    let mut buf = [0u8; 512];
+    let stopping = loop {
+        let n = sock.recv(&mut buf).expect("STOPPING=1");
+        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if m.contains("STOPPING=1") {
+            break m;
+        }
+    };
+    // FAST: grace 0.5 s; the default --command-timeout, three times.
+    let usec: u64 = stopping
+        .lines()
+        .find_map(|l| l.strip_prefix("EXTEND_TIMEOUT_USEC="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{stopping}"));
+    assert!(usec >= 500_000, "{stopping}");
+    w.wait(secs(10));
+}
+
 /// systemd's notify socket and watchdog settings are lead-exec's, not the job's.
 #[test]
 fn the_job_gets_no_notify_socket_or_watchdog_settings() {

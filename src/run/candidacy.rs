@@ -81,7 +81,10 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
     }
     // The first check runs while we connect.
     let health = cfg.health.clone().map(health::start);
-    let (signals, job_control) = signals::listen()?;
+    // A stop takes the grace, then the end record and the release (each within
+    // --command-timeout), and the revoke that may follow.
+    let stop_within = cfg.grace + 3 * cfg.conn.command_timeout;
+    let (signals, job_control) = signals::listen(stop_within)?;
     let candidate = Candidate {
         priority: cfg.priority,
         ..Candidate::this_process(&cfg.id)

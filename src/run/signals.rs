@@ -3,6 +3,8 @@
 //! signal-hook's iterator runs on its own thread and forwards into a channel, so no handler
 //! ever runs async code.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use nix::sys::signal::Signal;
 use signal_hook::consts::{
@@ -44,7 +46,10 @@ const JOB_CONTROL: [i32; 4] = [SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT];
 /// SIGCONT continues the job. A stop that outlasts the lease ends the term the fail-closed
 /// way: the watchdog, which no terminal reaches, kills the stopped job at D, and lead-exec,
 /// once continued, finds its lease lost and campaigns again.
-pub fn listen() -> Result<(mpsc::UnboundedReceiver<i32>, JobControl)> {
+///
+/// A stopping signal is also said to systemd at once (STOPPING=1), with the longest the stop
+/// may take, `stop_within`.
+pub fn listen(stop_within: Duration) -> Result<(mpsc::UnboundedReceiver<i32>, JobControl)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (caught, kept): (Vec<i32>, Vec<i32>) = CAUGHT
         .into_iter()
@@ -67,6 +72,9 @@ pub fn listen() -> Result<(mpsc::UnboundedReceiver<i32>, JobControl)> {
                     }
                     SIGCONT => job.signal(Signal::SIGCONT),
                     _ => {
+                        if is_stopping(sig) {
+                            crate::notify::stopping(stop_within);
+                        }
                         if tx.send(sig).is_err() {
                             break;
                         }
