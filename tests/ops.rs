@@ -971,3 +971,154 @@ async fn scope(ep: &str, election: lead_exec::election::Election) -> lead_exec::
         .await
         .unwrap()
 }
+
+/// What only a start record carries on the wire: an end not yet set. The end records, the
+/// candidate keys and everything else lead-exec writes do not.
+const OPEN_RECORD: &[u8] = b"\"end\":null";
+
+/// A lease that outlives the cuts below by far: only the record is at stake.
+const LONG: [&str; 6] = ["--ttl", "10s", "--grace", "1s", "--safety-margin", "1s"];
+
+/// A job that says it started (its token in `started`, its leader key in `key`) and exits 0
+/// once `go` exists.
+fn job_until_go(dir: &std::path::Path) -> String {
+    script(
+        dir,
+        "echo $LEAD_EXEC_LEADER_KEY > $D/key; echo $FENCING_TOKEN > $D/started; \
+         while [ ! -e $D/go ]; do sleep 0.05; done",
+    )
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `history NAME -o json`, straight from etcd.
+fn history_json(etcd: &Etcd, name: &str) -> Vec<serde_json::Value> {
+    let (code, out, err) = run(&[
+        "history",
+        name,
+        "--endpoints",
+        &etcd.endpoints(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// The one record of a term that ran job `w` with `token` and exited 0, whole: its start as
+/// the term knew it (lead-exec's pid and host, the job's start before `started_by`) and its end.
+fn assert_whole_exit_0(
+    recs: &[serde_json::Value],
+    token: i64,
+    id: &str,
+    w: &Worker,
+    started_by: u64,
+) {
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    let r = &recs[0];
+    assert_eq!(r["token"].as_i64(), Some(token), "{r}");
+    assert_eq!(r["id"], id, "{r}");
+    assert_eq!(r["pid"].as_i64(), Some(w.pid() as i64), "{r}");
+    assert!(!r["host"].as_str().unwrap_or("").is_empty(), "{r}");
+    assert!(
+        r["job_cgroup"].is_boolean(),
+        "written after the job started: {r}"
+    );
+    assert_eq!(r["end"], "exit 0", "{r}");
+    assert_eq!(r["clean"], true, "{r}");
+    let started = r["started_ms"].as_u64().unwrap_or(0);
+    let ended = r["ended_ms"].as_u64().unwrap_or(0);
+    assert!(
+        started > 0 && started <= started_by,
+        "started_ms {started} is not the job's start (before {started_by}): {r}"
+    );
+    assert!(ended >= started, "{r}");
+}
+
+/// The start record, written beside the job, is cut on its way to etcd: the proxy drops every
+/// request that carries it and resets the link. lead-exec writes it again after each failure
+/// (100 ms, then doubling), and once the link carries it the record lands while the job runs;
+/// the job's end closes it. Written once and never again, the term had no record at all.
+#[test]
+fn a_start_record_that_failed_is_retried_until_it_lands() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    proxy.reset_on(Some(OPEN_RECORD));
+    let dir = tempfile::tempdir().unwrap();
+    let (cut, name) = (proxy.endpoint(), "retried");
+    let job = job_until_go(dir.path());
+    let args = run_args_with(&LONG, name, &cut, &["--id", name], &job);
+    let mut w = spawn(dir.path(), "w", &args);
+    let token = wait_int(&dir.path().join("started"), secs(10));
+    // The first write and a retry, both cut.
+    let retried = wait_until(secs(10), || proxy.resets_on() >= 2);
+    let started_by = now_ms();
+    assert!(
+        retried,
+        "the start record was written {} time(s) and never again\n{}",
+        proxy.resets_on(),
+        w.log_text()
+    );
+    proxy.reset_on(None);
+    let landed = wait_until(secs(10), || {
+        history_json(&etcd, name)
+            .first()
+            .is_some_and(|r| r["token"].as_i64() == Some(token))
+    });
+    assert!(landed, "the start record never landed\n{}", w.log_text());
+    let open = history_json(&etcd, name);
+    assert!(open[0]["end"].is_null(), "the job still runs: {open:?}");
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
+    assert_whole_exit_0(&history_json(&etcd, name), token, name, &w, started_by);
+}
+
+/// The start record never gets through while the job runs: every request carrying it is cut.
+/// When the job exits 0, the term's one release commit writes the record whole (the start the
+/// term knew, and the end) as it deletes the leader key; `history` shows the term complete,
+/// where it showed none.
+#[test]
+fn a_term_whose_start_record_never_landed_is_recorded_whole_at_its_end() {
+    let etcd = Etcd::start();
+    let proxy = Proxy::start(etcd.endpoints());
+    proxy.reset_on(Some(OPEN_RECORD));
+    let dir = tempfile::tempdir().unwrap();
+    let (cut, name) = (proxy.endpoint(), "whole");
+    let job = job_until_go(dir.path());
+    let args = run_args_with(&LONG, name, &cut, &["--id", name], &job);
+    let mut w = spawn(dir.path(), "w", &args);
+    let token = wait_int(&dir.path().join("started"), secs(10));
+    // Its first write failed, and said so.
+    w.wait_log("history:", secs(10));
+    let started_by = now_ms();
+    assert!(proxy.resets_on() >= 1);
+    assert!(
+        history_json(&etcd, name).is_empty(),
+        "the start record got through"
+    );
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
+    assert!(
+        etcd.keys(&format!("lead-exec/elections/{name}/"))
+            .is_empty(),
+        "the leader key outlived the run"
+    );
+    assert_whole_exit_0(&history_json(&etcd, name), token, name, &w, started_by);
+    // In the commit that deleted the key, not after a revoke.
+    let key = lines(&dir.path().join("key")).remove(0);
+    let hk = format!("lead-exec/meta/{name}/history/{token:020}");
+    let rec = json(&etcd.ctl(&["get", &hk, "-w", "json"]));
+    let mod_rev = rec["kvs"][0]["mod_revision"].as_i64().unwrap();
+    let at = |rev: i64| etcd.ctl(&["get", &key, "--rev", &rev.to_string(), "--keys-only"]);
+    assert_eq!(at(mod_rev - 1).trim(), key, "key gone before the record");
+    assert!(
+        at(mod_rev).trim().is_empty(),
+        "the record did not go in the release commit\n{}",
+        w.log_text()
+    );
+}

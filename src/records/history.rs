@@ -90,6 +90,29 @@ pub struct Record {
 }
 
 impl Record {
+    /// The start of `writer`'s term, now, on this host and process.
+    pub fn start(writer: Writer<'_>, facts: StartFacts) -> Record {
+        let StartFacts {
+            takeover_delay,
+            job_cgroup,
+            job_timeout,
+        } = facts;
+        Record {
+            token: writer.token,
+            id: writer.id.to_string(),
+            host: crate::election::hostname(),
+            pid: std::process::id(),
+            started_ms: unix_ms(),
+            ended_ms: None,
+            end: None,
+            clean: None,
+            takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
+            job_cgroup,
+            timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
+            ended_before_ms: None,
+        }
+    }
+
     /// Marks the term ended now, for `reason`.
     fn close(&mut self, reason: TermEnd) {
         self.ended_ms = Some(unix_ms());
@@ -117,6 +140,32 @@ pub struct Started {
     pub trim: Option<Vec<u8>>,
 }
 
+/// What the end of a term knows of its start record.
+#[derive(Debug, Clone)]
+pub enum Start {
+    /// Written, and etcd said so.
+    Written(Started),
+    /// Not seen written (its writes failed, or were cut short at the term's end): an attempt
+    /// may still have landed unseen, with these very fields.
+    Unconfirmed(Record),
+}
+
+impl Start {
+    pub fn record(&self) -> &Record {
+        match self {
+            Start::Written(s) => &s.record,
+            Start::Unconfirmed(r) => r,
+        }
+    }
+}
+
+/// The pause before the retry after `failures` failed start-record writes: 100 ms doubling up
+/// to 1 s, short next to any term yet never a tight loop against an etcd that fails at once.
+pub fn start_retry_pause(failures: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1 << failures.saturating_sub(1).min(4));
+    Duration::from_millis(ms.min(1_000))
+}
+
 /// What a start record says about the term beyond who holds it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StartFacts {
@@ -129,47 +178,31 @@ pub struct StartFacts {
 }
 
 impl Ctx {
-    /// Writes the start of a term, guarded by our key, and reads beside it which old records the
-    /// end of the term trims: a round trip the start would otherwise wait for.
+    /// Writes the start record `rec` of our term, guarded by our key, and reads beside it which
+    /// old records the end of the term trims: a round trip the start would otherwise wait for.
+    /// `Ok(None)`: our key is gone (the term is over), nothing was written.
     pub async fn record_start(
         &self,
         writer: Writer<'_>,
         keep: u32,
-        facts: StartFacts,
-    ) -> Result<Started> {
+        rec: &Record,
+    ) -> Result<Option<Started>> {
         let (client, e) = (&self.client, &self.election);
-        let StartFacts {
-            takeover_delay,
-            job_cgroup,
-            job_timeout,
-        } = facts;
         let mut c = client.clone();
-        let Writer { token, key, id } = writer;
-        let rec = Record {
-            token,
-            id: id.to_string(),
-            host: crate::election::hostname(),
-            pid: std::process::id(),
-            started_ms: unix_ms(),
-            ended_ms: None,
-            end: None,
-            clean: None,
-            takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
-            job_cgroup,
-            timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
-            ended_before_ms: None,
-        };
+        let Writer { token, key, .. } = writer;
         let hk = e.history_key(token);
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, token)])
-            .and_then([TxnOp::put(hk.clone(), serde_json::to_string(&rec)?, None)]);
+            .and_then([TxnOp::put(hk.clone(), serde_json::to_string(rec)?, None)]);
         let keys_only = GetOptions::new()
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Ascend);
         let (resp, existing) =
             tokio::join!(self.bounded(c.txn(txn)), self.history_records(keys_only),);
         let resp = resp?;
-        anyhow::ensure!(resp.succeeded(), "not written: our leader key is gone");
+        if !resp.succeeded() {
+            return Ok(None);
+        }
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         // Without the list, nothing is trimmed this term; the next one does it.
         let trim = existing.ok().and_then(|r| {
@@ -181,50 +214,67 @@ impl Ctx {
                 .collect();
             trim_end(&keys, keep as usize, &hk)
         });
-        Ok(Started {
-            record: rec,
+        Ok(Some(Started {
+            record: rec.clone(),
             rev,
             trim,
-        })
+        }))
     }
 
     /// Writes the end of our term and deletes our leader key in one transaction, guarded by the
-    /// key and by the start record being unchanged: one commit hands over leadership and closes
-    /// the record. The same commit frees our slot key (`slot`, with `--slots` above 1), so the
-    /// next holder finds it free at once, and trims the records beyond `--history-keep`.
+    /// key (and by a start record seen written being unchanged): one commit hands over
+    /// leadership and closes the record. The same commit frees our slot key (`slot`, with
+    /// `--slots` above 1), so the next holder finds it free at once, and trims the records beyond
+    /// `--history-keep` (from the list read beside a start record seen written).
     /// `Ok(false)` when the guard failed and nothing was written.
+    ///
+    /// A start record not seen written goes in whole, closed. That is a put whatever is there,
+    /// and it is right whether or not an attempt landed unseen: while our key exists, only its
+    /// holder writes this term's record. Every write of a record before the release is guarded
+    /// by the key's create revision (this one and [`Ctx::record_start`]), the writes after it
+    /// ([`Ctx::record_end_after_release`]) run only once the key is gone, and the operator
+    /// commands write no history (`pause` and `resign` put keys of their own, which the leader
+    /// acts on; `history` and `status` only read). So the only record that can be there is an
+    /// attempt of ours, with the very fields put here, which the put completes.
     pub async fn record_end_and_release(
         &self,
         writer: Writer<'_>,
         slot: Option<u32>,
-        started: &Started,
+        start: &Start,
         reason: TermEnd,
     ) -> Result<bool> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
         let hk = e.history_key(writer.token);
-        let mut rec = started.record.clone();
+        let mut rec = start.record().clone();
         rec.close(reason);
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(writer.key, CompareOp::Equal, writer.token),
-                Compare::mod_revision(hk.clone(), CompareOp::Equal, started.rev),
-            ])
-            .and_then(
-                [
-                    TxnOp::put(hk, serde_json::to_string(&rec)?, None),
-                    TxnOp::delete(writer.key, None),
-                ]
-                .into_iter()
-                .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))
-                .chain(started.trim.clone().map(|end| {
-                    TxnOp::delete(
-                        e.history_prefix(),
-                        Some(DeleteOptions::new().with_range(end)),
-                    )
-                }))
-                .collect::<Vec<_>>(),
-            );
+        let ours = Compare::create_revision(writer.key, CompareOp::Equal, writer.token);
+        let (guard, trim) = match start {
+            Start::Written(s) => (
+                vec![
+                    ours,
+                    Compare::mod_revision(hk.clone(), CompareOp::Equal, s.rev),
+                ],
+                s.trim.clone(),
+            ),
+            // Without the list read beside a start record, nothing is trimmed this term.
+            Start::Unconfirmed(_) => (vec![ours], None),
+        };
+        let txn = Txn::new().when(guard).and_then(
+            [
+                TxnOp::put(hk, serde_json::to_string(&rec)?, None),
+                TxnOp::delete(writer.key, None),
+            ]
+            .into_iter()
+            .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))
+            .chain(trim.map(|end| {
+                TxnOp::delete(
+                    e.history_prefix(),
+                    Some(DeleteOptions::new().with_range(end)),
+                )
+            }))
+            .collect::<Vec<_>>(),
+        );
         Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 
@@ -239,19 +289,30 @@ impl Ctx {
     /// Writes the end of our term once our key is gone: the term ended while etcd could not take
     /// [`Ctx::record_end_and_release`], and the lease was revoked first so that the next term does not
     /// wait for this write. Guarded by the start record being unchanged since we wrote it (or,
-    /// without it, since read here): a record someone else closed meanwhile is left alone.
+    /// without it, since read here): a record someone else closed meanwhile is left alone. A
+    /// start record not seen written goes in whole if there is none, else the one there (an
+    /// attempt of ours that landed unseen) is closed.
     pub async fn record_end_after_release(
         &self,
         token: i64,
-        started: Option<&Started>,
+        start: Option<&Start>,
         reason: TermEnd,
     ) -> Result<bool> {
         let (client, e) = (&self.client, &self.election);
         let hk = e.history_key(token);
-        let Some(started) = started else {
+        let any = || Compare::create_revision(hk.clone(), CompareOp::Greater, 0);
+        let started = match start {
             // Any record of this term will do: the read in `finish` guards the write.
-            let any = Compare::create_revision(hk.clone(), CompareOp::Greater, 0);
-            return self.finish(token, reason, any).await;
+            None => return self.finish(token, reason, any()).await,
+            Some(Start::Unconfirmed(rec)) => {
+                let mut rec = rec.clone();
+                rec.close(reason);
+                if self.record_if_absent(token, &rec).await? {
+                    return Ok(true);
+                }
+                return self.finish(token, reason, any()).await;
+            }
+            Some(Start::Written(s)) => s,
         };
         let mut rec = started.record.clone();
         rec.close(reason);
@@ -263,6 +324,17 @@ impl Ctx {
             )])
             .and_then([TxnOp::put(hk, serde_json::to_string(&rec)?, None)]);
         let mut c = client.clone();
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
+    }
+
+    /// Writes `rec` as its term's record if the term has none; whether it was written. For a
+    /// term whose key is gone, so that no key guards it: a record already there is left alone.
+    pub async fn record_if_absent(&self, token: i64, rec: &Record) -> Result<bool> {
+        let hk = self.election.history_key(token);
+        let txn = Txn::new()
+            .when([Compare::create_revision(hk.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(hk, serde_json::to_string(rec)?, None)]);
+        let mut c = self.client.clone();
         Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 
@@ -498,6 +570,13 @@ mod tests {
             assert!(end.is_clean());
         }
         assert!(!TermEnd::LeaseLost.is_clean());
+    }
+
+    #[test]
+    fn start_record_retries_pause_100ms_doubling_to_1s() {
+        let ms: Vec<u128> = (0..8).map(|n| start_retry_pause(n).as_millis()).collect();
+        assert_eq!(ms, [100, 100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(start_retry_pause(u32::MAX), Duration::from_secs(1));
     }
 
     #[test]

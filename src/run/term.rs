@@ -3,12 +3,13 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::RunConfig;
 use crate::election::lease::{Lease, LeaseState};
 use crate::election::{Candidate, Ctx};
-use crate::records::history::{self, TermEnd};
+use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd};
 use crate::records::Writer;
 use crate::supervisor::{JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
@@ -26,8 +27,9 @@ pub struct Term {
     pub slot: u32,
     /// Where the term's events come from.
     pub events: TermEvents,
-    /// The term's start record, written beside the job (see `Driver::start`).
-    pub start_record_task: Option<JoinHandle<Option<history::Started>>>,
+    /// The term's start record: written before the job, or being written beside it (see
+    /// `Driver::start`).
+    pub start_record: Option<StartRecord>,
     /// The `--takeover-delay` this term waited out before its job, for its start record.
     pub takeover_delay_waited: Option<Duration>,
     /// The job, once started; gone once its group is.
@@ -41,7 +43,7 @@ impl Term {
             key,
             slot,
             events,
-            start_record_task: None,
+            start_record: None,
             takeover_delay_waited: None,
             job: None,
         }
@@ -75,30 +77,123 @@ impl Term {
         }
     }
 
-    /// Writes the term's start record, in a task of its own.
-    fn start_record_task(
-        &self,
-        ctx: &Ctx,
-        cfg: &RunConfig,
-    ) -> JoinHandle<Option<history::Started>> {
-        let (ctx, cfg) = (ctx.clone(), cfg.clone());
-        let (token, key) = (self.token, self.key.clone());
-        let facts = history::StartFacts {
+    /// A start record for the term, as the term knows it now, started now.
+    fn fresh_start_record(&self, cfg: &RunConfig) -> Record {
+        let facts = StartFacts {
             takeover_delay: self.takeover_delay_waited,
             job_cgroup: self.job.as_ref().map(|j| j.job.contained),
             job_timeout: cfg.timeout,
         };
-        tokio::spawn(async move {
+        Record::start(self.writer(cfg), facts)
+    }
+
+    /// Writes the term's start record before its job, once: `None` if it was not written.
+    async fn write_start_record(&self, ctx: &Ctx, cfg: &RunConfig) -> Option<Started> {
+        let record = self.fresh_start_record(cfg);
+        match ctx
+            .record_start(self.writer(cfg), cfg.history_keep, &record)
+            .await
+        {
+            Ok(Some(s)) => Some(s),
+            Ok(None) => {
+                tracing::warn!("history: not written: our leader key is gone");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("history: {e:#}");
+                None
+            }
+        }
+    }
+
+    /// Writes the term's start record beside its job, in a task of its own, trying again after
+    /// each failure (see [`history::start_retry_pause`]) until it lands, etcd says our key is
+    /// gone, or the term's end stops it (see [`Writing::settle`]).
+    fn start_record_task(&self, ctx: &Ctx, cfg: &RunConfig) -> Writing {
+        // Made once, here: every attempt, and the term's end if none is seen to land, writes
+        // the same record, started when the job did.
+        let record = self.fresh_start_record(cfg);
+        let (ctx, cfg, rec) = (ctx.clone(), cfg.clone(), record.clone());
+        let (token, key) = (self.token, self.key.clone());
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
             let term = Writer {
                 token,
                 key: &key,
                 id: &cfg.id,
             };
-            ctx.record_start(term, cfg.history_keep, facts)
-                .await
-                .inspect_err(|e| tracing::warn!("history: {e:#}"))
-                .ok()
-        })
+            let mut failures = 0u32;
+            loop {
+                match ctx.record_start(term, cfg.history_keep, &rec).await {
+                    Ok(Some(s)) => {
+                        if failures > 0 {
+                            tracing::info!(
+                                token,
+                                "history: start record written, after {failures} failed attempts"
+                            );
+                        }
+                        return Some(s);
+                    }
+                    Ok(None) => {
+                        tracing::warn!(
+                            token,
+                            "history: start record not written: our leader key is gone"
+                        );
+                        return None;
+                    }
+                    Err(e) if failures == 0 => tracing::warn!(
+                        token,
+                        "history: start record not written ({e:#}); retrying until it lands or the term ends"
+                    ),
+                    Err(e) => tracing::debug!(token, "history: start record not written yet: {e:#}"),
+                }
+                failures = failures.saturating_add(1);
+                tokio::select! {
+                    _ = tokio::time::sleep(history::start_retry_pause(failures)) => {}
+                    // The term is ending, and writes the record with its end.
+                    _ = stopped.wait_for(|s| *s) => return None,
+                }
+            }
+        });
+        Writing { record, task, stop }
+    }
+}
+
+/// A term's start record, as far as the term knows it.
+pub enum StartRecord {
+    /// Written before the job (`--takeover-delay`), and seen written.
+    Written(Started),
+    /// Being written beside the job.
+    Writing(Writing),
+}
+
+/// A start record's writes beside the job: its task, the record it writes, and how the term's
+/// end stops it. Dropping it aborts the task, so that a term that ends without its end record
+/// (a revoked lease, a failed run) leaves no writer behind.
+pub struct Writing {
+    record: Record,
+    task: JoinHandle<Option<Started>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Writing {
+    /// What the term's end knows of its start record. The task starts no attempt after this: one
+    /// in flight is let finish (bounded by the command timeout, as every attempt is), since a
+    /// job that ends at once would otherwise lose a write about to land, and the trim read
+    /// beside it; between attempts the task stops at once. Written, if an attempt was seen to
+    /// land; otherwise unconfirmed (one may have landed unseen), to go in whole with the end.
+    async fn settle(mut self) -> Start {
+        let _ = self.stop.send(true);
+        match (&mut self.task).await {
+            Ok(Some(s)) => Start::Written(s),
+            _ => Start::Unconfirmed(self.record.clone()),
+        }
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -131,7 +226,7 @@ impl Driver {
         let recorded = if cfg.takeover_delay.is_zero() {
             None
         } else {
-            match term.start_record_task(ctx, cfg).await.ok().flatten() {
+            match term.write_start_record(ctx, cfg).await {
                 Some(s) => Some(s),
                 None => {
                     tracing::warn!(
@@ -171,9 +266,7 @@ impl Driver {
                 cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
             );
             // A start record already written is closed as this term's end.
-            if let Some(s) = recorded {
-                term.start_record_task = Some(tokio::spawn(async move { Some(s) }));
-            }
+            term.start_record = recorded.map(StartRecord::Written);
             return Ok(StartEnd::Unhealthy);
         }
         let spec = JobSpec {
@@ -225,9 +318,9 @@ impl Driver {
                 term.job = Some(RunningJob::new(*job, cfg.timeout));
                 // Beside the job, not before it or in the driver's path: the audit record must
                 // neither delay the job nor hold up the deadlines forwarded to the watchdog.
-                term.start_record_task = Some(match recorded {
-                    Some(s) => tokio::spawn(async move { Some(s) }),
-                    None => term.start_record_task(ctx, cfg),
+                term.start_record = Some(match recorded {
+                    Some(s) => StartRecord::Written(s),
+                    None => StartRecord::Writing(term.start_record_task(ctx, cfg)),
                 });
                 // A term ran: `--wait` counts afresh from the next campaign.
                 self.give_up_at = None;
@@ -264,9 +357,11 @@ impl Driver {
         let Some(term) = c.term.as_mut() else {
             return;
         };
-        // The end record goes after the start record.
-        let started = match term.start_record_task.take() {
-            Some(start) => start.await.ok().flatten(),
+        // The end record goes after the start record, or in its place: one still being written
+        // is stopped, and goes in whole with the end.
+        let start = match term.start_record.take() {
+            Some(StartRecord::Written(s)) => Some(Start::Written(s)),
+            Some(StartRecord::Writing(w)) => Some(w.settle().await),
             None => None,
         };
         let (cfg, ctx) = (&self.cfg, &self.ctx);
@@ -280,20 +375,31 @@ impl Driver {
             }
         }
         // One commit closes the record and hands over leadership.
-        let released = match &started {
+        let released = match &start {
             Some(s) => ctx.record_end_and_release(id, slot, s, reason).await,
             None => Ok(false),
         };
-        match released {
-            Ok(true) => {
+        match (released, &start) {
+            (Ok(true), _) => {
                 c.key_already_deleted = true;
                 return;
             }
             // Our key is gone or the record changed: nothing of ours to close; the revoke
             // ends the lease.
-            Ok(false) if started.is_some() => return,
-            Ok(false) => {}
-            Err(e) => tracing::warn!(
+            (Ok(false), Some(Start::Written(_))) => return,
+            // Our key is gone: the term ended unseen, as one whose record was written and never
+            // closed. Its start record goes in as that (open, read as a lost lease) if none of
+            // its attempts landed, so that history shows the term ran; the revoke follows.
+            (Ok(false), Some(Start::Unconfirmed(rec))) => {
+                match ctx.record_if_absent(term.token, rec).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!("history: the start record had landed"),
+                    Err(e) => tracing::warn!("history: {e:#}"),
+                }
+                return;
+            }
+            (Ok(false), None) => {}
+            (Err(e), _) => tracing::warn!(
                 "could not close the term and hand over in one commit: {e:#}; revoking the lease first"
             ),
         }
@@ -311,7 +417,7 @@ impl Driver {
         }
         let written = self
             .ctx
-            .record_end_after_release(token, started.as_ref(), reason)
+            .record_end_after_release(token, start.as_ref(), reason)
             .await;
         match written {
             Ok(true) => {}

@@ -2,7 +2,9 @@
 //!
 //! Modes: pass; blackhole (connections stay open, nothing is forwarded); hold replies (requests
 //! pass, answers are held back until the mode changes: to the client, a lost reply); delay N ms
-//! per chunk; reset (every connection is closed, new ones are closed at once).
+//! per chunk; reset (every connection is closed, new ones are closed at once). Beside any mode,
+//! [`Proxy::reset_on`] cuts one kind of request: every request that carries given bytes is
+//! dropped before it reaches the server, and every connection is closed then (new ones pass).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -25,6 +27,10 @@ struct Shared {
     generation: AtomicU64,
     stop: AtomicBool,
     conns: Mutex<Vec<TcpStream>>,
+    /// Requests carrying these bytes are dropped, with a reset of every connection.
+    reset_on: Mutex<Option<Vec<u8>>>,
+    /// How many requests `reset_on` dropped.
+    resets_on: AtomicU64,
 }
 
 pub struct Proxy {
@@ -41,6 +47,8 @@ impl Proxy {
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
+            reset_on: Mutex::new(None),
+            resets_on: AtomicU64::new(0),
         });
         let s = shared.clone();
         std::thread::spawn(move || {
@@ -84,11 +92,44 @@ impl Proxy {
     pub fn set(&self, mode: Mode) {
         *self.shared.mode.lock().unwrap() = mode;
         if mode == Mode::Reset {
-            self.shared.generation.fetch_add(1, Ordering::SeqCst);
-            for c in self.shared.conns.lock().unwrap().drain(..) {
-                let _ = c.shutdown(Shutdown::Both);
-            }
+            self.shared.reset_all();
         }
+    }
+
+    /// From now on, a chunk from the client that contains `pattern` is dropped (the server
+    /// never sees it) and every connection is closed, as a cut link would; connections opened
+    /// afterwards pass as the mode says. `None` stops it. Only for unencrypted traffic, and
+    /// for a pattern well inside one request (a chunk is one read of up to 16 KiB; the last
+    /// bytes of the one before count too, so a pattern split across two reads is found).
+    pub fn reset_on(&self, pattern: Option<&[u8]>) {
+        *self.shared.reset_on.lock().unwrap() = pattern.map(<[u8]>::to_vec);
+    }
+
+    /// How many requests [`Proxy::reset_on`] dropped so far.
+    pub fn resets_on(&self) -> u64 {
+        self.shared.resets_on.load(Ordering::SeqCst)
+    }
+}
+
+impl Shared {
+    /// Closes every connection; their pumps end.
+    fn reset_all(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Whether `chunk` (after `tail`, the end of the chunk before) carries the `reset_on`
+    /// pattern.
+    fn cuts(&self, tail: &[u8], chunk: &[u8]) -> bool {
+        let guard = self.reset_on.lock().unwrap();
+        let Some(p) = guard.as_deref().filter(|p| !p.is_empty()) else {
+            return false;
+        };
+        let mut seen = tail.to_vec();
+        seen.extend_from_slice(chunk);
+        seen.windows(p.len()).any(|w| w == p)
     }
 }
 
@@ -108,6 +149,8 @@ fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64, replie
         let mut buf = [0u8; 16 * 1024];
         let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
         let mut held: Vec<u8> = Vec::new();
+        // The last bytes forwarded, so that `reset_on` finds a pattern split across two reads.
+        let mut tail: Vec<u8> = Vec::new();
         loop {
             if s.stop.load(Ordering::SeqCst) || s.generation.load(Ordering::SeqCst) != gen {
                 break;
@@ -132,6 +175,13 @@ fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64, replie
             match from.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
+                    if !replies && s.cuts(&tail, &buf[..n]) {
+                        s.resets_on.fetch_add(1, Ordering::SeqCst);
+                        s.reset_all();
+                        break;
+                    }
+                    tail.clear();
+                    tail.extend_from_slice(&buf[n.saturating_sub(256)..n]);
                     if let Mode::Delay(ms) = mode {
                         std::thread::sleep(Duration::from_millis(ms));
                     }
