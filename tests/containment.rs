@@ -24,6 +24,10 @@ enum Way {
     /// Into a PID namespace of its own, with its own /proc (`unshare --pid --fork
     /// --mount-proc`).
     PidNamespace,
+    /// Chains of processes that each start the next and exit at once, in a new session and
+    /// deaf to SIGTERM: every process lives a moment, so one walk of the tree finds each chain
+    /// a step behind.
+    ForkChain,
     /// lead-exec itself in a PID namespace whose /proc is the host's (`unshare --pid --fork`
     /// without `--mount-proc`, a container that bind-mounts the host's /proc); the job's
     /// escapee a daemon.
@@ -84,6 +88,18 @@ fn write_escapee(dir: &Path) -> PathBuf {
     path
 }
 
+/// One link of a fork chain: beats, starts the next link, exits; SIGTERM is ignored.
+fn write_chain(dir: &Path) -> PathBuf {
+    let path = dir.join("chain.sh");
+    let body = format!(
+        "#!/bin/bash\ntrap '' TERM\necho \"${{EPOCHREALTIME/./}}000\" >> {d}/hb\n\"$0\" &\nexit 0\n",
+        d = dir.display()
+    );
+    std::fs::write(&path, body).unwrap();
+    chmod(&path, 0o755);
+    path
+}
+
 fn chmod(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -98,6 +114,7 @@ fn escaping_job(way: Way, user: User, dir: &Path, other: Option<&Path>) -> Strin
         ""
     };
     let esc = write_escapee(dir).display().to_string();
+    let chain = write_chain(dir).display().to_string();
     let procs = || other.expect("a cgroup to move to").join("cgroup.procs");
     let start = match way {
         Way::Setsid => format!("setsid {esc} &"),
@@ -109,6 +126,7 @@ fn escaping_job(way: Way, user: User, dir: &Path, other: Option<&Path>) -> Strin
             procs().display()
         ),
         Way::PidNamespace => format!("unshare {userns}--pid --fork --mount-proc {esc} &"),
+        Way::ForkChain => format!("setsid {chain} & setsid {chain} & setsid {chain} &"),
     };
     format!(
         "{start} while [ ! -s {d}/hb ]; do sleep 0.01; done; exit 0",
@@ -221,6 +239,11 @@ const BOTH: [User; 2] = [User::Root, User::Nobody];
 #[test]
 fn a_setsid_escapee_dies_with_the_term() {
     row(Way::Setsid, &BOTH);
+}
+
+#[test]
+fn chains_of_processes_that_fork_and_exit_die_with_the_term() {
+    row(Way::ForkChain, &BOTH);
 }
 
 #[test]

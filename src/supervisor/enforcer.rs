@@ -26,8 +26,8 @@ pub enum Input {
     Order(Order),
     /// lead-exec is gone (pipe EOF or parent death): there is no leadership left to wait for.
     Orphaned,
-    /// The job's main process exited but left members in its group; they must not outlive the
-    /// term.
+    /// The job's main process exited but left members in its group (asked on every round of
+    /// the loop while there are): they must not outlive the term.
     LeaderExited,
 }
 
@@ -112,6 +112,11 @@ impl Enforcer {
             Input::LeaderExited if self.cause.is_none() => {
                 self.stop(GroupEnd::SelfExit, libc::SIGTERM, now)
             }
+            // Members still alive after a SIGKILL forked or moved since it went out (a chain
+            // of processes that each fork and exit stays a step ahead of one walk of the
+            // tree): kill again, on every round of the loop, until none is left. A process
+            // with a SIGKILL pending cannot fork, so every round ends some chains.
+            Input::LeaderExited if self.kill_sent => Some(GroupOp::Kill),
             Input::LeaderExited => None,
         }
     }
@@ -271,6 +276,22 @@ mod tests {
     }
 
     #[test]
+    fn members_alive_after_the_sigkill_are_killed_again_on_every_round() {
+        let mut e = enforcer();
+        assert_eq!(
+            e.on(at(1_000), Input::LeaderExited),
+            Some(GroupOp::Signal(libc::SIGTERM))
+        );
+        assert_eq!(e.on(at(1_500), Input::Tick), Some(GroupOp::Kill));
+        for t in [1_510, 1_520, 1_530] {
+            assert_eq!(e.on(at(t), Input::LeaderExited), Some(GroupOp::Kill));
+        }
+        // Only the members left decide it: the timer and orders do not kill twice.
+        assert_eq!(e.on(at(1_540), Input::Tick), None);
+        assert_eq!(e.on(at(1_540), Input::Order(Order::Kill)), None);
+    }
+
+    #[test]
     fn no_spawn_once_sigterm_is_due() {
         assert!(may_spawn(at(9_499), at(9_500)));
         assert!(!may_spawn(at(9_500), at(9_500)));
@@ -321,8 +342,12 @@ mod tests {
                 now = next;
                 let before = e.deadline();
                 let was_stopping = e.cause().is_some();
-                if e.on(now, input) == Some(GroupOp::Kill) {
-                    kills += 1;
+                let was_killed = e.kill_sent;
+                match e.on(now, input) {
+                    // Members left alive after the SIGKILL: killed again, every round.
+                    Some(GroupOp::Kill) if input == Input::LeaderExited && was_killed => {}
+                    Some(GroupOp::Kill) => kills += 1,
+                    _ => prop_assert!(!(input == Input::LeaderExited && was_killed)),
                 }
                 // D only moves forward, and not at all once a stop is under way.
                 prop_assert!(e.deadline() >= before);
@@ -335,7 +360,7 @@ mod tests {
                     prop_assert!(e.kill_sent);
                 }
             }
-            // SIGKILL goes out once at most.
+            // SIGKILL goes out once at most, but for members it left alive.
             prop_assert!(kills <= 1);
             if let Some(d) = stopped_at_d {
                 prop_assert_eq!(e.deadline(), d);

@@ -343,11 +343,27 @@ impl Reach<'_> {
         }
         if let Some((view, root)) = self.tree {
             for m in tree::walk(view, root) {
-                if !m.zombie && !done.contains(&m.pid) && !in_group(m.pid) {
+                if m.live() && !done.contains(&m.pid) && !in_group(m.pid) {
                     let _ = m.signal(sig as i32);
                 }
             }
         }
+    }
+
+    /// Whether any process of the job but its exited leader can still run: a live member of
+    /// the tree or of the cgroup, [`tree::doomed`] ones aside. Without a view of /proc, yes;
+    /// under a /proc of another namespace a cgroup's pids cannot be looked up, so they count.
+    pub fn anything_alive(&self) -> bool {
+        let Some((view, root)) = self.tree else {
+            return true;
+        };
+        let leader = self.leader.as_raw();
+        tree::walk(view, root).iter().any(tree::Member::live)
+            || self.cgroup.is_some_and(|cg| {
+                pids_in(cg)
+                    .into_iter()
+                    .any(|p| p != leader && !(view.is_own() && tree::doomed(p)))
+            })
     }
 
     /// SIGKILL to all three: the group, the cgroup, and the tree until a walk finds it empty.
@@ -381,13 +397,14 @@ impl Group {
 
     /// Whether any process of the job other than its (exited) leader is still alive, wherever
     /// it moved: a live child of ours (the tree, asked without /proc), or a member of the
-    /// cgroup.
+    /// cgroup. One that can never run again ([`tree::doomed`]) does not count.
     pub fn has_live_members(&self) -> bool {
-        tree::has_live_children()
+        let maybe = tree::has_live_children()
             || self
                 .cgroup
                 .as_ref()
-                .is_some_and(|cg| cg.pids().iter().any(|&p| p != self.leader.as_raw()))
+                .is_some_and(|cg| cg.pids().iter().any(|&p| p != self.leader.as_raw()));
+        maybe && self.reach().anything_alive()
     }
 
     /// Reaps zombies reparented to us, never the leader.

@@ -39,6 +39,9 @@ const TAKE_OVER_AFTER: Duration = Duration::from_millis(200);
 /// itself after the job's main process had exited: nothing is left for it to do.
 const ABANDON_EXITED_AFTER: Duration = Duration::from_millis(500);
 
+/// How often lead-exec says that the job's processes outlive its SIGKILLs.
+const CHASE_WARN_EVERY: Duration = Duration::from_secs(10);
+
 /// What lead-exec knows of the job's main process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Leader {
@@ -242,8 +245,9 @@ impl Job {
                     } else if self.abandon_at.is_some_and(|t| now >= t) {
                         self.abandon_at = None;
                         tracing::warn!(pid = self.pid, watchdog = self.watchdog.id(), "the watchdog has not reported the job's group gone; killing the watchdog");
-                        // Its tree first: what it re-parented would go to init with it.
-                        self.reach().kill();
+                        // Its tree first, to the last process: what it re-parented would go
+                        // to init with it.
+                        self.kill_tree_before_the_watchdog().await;
                         self.watchdog.kill();
                     }
                 }
@@ -325,15 +329,39 @@ impl Job {
     /// Whether any process of the job but its exited main process may still be alive: a live
     /// one in the watchdog's tree, or a member of the cgroup. Without a view of /proc, yes.
     fn anything_left(&self) -> bool {
-        let Some(view) = &self.view else {
-            return true;
-        };
-        let wd = Root::Child(self.watchdog.id() as i32);
-        tree::walk(view, wd).iter().any(|m| !m.zombie)
-            || self
-                .cgroup
-                .as_deref()
-                .is_some_and(|cg| group::pids_in(cg).iter().any(|&p| p != self.pid))
+        self.reach().anything_alive()
+    }
+
+    /// Kills the job's processes, walking the watchdog's tree again and again until nothing of
+    /// the job can run, before the watchdog itself is killed: while it lives, whatever the job
+    /// re-parents goes to it and stays in reach; once it is dead, to init, out of reach. Off
+    /// lead-exec's thread, since a tree that keeps forking takes many walks; it takes as long
+    /// as the job's processes live, which is the promise (the term does not end before).
+    async fn kill_tree_before_the_watchdog(&self) {
+        let (pid, cgroup, view) = (self.pid, self.cgroup.clone(), self.view);
+        let wd = self.watchdog.id() as i32;
+        let chase = tokio::task::spawn_blocking(move || {
+            let reach = group::Reach {
+                leader: nix::unistd::Pid::from_raw(pid),
+                cgroup: cgroup.as_deref(),
+                tree: view.as_ref().map(|v| (v, Root::Child(wd))),
+            };
+            let started = std::time::Instant::now();
+            let mut said = std::time::Duration::ZERO;
+            loop {
+                reach.kill();
+                if !reach.anything_alive() {
+                    return;
+                }
+                let spent = started.elapsed();
+                if spent >= said + CHASE_WARN_EVERY {
+                    said = spent;
+                    tracing::warn!(pid, "processes of the job are still alive after {} of SIGKILLs; the term goes on until they are gone", crate::clock::human(spent));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+        let _ = chase.await;
     }
 
     /// Where the job's processes are: its group (the watchdog holds the group's leader

@@ -8,6 +8,9 @@ use crate::exit::{fail, Exit};
 pub fn exec_error(cmd: &str, errno: i32) -> anyhow::Error {
     let err = std::io::Error::from_raw_os_error(errno);
     match errno {
+        libc::ENOENT | libc::ENOTDIR if cmd.is_empty() => {
+            fail(Exit::NotFound, "'': command not found")
+        }
         libc::ENOENT | libc::ENOTDIR => fail(Exit::NotFound, format!("{cmd}: command not found")),
         _ => fail(Exit::NotExecutable, format!("{cmd}: cannot execute: {err}")),
     }

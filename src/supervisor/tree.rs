@@ -136,6 +136,8 @@ fn children_of(apid: i32) -> Vec<i32> {
 pub struct Member {
     /// Its pid in our namespace.
     pub pid: i32,
+    /// Its pid in /proc's namespace.
+    apid: i32,
     pidfd: OwnedFd,
     /// Exited, not yet reaped: nothing to signal.
     pub zombie: bool,
@@ -148,6 +150,31 @@ impl Member {
     pub fn signal(&self, sig: i32) -> std::io::Result<()> {
         pidfd_send_signal(self.pidfd.as_raw_fd(), sig)
     }
+
+    /// Neither exited nor [`doomed`]: a process that can still run code of the job.
+    pub fn live(&self) -> bool {
+        !self.zombie && !doomed(self.apid)
+    }
+}
+
+/// Whether the process /proc calls `apid` has a SIGKILL pending: it never returns to user
+/// space again, so it can neither run code of the job nor fork. Most such processes are
+/// zombies a moment later; one frozen by a cgroup freezer (v1's, which a job may join) stays
+/// like this until it is thawed, and then dies at once. Waiting for it would hold the term
+/// for as long as whoever froze it pleases.
+pub fn doomed(apid: i32) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    let Ok(status) = fs::read_to_string(format!("/proc/{apid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("ShdPnd:")
+                .or_else(|| l.strip_prefix("SigPnd:"))
+        })
+        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .any(|mask| mask & SIGKILL_BIT != 0)
 }
 
 /// Where a walk starts.
@@ -187,6 +214,7 @@ pub fn walk(view: &ProcView, root: Root) -> Vec<Member> {
             let zombie = matches!(st.state, 'Z' | 'X');
             out.push(Member {
                 pid,
+                apid: c,
                 pidfd,
                 zombie,
                 exit_code: st.exit_code,
@@ -214,17 +242,19 @@ pub fn pin_child(view: &ProcView, root: Root, pid: i32) -> Option<OwnedFd> {
 }
 
 /// SIGKILLs every descendant of `root` except `spare` (pids), walking again until a walk
-/// finds none alive, so that what forked during a walk is found by the next. A process killed
-/// takes a moment to become a zombie (longer under load), and one with a SIGKILL pending
-/// cannot fork: a walk that finds only processes already signalled waits a little before the
-/// next. Bounded in time: a tree still alive after that is left to the caller's next attempt.
+/// finds none [`Member::live`], so that what forked during a walk is found by the next. A
+/// process with a SIGKILL pending cannot fork, so each walk ends the chains it reaches (a
+/// process that forks the next and exits at once stays a step ahead of one walk, not of
+/// several); one killed takes a moment to show it, so a walk that finds only processes
+/// already signalled waits a little before the next. Bounded in time: a tree still alive
+/// after that is left to the caller's next attempt.
 pub fn kill_all(view: &ProcView, root: Root, spare: &[i32]) {
     let until = std::time::Instant::now() + KILL_ALL_FOR;
     let mut signalled: HashSet<i32> = HashSet::new();
     loop {
         let live: Vec<Member> = walk(view, root)
             .into_iter()
-            .filter(|m| !m.zombie && !spare.contains(&m.pid))
+            .filter(|m| m.live() && !spare.contains(&m.pid))
             .collect();
         if live.is_empty() || std::time::Instant::now() >= until {
             return;
@@ -365,7 +395,7 @@ mod tests {
         // kill_all returns once a walk finds every process dead or no time is left; under a
         // loaded machine the last exits may still be under way, so look again for a while.
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !walk(&view, root).iter().all(|m| m.zombie) {
+        while walk(&view, root).iter().any(Member::live) {
             assert!(std::time::Instant::now() < until, "a descendant survived");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
