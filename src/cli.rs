@@ -160,11 +160,13 @@ pub struct RunArgs {
     #[arg(long, env = "LEAD_EXEC_GRACE", default_value = "3s", value_parser = duration, value_name = "DURATION", help_heading = "Lease")]
     pub grace: Duration,
 
-    /// Subtracted from the lease deadline, for clock-rate error and signal latency.
+    /// Subtracted from the lease deadline, for clock-rate error and signal latency (at least
+    /// 100ms).
     #[arg(long, env = "LEAD_EXEC_SAFETY_MARGIN", default_value = "1s", value_parser = duration, value_name = "DURATION", help_heading = "Lease")]
     pub safety_margin: Duration,
 
-    /// This candidate's identity, stored in its key (default HOST:PID).
+    /// This candidate's identity, stored in its key (default HOST:PID; one line, at most 256
+    /// bytes).
     #[arg(
         long,
         env = "LEAD_EXEC_ID",
@@ -369,13 +371,29 @@ pub struct HistoryArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
 
-    /// Show the last N terms.
-    #[arg(short = 'n', long, default_value_t = 20, value_name = "N")]
-    pub count: usize,
+    /// Show the last N terms (`all`: every record kept; 0: none).
+    #[arg(short = 'n', long, default_value = "20", value_parser = history_count, value_name = "N|all")]
+    pub count: HistoryCount,
 
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Text, env = "LEAD_EXEC_OUTPUT")]
     pub output: Output,
+}
+
+/// How many history records to show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryCount {
+    Last(usize),
+    All,
+}
+
+fn history_count(s: &str) -> Result<HistoryCount, String> {
+    if s == "all" {
+        return Ok(HistoryCount::All);
+    }
+    s.parse()
+        .map(HistoryCount::Last)
+        .map_err(|_| "a number of terms, or `all`".into())
 }
 
 #[derive(Debug, Args)]

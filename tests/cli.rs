@@ -71,7 +71,7 @@ fn password_is_not_passed_to_the_job() {
 }
 
 #[test]
-fn missing_command_is_127_and_not_executable_is_126() {
+fn missing_or_empty_command_is_127_and_not_executable_is_126() {
     let etcd = Etcd::start();
     let ep = etcd.endpoints();
     let (code, _, err) = run(&["run", "x", "--endpoints", &ep, "--", "no-such-command-xyz"]);
@@ -80,6 +80,10 @@ fn missing_command_is_127_and_not_executable_is_126() {
         err.trim(),
         "lead-exec: no-such-command-xyz: command not found"
     );
+    // An empty word is a command not found, as a shell says of `''`; no word at all is usage.
+    let (code, _, err) = run(&["run", "x", "--endpoints", &ep, "--", ""]);
+    assert_eq!(code, 127, "{err}");
+    assert_eq!(err.trim(), "lead-exec: '': command not found");
 
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("plain.txt");

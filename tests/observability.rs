@@ -755,12 +755,14 @@ fn exported(text: &str) -> std::collections::BTreeSet<String> {
 fn named(doc: &str) -> std::collections::BTreeSet<String> {
     let mut names = std::collections::BTreeSet::new();
     let mut rest = doc;
+    let word = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
     while let Some(i) = rest.find("lead_exec_") {
         let tail = &rest[i..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-            .unwrap_or(tail.len());
-        names.insert(tail[..end].to_string());
+        let end = tail.find(|c: char| !word(c)).unwrap_or(tail.len());
+        // Only a name that starts a word: a test name such as `…_then_lead_exec_and_…` is none.
+        if !rest[..i].ends_with(word) {
+            names.insert(tail[..end].to_string());
+        }
         rest = &tail[end..];
     }
     names

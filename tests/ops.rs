@@ -66,7 +66,9 @@ fn status_shows_leader_token_waiters_and_exit_codes() {
     assert_eq!(v["leader"]["token"], token);
     assert!(v["leader"]["lease_ttl_left_s"].as_i64().unwrap() > 0);
     assert_eq!(v["waiting"][0]["id"], "beta");
-    assert_eq!(v["paused"], serde_json::Value::Null);
+    // The same type as `watch -o json` gives it: a bool, never null.
+    assert_eq!(v["paused"], false);
+    assert_eq!(v["pause"], serde_json::Value::Null);
 
     let (code, out, _) = run(&["status", "st", "--endpoints", &ep]);
     assert_eq!(code, 0);
@@ -249,6 +251,27 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
 }
 
 #[test]
+fn history_n_0_shows_none_and_n_all_shows_every_record_kept() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    for _ in 0..3 {
+        let (c, _, err) = run(&run_args("hn", &ep, &[], "exit 0"));
+        assert_eq!(c, 0, "{err}");
+    }
+    let count = |n: &str| {
+        let (code, out, err) = run(&["history", "hn", "--endpoints", &ep, "-o", "json", "-n", n]);
+        assert_eq!(code, 0, "-n {n}: {err}");
+        json(&out).as_array().unwrap().len()
+    };
+    assert_eq!(count("0"), 0);
+    assert_eq!(count("2"), 2);
+    assert_eq!(count("all"), 3);
+    let (code, _, err) = run(&["history", "hn", "--endpoints", &ep, "-n", "some"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("-n"), "{err}");
+}
+
+#[test]
 fn history_keeps_only_the_last_n_terms() {
     let etcd = Etcd::start();
     let ep = etcd.endpoints();
@@ -260,7 +283,7 @@ fn history_keeps_only_the_last_n_terms() {
 }
 
 #[test]
-fn check_inside_the_job_passes_for_the_leader_and_fails_for_an_old_token() {
+fn check_inside_the_job_passes_silently_for_the_leader_and_fails_for_an_old_token() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
@@ -277,6 +300,8 @@ fn check_inside_the_job_passes_for_the_leader_and_fails_for_an_old_token() {
         "{:?}",
         lines(&dir.path().join("check.out"))
     );
+    // Silent on success, as test(1) is: nothing lands in the job's output, even without -q.
+    assert_eq!(lines(&dir.path().join("check.out")), Vec::<String>::new());
     let old = wait_int(&dir.path().join("token"), secs(5));
 
     // A later term makes the old token stale.
@@ -580,7 +605,8 @@ fn a_pause_reads_the_same_in_status_and_watch() {
     let (_, out, _) = run(&["status", "pt", "--endpoints", &ep, "-o", "json"]);
     let v = json(&out);
     assert_eq!(v["leader"], serde_json::Value::Null, "{out}");
-    assert!(v["paused"].is_object(), "{out}");
+    assert_eq!(v["paused"], true, "{out}");
+    assert!(v["pause"].is_object(), "{out}");
     drop((a, b));
 }
 

@@ -86,6 +86,15 @@ pub struct HealthCheck {
 /// The shortest `--health-interval`: a check is a fork and exec of a shell.
 const MIN_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The smallest `--safety-margin`: the margin covers the clock-rate error between us and
+/// the etcd leader over a TTL and the delivery of SIGTERM and SIGKILL; under 100 ms it covers
+/// neither on a loaded machine.
+pub const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(100);
+
+/// The longest `--id`, in bytes, as for `--run-key`: it is stored in every candidate key and
+/// history record, and shown on one line by `status`.
+pub const MAX_ID_BYTES: usize = 256;
+
 /// The shortest `--timeout`: below it the job could not even start.
 const MIN_JOB_TIMEOUT: Duration = Duration::from_millis(10);
 
@@ -131,6 +140,16 @@ impl RunConfig {
             }
         }
         let ttl = lease_ttl("--ttl", a.ttl)?;
+        if a.safety_margin < MIN_SAFETY_MARGIN {
+            return Err(fail(
+                Exit::Usage,
+                format!(
+                    "--safety-margin {} is too small: it must be at least {}, for clock-rate error and the signal's delivery",
+                    human(a.safety_margin),
+                    human(MIN_SAFETY_MARGIN)
+                ),
+            ));
+        }
         check_lease_safety(ttl, a.grace, a.safety_margin)?;
         let run_key_ttl = lease_ttl("--run-key-ttl", a.run_key_ttl)?;
         let wait = match (a.no_wait, a.wait) {
@@ -142,6 +161,12 @@ impl RunConfig {
         let id = match &a.id {
             Some(id) if id.trim().is_empty() => {
                 return Err(fail(Exit::Usage, "--id must not be empty"))
+            }
+            Some(id) if id.len() > MAX_ID_BYTES => {
+                return Err(fail(
+                    Exit::Usage,
+                    format!("--id is {} bytes long: at most {MAX_ID_BYTES}", id.len()),
+                ))
             }
             Some(id) => {
                 one_line("--id", id)?;
@@ -211,7 +236,9 @@ impl RunConfig {
             None => None,
             Some(s) => Some(metrics_addr(s)?),
         };
-        if a.command.first().is_none_or(|c| c.is_empty()) {
+        // An empty word is a command that is not found (127, as a shell says of `''`), which
+        // the preflight reports; only no word at all is a usage error.
+        if a.command.is_empty() {
             return Err(fail(Exit::Usage, "no command given after --"));
         }
         check_exec_size(&a.command, std::env::vars_os())?;
@@ -377,6 +404,30 @@ mod tests {
             let at = format!("{}s", max.as_secs());
             config_with(flag, &at, &[extra, ttl].concat())
                 .unwrap_or_else(|e| panic!("{flag} {at}: {e}"));
+        }
+    }
+
+    #[test]
+    fn ids_are_capped_at_256_bytes() {
+        let at = "é".repeat(128);
+        assert_eq!(config_with("--id", &at, &[]).unwrap().id, at);
+        let e = config_with("--id", &format!("{at}x"), &[]).unwrap_err();
+        assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+        assert_eq!(e.to_string(), "--id is 257 bytes long: at most 256");
+    }
+
+    #[test]
+    fn a_safety_margin_under_100ms_is_refused() {
+        config_with("--safety-margin", "100ms", &[]).unwrap();
+        for bad in ["0s", "99ms"] {
+            let e = config_with("--safety-margin", bad, &[]).unwrap_err();
+            assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+            assert!(
+                e.to_string().starts_with(&format!(
+                    "--safety-margin {bad} is too small: it must be at least 100ms"
+                )),
+                "{e}"
+            );
         }
     }
 

@@ -1,6 +1,7 @@
 //! `lead-exec check`: for use inside a job, before an external call that cannot carry the
 //! token. Exit 0 only if FENCING_TOKEN still belongs to the leader (with `--slots`, to one of
-//! the holders), by a linearizable read.
+//! the holders), by a linearizable read. Nothing is printed on success; a refusal is one line
+//! on stderr.
 
 use anyhow::Result;
 
@@ -22,15 +23,8 @@ pub async fn run(a: CheckArgs) -> Result<Exit> {
         Err(fail(Exit::StaleToken, format!("token {} {why}", a.token)))
     };
     match first.iter().find(|e| e.token == a.token) {
-        Some(e) if line.paused.is_none() => {
-            let whose = if line.slots == 1 {
-                "the leader's".to_string()
-            } else {
-                format!("a holder's (slot {})", slot_name(e.slot))
-            };
-            outln!("token {} is {whose}", a.token);
-            Ok(Exit::Ok)
-        }
+        // Silent, as test(1) is: a job's stdout is often its data stream.
+        Some(_) if line.paused.is_none() => Ok(Exit::Ok),
         Some(_) => stale("must stop: the election is paused".into()),
         None if first.is_empty() => stale("is stale: there is no leader".into()),
         None if line.slots == 1 => stale(format!(

@@ -3,14 +3,19 @@
 use anyhow::Result;
 
 use super::{fmt_ms, Ctx};
-use crate::cli::{HistoryArgs, Output};
+use crate::cli::{HistoryArgs, HistoryCount, Output};
 use crate::exit::Exit;
 use crate::records::history;
 use crate::text::escape;
 
 pub async fn run(a: HistoryArgs) -> Result<Exit> {
     let ctx = Ctx::from_args(&a.election).await?;
-    let recs = ctx.history(a.count).await?;
+    let recs = match a.count {
+        // etcd reads a limit of 0 as none at all.
+        HistoryCount::Last(0) => Vec::new(),
+        HistoryCount::Last(n) => ctx.history(Some(n)).await?,
+        HistoryCount::All => ctx.history(None).await?,
+    };
     match a.output {
         // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
         Output::Json => {

@@ -21,7 +21,16 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
     }
     crate::config::one_line("--reason", &a.reason)?;
     let ctx = Ctx::from_args(&a.election).await?;
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let user = operator(
+        |v| std::env::var(v).ok(),
+        nix::unistd::getuid(),
+        |uid| {
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        },
+    );
     let p = Pause {
         reason: a.reason.clone(),
         since_ms: unix_ms(),
@@ -46,6 +55,22 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
+/// Who is pausing, for `status` and the history: the login names the environment gives
+/// (`USER`, then `LOGNAME`, then the `SUDO_USER` behind a sudo), else the name of our uid (cron
+/// and systemd set none of them), else the uid itself.
+fn operator(
+    var: impl Fn(&str) -> Option<String>,
+    uid: nix::unistd::Uid,
+    name_of: impl Fn(nix::unistd::Uid) -> Option<String>,
+) -> String {
+    ["USER", "LOGNAME", "SUDO_USER"]
+        .into_iter()
+        .filter_map(var)
+        .find(|v| !v.trim().is_empty())
+        .or_else(|| name_of(uid))
+        .unwrap_or_else(|| format!("uid {uid}"))
+}
+
 pub async fn resume(a: ElectionArgs) -> Result<Exit> {
     let ctx = Ctx::from_args(&a).await?;
     let key = ctx.election.paused_key();
@@ -60,4 +85,36 @@ pub async fn resume(a: ElectionArgs) -> Result<Exit> {
         outln!("{} was not paused", ctx.election.name());
     };
     Ok(Exit::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::unistd::Uid;
+
+    #[test]
+    fn the_operator_is_named_by_the_environment_then_by_the_uid() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |v: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == v)
+                    .map(|(_, x)| x.to_string())
+            }
+        };
+        let root = |_: Uid| Some("root".to_string());
+        let none = |_: Uid| None;
+        let uid = Uid::from_raw(1234);
+        assert_eq!(
+            operator(env(&[("USER", "ann"), ("LOGNAME", "bob")]), uid, root),
+            "ann"
+        );
+        assert_eq!(
+            operator(env(&[("USER", ""), ("LOGNAME", "bob")]), uid, root),
+            "bob"
+        );
+        assert_eq!(operator(env(&[("SUDO_USER", "cy")]), uid, root), "cy");
+        assert_eq!(operator(env(&[]), uid, root), "root");
+        assert_eq!(operator(env(&[]), uid, none), "uid 1234");
+    }
 }

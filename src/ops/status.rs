@@ -132,7 +132,7 @@ struct Holder<'a> {
 pub async fn run(a: StatusArgs) -> Result<Exit> {
     let ctx = Ctx::from_args(&a.election).await?;
     let line = ctx.holders().await?;
-    let recent = ctx.history(5).await?;
+    let recent = ctx.history(Some(5)).await?;
     let unhealthy = ctx.unhealthy().await?;
     // A request from a higher-priority candidate lapses with it: the leader hands over only
     // if such a candidate is still in line once its --min-term is over, and keeps the term
@@ -201,7 +201,9 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "waiting": line.waiting(),
                 "draining": line.draining,
                 "unhealthy": unhealthy,
-                "paused": paused,
+                // A bool, as `watch -o json` has it; who paused, why and since when apart.
+                "paused": paused.is_some(),
+                "pause": paused,
                 "recent_terms": recent,
             });
             outln!("{}", serde_json::to_string_pretty(&v)?);

@@ -359,16 +359,17 @@ impl Ctx {
         Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 
-    /// The last `n` records, oldest first, with the ends of open records inferred (see
+    /// The last `n` records (`None`: all), oldest first, with the ends of open records inferred (see
     /// [`infer_ends`]). The records, the line of candidates and the slot count are read in one
     /// transaction, so that they describe the same moment.
-    pub async fn history(&self, n: usize) -> Result<Vec<Record>> {
+    pub async fn history(&self, n: Option<usize>) -> Result<Vec<Record>> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
+        // etcd's limit 0 means no limit: `None`, every record kept.
         let history = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Key, SortOrder::Descend)
-            .with_limit(n as i64);
+            .with_limit(n.map_or(0, |n| n.max(1) as i64));
         let line = GetOptions::new().with_prefix().with_keys_only();
         let txn = Txn::new().and_then([
             TxnOp::get(e.history_prefix(), Some(history)),

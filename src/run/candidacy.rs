@@ -325,7 +325,7 @@ impl Driver {
             // Earlier terms ran without a delay, so without a start record before their jobs:
             // the last record need not be the last term's. Only an election that never ran
             // a term (no record at all) starts at once.
-            let ran = self.ctx.history(1).await;
+            let ran = self.ctx.history(Some(1)).await;
             if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
                 tracing::warn!(
                     election = e.name(),

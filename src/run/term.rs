@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::RunConfig;
-use crate::election::lease::{Lease, LeaseState};
+use crate::election::lease::{Lease, LeaseState, MIN_RENEWAL_TIMEOUT};
 use crate::election::{Candidate, Ctx};
 use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd};
 use crate::records::Writer;
@@ -18,6 +18,9 @@ use super::events::{RunningJob, TermEvents};
 use super::health::Health;
 use super::lifecycle::StartEnd;
 use super::Driver;
+
+/// Between two sends of the commit that closes a term, after one failed at once.
+const CLOSE_PAUSE: Duration = Duration::from_millis(100);
 
 /// The term we hold, from the confirmed election to the revoke of its lease.
 pub struct Term {
@@ -374,9 +377,33 @@ impl Driver {
                 tracing::warn!("run key: {e:#}");
             }
         }
-        // One commit closes the record and hands over leadership.
+        // One commit closes the record and hands over leadership. Sent again after a third
+        // of the command timeout without an answer: a write lost on its way to an etcd leader
+        // that was just cut off is never answered, while the next one, once the members have
+        // elected another, is (measured: the handover took the whole command timeout). The
+        // commit is guarded by our key, which it deletes, so a second one that finds the first
+        // applied changes nothing and answers "not ours".
         let released = match &start {
-            Some(s) => ctx.record_end_and_release(id, slot, s, reason).await,
+            Some(s) => {
+                let until = tokio::time::Instant::now() + timeout;
+                let per_try = (timeout / 3).max(MIN_RENEWAL_TIMEOUT);
+                loop {
+                    let left = until.saturating_duration_since(tokio::time::Instant::now());
+                    let attempt = Ctx {
+                        timeout: left.min(per_try).max(MIN_RENEWAL_TIMEOUT),
+                        ..ctx.clone()
+                    };
+                    let r = attempt.record_end_and_release(id, slot, s, reason).await;
+                    let again = r
+                        .as_ref()
+                        .is_err_and(|e| crate::exit::exit_of(e) == crate::exit::Exit::Unavailable);
+                    if !again || tokio::time::Instant::now() + CLOSE_PAUSE >= until {
+                        break r;
+                    }
+                    tracing::debug!("closing the term: {:#}; sending it again", r.unwrap_err());
+                    tokio::time::sleep(CLOSE_PAUSE).await;
+                }
+            }
             None => Ok(false),
         };
         match (released, &start) {

@@ -165,9 +165,13 @@ impl Lease {
         let id = self.id;
         let mut c = self.client.clone();
         let until = Instant::now() + wait;
+        // Each attempt gets a third of the wait: a request lost on its way to an etcd leader
+        // that was just cut off is never answered, and the next one, once the members have
+        // elected another, is. A revoke sent twice is harmless.
+        let per_try = (wait / 3).max(MIN_RENEWAL_TIMEOUT);
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            if try_revoke(&mut c, id, left.max(MIN_RENEWAL_TIMEOUT)).await {
+            if try_revoke(&mut c, id, left.min(per_try).max(MIN_RENEWAL_TIMEOUT)).await {
                 return true;
             }
             if Instant::now() + REVOKE_PAUSE >= until {
