@@ -576,3 +576,68 @@ fn partition_testbed_sweeps_a_dead_owners_namespaces() {
     assert!(!names.contains(&left), "{names:?}");
     assert!(names.contains(&live), "{names:?}");
 }
+
+/// Real partitions: a standby pinned to the etcd leader member when that member is cut off
+/// from the other two (clients still reach it), and the leader's job ends at that moment.
+/// The isolated member keeps answering the standby's keepalives for a while (it renews
+/// leases locally until it steps down) and its watch of the leader's key stays silent; the
+/// standby must still move to the majority and take over within TTL + 2 s of the job's death.
+#[test]
+fn partition_standby_pinned_to_a_cut_off_etcd_leader_takes_over_in_time() {
+    use harness::netns::Testbed;
+    let ttl = secs(4);
+    let lease = ["--grace", "500ms", "--safety-margin", "500ms"].map(String::from);
+    // w0 lists m1 first, w1 lists m0 first: whichever waits is pinned to its own member.
+    let mut tb = Testbed::start_pinned(3, &[1, 0], ttl, lease.to_vec());
+    let (i, t) = tb
+        .wait_term_after(0, secs(30))
+        .unwrap_or_else(|| panic!("no first term\n{}", tb.logs()));
+    let j = 1 - i;
+    let waiting = wait_until(secs(10), || {
+        std::fs::read_to_string(&tb.workers[j].log)
+            .unwrap_or_default()
+            .contains("waiting behind")
+    });
+    assert!(waiting, "the standby is not in line\n{}", tb.logs());
+    let m = tb.workers[j].first_member;
+    assert!(
+        tb.make_raft_leader(m, secs(15)),
+        "m{m} is not etcd's leader\n{}",
+        tb.logs()
+    );
+    let job = tb
+        .events()
+        .into_iter()
+        .find(|e| e.kind == "start" && e.token == t)
+        .unwrap()
+        .pid;
+    let cut = tb.members[m].node.name.clone();
+    for k in (0..tb.members.len()).filter(|&k| k != m) {
+        let other = tb.members[k].node.name.clone();
+        tb.cut(&cut, &other);
+    }
+    signal(job, libc::SIGKILL);
+    let died = wait_until(secs(5), || tb.deaths().contains_key(&job));
+    assert!(died, "the leader's job still runs\n{}", tb.logs());
+    let died_at = tb.deaths()[&job];
+    let (k, t2) = tb
+        .wait_term_after(t, ttl + secs(20))
+        .unwrap_or_else(|| panic!("no takeover\n{}", tb.logs()));
+    assert_eq!(k, j, "the standby takes over");
+    let started = tb
+        .events()
+        .into_iter()
+        .find(|e| e.kind == "start" && e.token == t2)
+        .unwrap()
+        .ns;
+    let gap = Duration::from_nanos((started - died_at).max(0) as u64);
+    eprintln!("gap {gap:?} from the old job's death to the standby's start (TTL {ttl:?})");
+    tb.heal_all();
+    let (_, r) = tb.finish();
+    r.assert_ok(&tb.logs());
+    assert!(
+        gap <= ttl + secs(2),
+        "the standby started {gap:?} after the old job died, over TTL + 2 s\n{}",
+        tb.logs()
+    );
+}

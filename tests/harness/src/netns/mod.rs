@@ -109,6 +109,9 @@ impl NetMember {
 
 pub struct NetWorker {
     pub node: Node,
+    /// The member this worker lists first in `--endpoints`: lead-exec pins the first
+    /// endpoint until it fails, so this is the member its requests and streams go to.
+    pub first_member: usize,
     pub child: Option<Child>,
     pub log: PathBuf,
 }
@@ -167,6 +170,17 @@ impl Testbed {
     pub fn start(
         members: usize,
         workers: usize,
+        ttl: Duration,
+        lease_args: Vec<String>,
+    ) -> Testbed {
+        Testbed::start_pinned(members, &vec![0; workers], ttl, lease_args)
+    }
+
+    /// As [`Testbed::start`], with one worker per entry of `first_members`, each listing that
+    /// member first in its `--endpoints` (see [`NetWorker::first_member`]).
+    pub fn start_pinned(
+        members: usize,
+        first_members: &[usize],
         ttl: Duration,
         lease_args: Vec<String>,
     ) -> Testbed {
@@ -256,11 +270,12 @@ impl Testbed {
         }
         tb.wait_healthy(Duration::from_secs(60));
         crate::chaos::watch_deaths(events, deaths, stop);
-        for i in 0..workers {
+        for (i, &first_member) in first_members.iter().enumerate() {
             let node = tb.add_node(&format!("w{i}"), 100 + i);
             let log = tb.dir.path().join(format!("{}.log", node.name));
             tb.workers.push(NetWorker {
                 node,
+                first_member,
                 child: None,
                 log,
             });
@@ -309,9 +324,14 @@ impl Testbed {
     }
 
     pub fn endpoints(&self) -> String {
-        self.members
-            .iter()
-            .map(NetMember::endpoint)
+        self.endpoints_from(0)
+    }
+
+    /// Every member's endpoint, member `first` first and the rest in order after it.
+    pub fn endpoints_from(&self, first: usize) -> String {
+        let n = self.members.len();
+        (0..n)
+            .map(|k| self.members[(first + k) % n].endpoint())
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -346,6 +366,7 @@ impl Testbed {
     pub fn start_worker(&mut self, i: usize) {
         let ttl = format!("{}ms", self.ttl.as_millis());
         let w = &self.workers[i];
+        let endpoints = self.endpoints_from(w.first_member);
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -353,7 +374,7 @@ impl Testbed {
             .unwrap();
         let mut cmd = Command::new(net::tool("ip"));
         cmd.args(["netns", "exec", &w.node.ns, bin(), "run", &self.election])
-            .args(["--endpoints", &self.endpoints(), "--ttl", &ttl])
+            .args(["--endpoints", &endpoints, "--ttl", &ttl])
             .args(["--id", &w.node.name])
             .args(&self.lease_args)
             .arg("--")
@@ -425,6 +446,30 @@ impl Testbed {
         scraped
             .iter()
             .position(|s| s.as_ref().is_some_and(|s| s.is_leader))
+    }
+
+    /// Makes member `m` etcd's raft leader (`etcdctl move-leader`), and waits until its
+    /// metrics say so. `false` if it is not the leader within `limit`.
+    pub fn make_raft_leader(&self, m: usize, limit: Duration) -> bool {
+        let id = self
+            .ctl(
+                &self.members[m].endpoint(),
+                &["endpoint", "status", "-w", "json"],
+            )
+            .and_then(|out| {
+                let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+                v[0]["Status"]["header"]["member_id"].as_u64()
+            });
+        let Some(id) = id else { return false };
+        wait_until(limit, || match self.raft_leader() {
+            Some(l) if l == m => true,
+            Some(l) => {
+                let to = format!("{id:x}");
+                self.ctl(&self.members[l].endpoint(), &["move-leader", &to]);
+                false
+            }
+            None => false,
+        })
     }
 
     /// Drops every packet that `a` receives from `b` and `b` receives from `a` (both are
