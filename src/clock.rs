@@ -123,7 +123,6 @@ impl AsRawFd for BootTimer {
     }
 }
 
-/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
 /// Sleeps until `t` (a tokio instant), or forever without one: an optional deadline such as
 /// `--wait`'s, as one arm of a `select!`.
 pub async fn until(t: Option<tokio::time::Instant>) {
@@ -133,11 +132,14 @@ pub async fn until(t: Option<tokio::time::Instant>) {
     }
 }
 
+/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
 pub fn human(d: Duration) -> humantime::FormattedDuration {
+    // To the nearest millisecond: a timer's remaining 1.999999913 s reads "2s", not
+    // "1s 999ms 999us 913ns".
     let ms = if d < Duration::from_millis(1) {
         d
     } else {
-        Duration::from_millis(d.as_millis() as u64)
+        Duration::from_millis(((d.as_nanos() + 500_000) / 1_000_000).min(u64::MAX as u128) as u64)
     };
     humantime::format_duration(ms)
 }
@@ -145,6 +147,15 @@ pub fn human(d: Duration) -> humantime::FormattedDuration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_shown_to_the_nearest_millisecond() {
+        assert_eq!(human(Duration::from_nanos(1_999_999_913)).to_string(), "2s");
+        assert_eq!(human(Duration::from_micros(1_500_400)).to_string(), "1s 500ms");
+        assert_eq!(human(Duration::from_nanos(300)).to_string(), "300ns");
+        // The longest duration there is still formats.
+        assert!(!human(Duration::MAX).to_string().is_empty());
+    }
 
     #[test]
     fn arithmetic_saturates() {

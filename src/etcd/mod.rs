@@ -204,7 +204,7 @@ pub async fn bounded_as<T>(
             Exit::Unavailable,
             format!(
                 "{what} unavailable: no answer within {}",
-                humantime::format_duration(timeout)
+                crate::clock::human(timeout)
             ),
         )),
         Ok(Err(e)) => {

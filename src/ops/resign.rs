@@ -178,7 +178,7 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
         Exit::Unavailable,
         format!(
             "{key} still leads after {} or its watch ended; its lease ends it if it is stuck",
-            humantime::format_duration(timeout)
+            crate::clock::human(timeout)
         ),
     ))
 }

@@ -74,7 +74,7 @@ pub fn check_lease_safety(ttl: Duration, grace: Duration, margin: Duration) -> R
             Exit::Usage,
             format!(
                 "--ttl {} is below etcd's minimum lease of 2s",
-                humantime::format_duration(ttl)
+                crate::clock::human(ttl)
             ),
         ));
     }
