@@ -132,7 +132,7 @@ pub async fn until(t: Option<tokio::time::Instant>) {
     }
 }
 
-/// A duration for people: at most millisecond precision ("666ms", not "666ms 666us 666ns").
+/// A duration for people: to the nearest millisecond ("667ms", not "666ms 666us 666ns").
 pub fn human(d: Duration) -> humantime::FormattedDuration {
     // To the nearest millisecond: a timer's remaining 1.999999913 s reads "2s", not
     // "1s 999ms 999us 913ns".
@@ -151,7 +151,10 @@ mod tests {
     #[test]
     fn durations_are_shown_to_the_nearest_millisecond() {
         assert_eq!(human(Duration::from_nanos(1_999_999_913)).to_string(), "2s");
-        assert_eq!(human(Duration::from_micros(1_500_400)).to_string(), "1s 500ms");
+        assert_eq!(
+            human(Duration::from_micros(1_500_400)).to_string(),
+            "1s 500ms"
+        );
         assert_eq!(human(Duration::from_nanos(300)).to_string(), "300ns");
         // The longest duration there is still formats.
         assert!(!human(Duration::MAX).to_string().is_empty());

@@ -261,7 +261,7 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
         ),
         (
             &["history", "x", "--count=-1"],
-            "'-1' for '--count <N>': negative values are not allowed",
+            "'-1' for '--count <N|all>': negative values are not allowed",
         ),
         (
             &["run", "x", "--on-loss", "foo", "--", "true"],

@@ -268,7 +268,7 @@ fn history_n_0_shows_none_and_n_all_shows_every_record_kept() {
     assert_eq!(count("all"), 3);
     let (code, _, err) = run(&["history", "hn", "--endpoints", &ep, "-n", "some"]);
     assert_eq!(code, 64, "{err}");
-    assert!(err.contains("-n"), "{err}");
+    assert!(err.contains("'some' for '--count <N|all>'"), "{err}");
 }
 
 #[test]

@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn durations_for_people_stop_at_milliseconds() {
-        assert_eq!(human(s(2) / 3).to_string(), "666ms");
+        assert_eq!(human(s(2) / 3).to_string(), "667ms");
         assert_eq!(human(Duration::from_nanos(1)).to_string(), "1ns");
         assert_eq!(human(s(10) / 3).to_string(), "3s 333ms");
     }

@@ -316,6 +316,14 @@ pub struct Group {
     pub view: Option<ProcView>,
 }
 
+/// One look at the job's processes: every pid of the tree (exited ones too) and of the
+/// cgroup, and whether any of them can still run (neither exited nor [`tree::doomed`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Sighting {
+    pids: Vec<i32>,
+    alive: bool,
+}
+
 /// Where the job's processes are, for whoever signals them: the watchdog, or lead-exec when
 /// the watchdog is stopped or gone.
 pub struct Reach<'a> {
@@ -350,20 +358,39 @@ impl Reach<'_> {
         }
     }
 
-    /// Whether any process of the job but its exited leader can still run: a live member of
-    /// the tree or of the cgroup, [`tree::doomed`] ones aside. Without a view of /proc, yes;
-    /// under a /proc of another namespace a cgroup's pids cannot be looked up, so they count.
-    pub fn anything_alive(&self) -> bool {
+    /// What one look at the job finds (see [`Sighting`]). Without a view of /proc, nothing
+    /// can be seen, and the job counts as alive.
+    pub fn sight(&self) -> Sighting {
         let Some((view, root)) = self.tree else {
-            return true;
+            return Sighting {
+                pids: Vec::new(),
+                alive: true,
+            };
         };
         let leader = self.leader.as_raw();
-        tree::walk(view, root).iter().any(tree::Member::live)
-            || self.cgroup.is_some_and(|cg| {
-                pids_in(cg)
-                    .into_iter()
-                    .any(|p| p != leader && !(view.is_own() && tree::doomed(p)))
-            })
+        let members = tree::walk(view, root);
+        let cgroup = self.cgroup.map(pids_in).unwrap_or_default();
+        let alive = members.iter().any(tree::Member::live)
+            || cgroup
+                .iter()
+                .any(|&p| p != leader && !(view.is_own() && tree::doomed(p)));
+        let mut pids: Vec<i32> = members.iter().map(|m| m.pid).chain(cgroup).collect();
+        pids.sort_unstable();
+        Sighting { pids, alive }
+    }
+
+    /// Whether nothing of the job but its exited leader can run any more, by two looks a few
+    /// milliseconds apart that find the same processes and none of them able to run. One
+    /// look is not enough: a process that exits while its parent's children are read leaves
+    /// its child, re-parented after that read, unseen; but its exit leaves a zombie that the
+    /// second look finds (a stopped or frozen watchdog reaps nothing), and so does any fork.
+    pub fn settled(&self) -> bool {
+        let first = self.sight();
+        if first.alive {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        self.sight() == first
     }
 
     /// SIGKILL to all three: the group, the cgroup, and the tree until a walk finds it empty.
@@ -397,14 +424,13 @@ impl Group {
 
     /// Whether any process of the job other than its (exited) leader is still alive, wherever
     /// it moved: a live child of ours (the tree, asked without /proc), or a member of the
-    /// cgroup. One that can never run again ([`tree::doomed`]) does not count.
+    /// cgroup. The kernel's answer, never a reading of /proc that a fork could outrun.
     pub fn has_live_members(&self) -> bool {
-        let maybe = tree::has_live_children()
+        tree::has_live_children()
             || self
                 .cgroup
                 .as_ref()
-                .is_some_and(|cg| cg.pids().iter().any(|&p| p != self.leader.as_raw()));
-        maybe && self.reach().anything_alive()
+                .is_some_and(|cg| cg.pids().iter().any(|&p| p != self.leader.as_raw()))
     }
 
     /// Reaps zombies reparented to us, never the leader.

@@ -329,7 +329,7 @@ impl Job {
     /// Whether any process of the job but its exited main process may still be alive: a live
     /// one in the watchdog's tree, or a member of the cgroup. Without a view of /proc, yes.
     fn anything_left(&self) -> bool {
-        self.reach().anything_alive()
+        !self.reach().settled()
     }
 
     /// Kills the job's processes, walking the watchdog's tree again and again until nothing of
@@ -350,7 +350,9 @@ impl Job {
             let mut said = std::time::Duration::ZERO;
             loop {
                 reach.kill();
-                if !reach.anything_alive() {
+                // Without a view of /proc there is no tree to walk: the group and the cgroup
+                // got their SIGKILL.
+                if reach.tree.is_none() || reach.settled() {
                     return;
                 }
                 let spent = started.elapsed();

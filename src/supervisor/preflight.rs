@@ -62,6 +62,10 @@ pub fn proc_view() -> Result<()> {
 /// winning an election.
 pub fn preflight(cmd: &str) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
+    // Joined to a PATH entry, an empty name would be the directory itself.
+    if cmd.is_empty() {
+        return Err(exec_error(cmd, libc::ENOENT));
+    }
     let candidates: Vec<std::path::PathBuf> = if cmd.contains('/') {
         vec![cmd.into()]
     } else {

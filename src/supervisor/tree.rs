@@ -163,10 +163,12 @@ impl Member {
 /// like this until it is thawed, and then dies at once. Waiting for it would hold the term
 /// for as long as whoever froze it pleases.
 pub fn doomed(apid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{apid}/status")).is_ok_and(|s| sigkill_pending(&s))
+}
+
+/// Whether a status file shows SIGKILL pending, for the thread or the whole process.
+fn sigkill_pending(status: &str) -> bool {
     const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
-    let Ok(status) = fs::read_to_string(format!("/proc/{apid}/status")) else {
-        return false;
-    };
     status
         .lines()
         .filter_map(|l| {
@@ -349,6 +351,31 @@ mod tests {
         assert_eq!(nspid(status), Some(vec![4242, 7, 1]));
         assert_eq!(nspid("Name:\tsh\n"), None);
         assert_eq!(nspid("NSpid:\tx\n"), None);
+    }
+
+    #[test]
+    fn a_pending_sigkill_is_read_from_either_mask() {
+        let status = |sig: &str, shd: &str| format!("Name:\tx\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n");
+        assert!(!sigkill_pending(&status(
+            "0000000000000000",
+            "0000000000000000"
+        )));
+        assert!(sigkill_pending(&status(
+            "0000000000000000",
+            "0000000000000100"
+        )));
+        assert!(sigkill_pending(&status(
+            "0000000000000100",
+            "0000000000000000"
+        )));
+        // SIGTERM (bit 15) and SIGSTOP (bit 19) pending are no SIGKILL.
+        assert!(!sigkill_pending(&status(
+            "0000000000004000",
+            "0000000000040000"
+        )));
+        assert!(!sigkill_pending("Name:\tx\n"));
+        // Our own process has none.
+        assert!(!doomed(std::process::id() as i32));
     }
 
     #[test]
