@@ -606,12 +606,10 @@ impl Drop for StoppedWatchdog {
     }
 }
 
-/// A job that exits while its watchdog stays stopped (`pkill -STOP -x ldx-warden`, never
-/// continued by hand) ends its term with its own exit code: lead-exec sees the job's end on
-/// its own pidfd and continues the watchdog. The next worker's job starts within the grace
-/// plus 2 s of the job's end.
-#[test]
-fn a_job_that_exits_while_its_watchdog_stays_stopped_ends_its_term() {
+/// A job that exits once `hold` has been done to its watchdog (pid given) ends its term with
+/// its own exit code, and the next worker's job starts within the grace (0.5 s, FAST) plus
+/// 2 s of the job's end. Returns the first worker's log and the watchdog's pid.
+fn a_job_exits_while_its_watchdog_is_held(election: &str, hold: impl FnOnce(i32)) -> (String, i32) {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
@@ -619,15 +617,14 @@ fn a_job_that_exits_while_its_watchdog_stays_stopped_ends_its_term() {
         dir.path(),
         "echo $PPID > $D/watchdog; while [ ! -e $D/go ]; do sleep 0.01; done; date +%s%N > $D/ended; exit 3",
     );
-    let mut first = spawn(dir.path(), "first", &run_args("wdstays", &ep, &[], &job));
+    let mut first = spawn(dir.path(), "first", &run_args(election, &ep, &[], &job));
     let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
-    let _stopped = StoppedWatchdog(wd);
-    signal(wd, libc::SIGSTOP);
+    hold(wd);
     let next_job = script(dir.path(), "date +%s%N > $D/next");
     let mut second = spawn(
         dir.path(),
         "second",
-        &run_args("wdstays", &ep, &[], &next_job),
+        &run_args(election, &ep, &[], &next_job),
     );
     std::fs::write(dir.path().join("go"), "").unwrap();
     assert_eq!(first.code(secs(10)), 3, "{}", first.log_text());
@@ -635,9 +632,21 @@ fn a_job_that_exits_while_its_watchdog_stays_stopped_ends_its_term() {
     let ended = wait_int(&dir.path().join("ended"), secs(1)) as i128;
     let next = wait_int(&dir.path().join("next"), secs(1)) as i128;
     let gap = Duration::from_nanos((next - ended) as u64);
-    eprintln!("next job {gap:?} after the job's end, its watchdog stopped");
-    // Grace 0.5 s (FAST) plus 2 s.
+    eprintln!("{election}: next job {gap:?} after the job's end");
     assert!(gap < Duration::from_millis(2500), "{gap:?}");
+    (first.log_text(), wd)
+}
+
+/// A job that exits while its watchdog stays stopped (`pkill -STOP -x ldx-warden`, never
+/// continued by hand) ends its term: lead-exec sees the job's end on its own pidfd and
+/// continues the watchdog.
+#[test]
+fn a_job_that_exits_while_its_watchdog_stays_stopped_ends_its_term() {
+    let mut stopped = None;
+    a_job_exits_while_its_watchdog_is_held("wdstays", |wd| {
+        stopped = Some(StoppedWatchdog(wd));
+        signal(wd, libc::SIGSTOP);
+    });
 }
 
 /// The same with a watchdog that SIGCONT cannot wake (frozen in a cgroup): lead-exec reads
@@ -646,43 +655,18 @@ fn a_job_that_exits_while_its_watchdog_stays_stopped_ends_its_term() {
 #[test]
 fn a_job_that_exits_while_its_watchdog_is_frozen_ends_its_term() {
     let cg = TestCgroup::new("wdfrozen").expect("a writable cgroup v2 (run as root)");
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(
-        dir.path(),
-        "echo $PPID > $D/watchdog; while [ ! -e $D/go ]; do sleep 0.01; done; date +%s%N > $D/ended; exit 3",
-    );
-    let mut first = spawn(dir.path(), "first", &run_args("wdfrozen", &ep, &[], &job));
-    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
-    std::fs::write(cg.0.join("cgroup.procs"), wd.to_string()).unwrap();
-    std::fs::write(cg.0.join("cgroup.freeze"), "1").unwrap();
-    assert!(
-        wait_until(secs(5), || std::fs::read_to_string(
-            cg.0.join("cgroup.events")
-        )
-        .is_ok_and(|e| e.contains("frozen 1"))),
-        "the watchdog's cgroup never froze"
-    );
-    let next_job = script(dir.path(), "date +%s%N > $D/next");
-    let mut second = spawn(
-        dir.path(),
-        "second",
-        &run_args("wdfrozen", &ep, &[], &next_job),
-    );
-    std::fs::write(dir.path().join("go"), "").unwrap();
-    assert_eq!(first.code(secs(10)), 3, "{}", first.log_text());
-    assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
-    let ended = wait_int(&dir.path().join("ended"), secs(1)) as i128;
-    let next = wait_int(&dir.path().join("next"), secs(1)) as i128;
-    let gap = Duration::from_nanos((next - ended) as u64);
-    eprintln!("next job {gap:?} after the job's end, its watchdog frozen");
-    assert!(gap < Duration::from_millis(2500), "{gap:?}");
-    assert!(
-        first.log_text().contains("its watchdog has not said so"),
-        "{}",
-        first.log_text()
-    );
+    let (log, wd) = a_job_exits_while_its_watchdog_is_held("wdfrozen", |wd| {
+        std::fs::write(cg.0.join("cgroup.procs"), wd.to_string()).unwrap();
+        std::fs::write(cg.0.join("cgroup.freeze"), "1").unwrap();
+        assert!(
+            wait_until(secs(5), || std::fs::read_to_string(
+                cg.0.join("cgroup.events")
+            )
+            .is_ok_and(|e| e.contains("frozen 1"))),
+            "the watchdog's cgroup never froze"
+        );
+    });
+    assert!(log.contains("its watchdog has not said so"), "{log}");
     assert!(!alive(wd), "the frozen watchdog was left behind");
 }
 
