@@ -364,6 +364,15 @@ pub struct PauseArgs {
     /// Why (not empty): shown by `status` and kept in the history.
     #[arg(long, env = "LEAD_EXEC_PAUSE_REASON", value_name = "TEXT")]
     pub reason: String,
+
+    /// How long to wait for the running job to stop (its term closed) before exiting 69;
+    /// the pause stays either way.
+    #[arg(long, default_value = "60s", value_parser = duration, value_name = "DURATION")]
+    pub timeout: Duration,
+
+    /// Exit once the pause is written, without waiting for the running job to stop.
+    #[arg(long)]
+    pub no_block: bool,
 }
 
 #[derive(Debug, Args)]

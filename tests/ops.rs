@@ -204,6 +204,69 @@ fn pause_stops_the_job_and_resume_restarts_it() {
     drop(a);
 }
 
+/// `pause X && start-maintenance` is safe: pause returns once the running job has stopped and
+/// its term is closed. `--no-block` returns once the pause is written.
+#[test]
+fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    // A job that takes a second to stop, well within the grace (2 s).
+    let job = script(
+        dir.path(),
+        "trap 'sleep 1; echo end $FENCING_TOKEN >> $D/log; exit 0' TERM; \
+         echo $FENCING_TOKEN > $D/a.token; while :; do sleep 0.05; done",
+    );
+    let a = spawn(
+        dir.path(),
+        "a",
+        &run_args_with(&WIDE_GRACE, "pw", &ep, &["--id", "alpha"], &job),
+    );
+    let t1 = wait_int(&dir.path().join("a.token"), secs(10));
+    let pause = |extra: &[&str]| {
+        let args = [
+            &["pause", "pw", "--endpoints", &ep, "--reason", "upgrade"][..],
+            extra,
+        ]
+        .concat();
+        run(&args)
+    };
+    let (code, out, err) = pause(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        lines(&dir.path().join("log")).contains(&format!("end {t1}")),
+        "pause returned while the job still ran:\n{out}"
+    );
+    assert!(
+        out.contains(&format!("waiting for token {t1} to stop its job")),
+        "{out}"
+    );
+    let (_, hist, _) = run(&["history", "pw", "--endpoints", &ep, "-o", "json"]);
+    assert!(
+        hist.contains("\"end\":\"paused\""),
+        "the term is closed: {hist}"
+    );
+
+    let (code, _, _) = run(&["resume", "pw", "--endpoints", &ep]);
+    assert_eq!(code, 0);
+    assert!(wait_until(secs(10), || {
+        std::fs::read_to_string(dir.path().join("a.token"))
+            .is_ok_and(|t| t.trim() != t1.to_string())
+    }));
+    let t2 = wait_int(&dir.path().join("a.token"), secs(1));
+    let (code, out, err) = pause(&["--no-block"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("waiting"), "{out}");
+    assert!(
+        !lines(&dir.path().join("log")).contains(&format!("end {t2}")),
+        "--no-block waited for the job"
+    );
+    wait_line(&dir.path().join("log"), secs(10), |l| {
+        l == format!("end {t2}")
+    });
+    drop(a);
+}
+
 #[test]
 fn history_records_terms_and_a_stale_leader_cannot_write_it() {
     let etcd = Etcd::start();
