@@ -177,6 +177,165 @@ fn tls_with_client_certificates_runs_the_job() {
     assert_eq!(code, 5, "{err}");
 }
 
+/// A client certificate as `openssl x509 -req` makes it without extensions: X.509 v1.
+fn v1_cert(dir: &Path, ca: &str, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            "/CN=v1",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.crt"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "2",
+        ],
+    );
+}
+
+/// TLS files that cannot work, and a scheme or port that cannot, are usage errors (64) in one
+/// line naming the flag and the file, found before anything is sent; not "etcd unavailable"
+/// (69), which scripts and `Restart=always` retry forever. Certificates made both ways: a v3
+/// client certificate passes the check, a v1 one (the TLS library refuses it) does not.
+#[test]
+fn tls_files_that_cannot_work_are_refused_with_64_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ca(d, "ca");
+    cert(d, "ca", "v3", "client");
+    v1_cert(d, "ca", "v1");
+    let p = |f: &str| d.join(f).display().to_string();
+    std::fs::write(d.join("junk.txt"), "not PEM").unwrap();
+    let https = "https://127.0.0.1:1";
+    let cases: Vec<(Vec<String>, String)> = vec![
+        (
+            vec![
+                "--cacert".into(),
+                p("ca.crt"),
+                "--cert".into(),
+                p("v1.crt"),
+                "--key".into(),
+                p("v1.key"),
+            ],
+            format!("--cert {}: an X.509 v1 certificate", p("v1.crt")),
+        ),
+        (
+            vec!["--cacert".into(), p("ca.key")],
+            format!(
+                "--cacert {}: holds a private key, not the CA's certificate",
+                p("ca.key")
+            ),
+        ),
+        (
+            vec!["--cacert".into(), p("junk.txt")],
+            format!("--cacert {}: no PEM CERTIFICATE in it", p("junk.txt")),
+        ),
+        (
+            vec![
+                "--cacert".into(),
+                p("ca.crt"),
+                "--cert".into(),
+                p("v3.key"),
+                "--key".into(),
+                p("v3.crt"),
+            ],
+            format!(
+                "--cert {}: holds a private key, not a certificate (are --cert and --key swapped?)",
+                p("v3.key")
+            ),
+        ),
+        (
+            vec![
+                "--cacert".into(),
+                p("ca.crt"),
+                "--cert".into(),
+                p("v3.crt"),
+                "--key".into(),
+                p("v3.crt"),
+            ],
+            format!(
+                "--key {}: holds a certificate, not a private key",
+                p("v3.crt")
+            ),
+        ),
+    ];
+    for (files, want) in &cases {
+        let mut args = vec![
+            "status".to_string(),
+            "x".into(),
+            "--endpoints".into(),
+            https.into(),
+        ];
+        args.extend(files.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want.as_str()), "want {want:?}, got {err}");
+    }
+    // The v3 certificate passes the check: what fails then is the connection (nobody there).
+    let (code, _, err) = run(&[
+        "status",
+        "x",
+        "--endpoints",
+        https,
+        "--dial-timeout",
+        "200ms",
+        "--cacert",
+        &p("ca.crt"),
+        "--cert",
+        &p("v3.crt"),
+        "--key",
+        &p("v3.key"),
+    ]);
+    assert_eq!(code, 69, "{err}");
+    for (endpoints, want) in [
+        (
+            "http://127.0.0.1:1",
+            "is plain http://, but --cacert and --cert are for TLS",
+        ),
+        (
+            "127.0.0.1:70000",
+            "the port must be a number from 1 to 65535",
+        ),
+    ] {
+        let (code, _, err) = run(&[
+            "status",
+            "x",
+            "--endpoints",
+            endpoints,
+            "--cacert",
+            &p("ca.crt"),
+        ]);
+        assert_eq!(code, 64, "{endpoints}: {err}");
+        assert!(err.contains(want), "{endpoints}: {err}");
+    }
+}
+
 #[test]
 fn wrong_ca_or_wrong_certificate_is_a_clear_error_not_a_hang() {
     let t = tls_etcd();

@@ -37,6 +37,13 @@ impl Conn {
                     format!("--endpoints: '{e}' is not HOST:PORT or a http(s):// URL"),
                 ));
             }
+            let port = hostport.rsplit(':').next().unwrap_or_default();
+            if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+                return Err(fail(
+                    Exit::Usage,
+                    format!("--endpoints: '{e}': the port must be a number from 1 to 65535"),
+                ));
+            }
         }
         for (flag, d) in [
             ("--dial-timeout", a.dial_timeout),
@@ -64,6 +71,9 @@ impl Conn {
         let https = endpoints.iter().any(|e| e.starts_with("https://"));
         let tls =
             (cacert.is_some() || cert.is_some() || https).then_some(Tls { cacert, cert, key });
+        if let Some(t) = &tls {
+            super::tls::check(t, &endpoints)?;
+        }
         let auth = match &a.user {
             None if a.password_file.is_some() => {
                 return Err(fail(Exit::Usage, "--password-file needs --user"))

@@ -6,10 +6,12 @@
 //!
 //! [`RunConfig`] is `lead-exec run`'s flags as a whole, here with the checks that relate one
 //! flag to another; [`conn`] the etcd connection every command shares; [`values`] the checks
-//! of single values (durations, lease TTLs, one-line text); [`exec`] the command's size.
+//! of single values (durations, lease TTLs, one-line text); [`exec`] the command's size;
+//! [`tls`] the TLS files.
 
 pub mod conn;
 pub mod exec;
+pub mod tls;
 pub mod values;
 
 use std::time::Duration;
