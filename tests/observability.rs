@@ -629,7 +629,10 @@ fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
     // The job got its TERM and ended by its trap. (On a starved machine a lease may lapse
     // once before, and the job run again in a new term: one "end" per term.)
     let ends = lines(&dir.path().join("a.end"));
-    assert!(!ends.is_empty() && ends.iter().all(|l| l == "end"), "{ends:?}");
+    assert!(
+        !ends.is_empty() && ends.iter().all(|l| l == "end"),
+        "{ends:?}"
+    );
     let tb = wait_int(&dir.path().join("b.token"), secs(10));
     assert!(tb > ta);
     // a's term was closed in the history, not left "running".
