@@ -28,6 +28,9 @@ enum Way {
     /// deaf to SIGTERM: every process lives a moment, so one walk of the tree finds each chain
     /// a step behind.
     ForkChain,
+    /// A process whose main thread exits while another thread goes on (`pthread_exit`), in a
+    /// new session and deaf to SIGTERM: /proc shows it as a zombie ('Z') although it runs.
+    MainThreadExited,
     /// lead-exec itself in a PID namespace whose /proc is the host's (`unshare --pid --fork`
     /// without `--mount-proc`, a container that bind-mounts the host's /proc); the job's
     /// escapee a daemon.
@@ -100,6 +103,51 @@ fn write_chain(dir: &Path) -> PathBuf {
     path
 }
 
+/// A program whose main thread exits while a second thread beats every 50 ms, after it left
+/// the job's session and set SIGTERM aside; built with the system's C compiler.
+fn build_threaded(dir: &Path) -> PathBuf {
+    const SOURCE: &str = r#"
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+static const char *out;
+static void *beat(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 1200; i++) { /* a minute at most */
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        FILE *f = fopen(out, "a");
+        if (f) { fprintf(f, "%lld\n", t.tv_sec * 1000000000LL + t.tv_nsec); fclose(f); }
+        usleep(50000);
+    }
+    return 0;
+}
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    out = argv[1];
+    setsid();
+    signal(SIGTERM, SIG_IGN);
+    pthread_t t;
+    pthread_create(&t, 0, beat, 0);
+    pthread_exit(0);
+}
+"#;
+    let src = dir.join("threaded.c");
+    let bin = dir.join("threaded");
+    std::fs::write(&src, SOURCE).unwrap();
+    let status = std::process::Command::new(need_tool("cc", "gcc"))
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cc could not build {}", src.display());
+    chmod(&bin, 0o755);
+    bin
+}
+
 fn chmod(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -115,6 +163,7 @@ fn escaping_job(way: Way, user: User, dir: &Path, other: Option<&Path>) -> Strin
     };
     let esc = write_escapee(dir).display().to_string();
     let chain = write_chain(dir).display().to_string();
+    let threaded = || build_threaded(dir).display().to_string();
     let procs = || other.expect("a cgroup to move to").join("cgroup.procs");
     let start = match way {
         Way::Setsid => format!("setsid {esc} &"),
@@ -127,6 +176,7 @@ fn escaping_job(way: Way, user: User, dir: &Path, other: Option<&Path>) -> Strin
         ),
         Way::PidNamespace => format!("unshare {userns}--pid --fork --mount-proc {esc} &"),
         Way::ForkChain => format!("setsid {chain} & setsid {chain} & setsid {chain} &"),
+        Way::MainThreadExited => format!("{} {}/hb &", threaded(), dir.display()),
     };
     format!(
         "{start} while [ ! -s {d}/hb ]; do sleep 0.01; done; exit 0",
@@ -244,6 +294,11 @@ fn a_setsid_escapee_dies_with_the_term() {
 #[test]
 fn chains_of_processes_that_fork_and_exit_die_with_the_term() {
     row(Way::ForkChain, &BOTH);
+}
+
+#[test]
+fn a_process_whose_main_thread_exited_dies_with_the_term() {
+    row(Way::MainThreadExited, &BOTH);
 }
 
 #[test]

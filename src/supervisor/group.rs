@@ -370,10 +370,14 @@ impl Reach<'_> {
         let leader = self.leader.as_raw();
         let members = tree::walk(view, root);
         let cgroup = self.cgroup.map(pids_in).unwrap_or_default();
+        // A member of the cgroup is judged as the tree found it (whatever /proc numbers it);
+        // one the tree did not find, by /proc when /proc is ours, else as alive.
+        let cgroup_alive = |p: i32| match members.iter().find(|m| m.pid == p) {
+            Some(m) => m.live(),
+            None => !(view.is_own() && tree::doomed(p)),
+        };
         let alive = members.iter().any(tree::Member::live)
-            || cgroup
-                .iter()
-                .any(|&p| p != leader && !(view.is_own() && tree::doomed(p)));
+            || cgroup.iter().any(|&p| p != leader && cgroup_alive(p));
         let mut pids: Vec<i32> = members.iter().map(|m| m.pid).chain(cgroup).collect();
         pids.sort_unstable();
         Sighting { pids, alive }
@@ -435,12 +439,36 @@ impl Group {
 
     /// Reaps zombies reparented to us, never the leader.
     pub fn reap_orphans(&self) {
+        // The kernel names the next exited child without reaping it; chains of processes that
+        // fork and exit leave them faster than /proc can be read for each. The leader's turn
+        // ends this (it stays unreaped), and the rest is found by reading /proc.
+        while let Some(pid) = next_zombie() {
+            if pid == self.leader {
+                break;
+            }
+            let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+        }
         let Some(view) = &self.view else { return };
         for pid in tree::zombie_children(view) {
             if pid != self.leader.as_raw() {
                 let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
             }
         }
+    }
+}
+
+/// Our next exited child, left unreaped (WNOWAIT).
+fn next_zombie() -> Option<Pid> {
+    // SAFETY: waitid fills the siginfo we own.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        (rc == 0 && info.si_pid() != 0).then(|| Pid::from_raw(info.si_pid()))
     }
 }
 

@@ -116,6 +116,19 @@ fn stat(line: &str) -> Option<Stat> {
     })
 }
 
+/// Whether any thread of `apid` other than an exited main thread still runs.
+fn has_live_thread(apid: i32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{apid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|l| stat(&l))
+            .is_some_and(|s| !matches!(s.state, 'Z' | 'X'))
+    })
+}
+
 fn read_stat(apid: i32) -> Option<Stat> {
     stat(&fs::read_to_string(format!("/proc/{apid}/stat")).ok()?)
 }
@@ -213,7 +226,9 @@ pub fn walk(view: &ProcView, root: Root) -> Vec<Member> {
             if st.ppid != parent && st.ppid != top {
                 continue;
             }
-            let zombie = matches!(st.state, 'Z' | 'X');
+            // A process whose main thread exited while others run shows 'Z' too: it is
+            // alive until its last thread is gone.
+            let zombie = matches!(st.state, 'Z' | 'X') && !has_live_thread(c);
             out.push(Member {
                 pid,
                 apid: c,
