@@ -48,50 +48,64 @@ fn ca(dir: &Path, ca: &str) {
 }
 
 fn cert(dir: &Path, ca: &str, name: &str, cn: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={cn}"),
+    cert_as(dir, ca, name, cn, true);
+}
+
+/// A certificate signed by `ca`: v3 with its extensions copied from the request, or, with
+/// `v3` false, as `openssl x509 -req` makes it without extensions (X.509 v1).
+fn cert_as(dir: &Path, ca: &str, name: &str, cn: &str, v3: bool) {
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    let subj = format!("/CN={cn}");
+    let mut req = vec![
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+        "-subj",
+        &subj,
+    ];
+    if v3 {
+        req.extend([
             "-addext",
             "subjectAltName=IP:127.0.0.1,DNS:localhost",
             "-addext",
             "extendedKeyUsage=serverAuth,clientAuth",
             "-addext",
             "basicConstraints=CA:FALSE",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "2",
-            "-copy_extensions",
-            "copy",
-        ],
-    );
+        ]);
+    }
+    openssl(dir, &req);
+    let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
+    let mut sign = vec![
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca_crt,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-out",
+        &crt,
+        "-days",
+        "2",
+    ];
+    if v3 {
+        sign.extend(["-copy_extensions", "copy"]);
+    }
+    openssl(dir, &sign);
 }
 
 struct Tls {
@@ -177,46 +191,6 @@ fn tls_with_client_certificates_runs_the_job() {
     assert_eq!(code, 5, "{err}");
 }
 
-/// A client certificate as `openssl x509 -req` makes it without extensions: X.509 v1.
-fn v1_cert(dir: &Path, ca: &str, name: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            "/CN=v1",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "2",
-        ],
-    );
-}
-
 /// TLS files that cannot work, and a scheme or port that cannot, are usage errors (64) in one
 /// line naming the flag and the file, found before anything is sent; not "etcd unavailable"
 /// (69), which scripts and `Restart=always` retry forever. Certificates made both ways: a v3
@@ -227,7 +201,7 @@ fn tls_files_that_cannot_work_are_refused_with_64_naming_the_file() {
     let d = tmp.path();
     ca(d, "ca");
     cert(d, "ca", "v3", "client");
-    v1_cert(d, "ca", "v1");
+    cert_as(d, "ca", "v1", "v1", false);
     let p = |f: &str| d.join(f).display().to_string();
     std::fs::write(d.join("junk.txt"), "not PEM").unwrap();
     let https = "https://127.0.0.1:1";

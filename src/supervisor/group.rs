@@ -442,11 +442,11 @@ impl Group {
         // The kernel names the next exited child without reaping it; chains of processes that
         // fork and exit leave them faster than /proc can be read for each. The leader's turn
         // ends this (it stays unreaped), and the rest is found by reading /proc.
-        while let Some(pid) = next_zombie() {
-            if pid == self.leader {
+        while let Some(pid) = tree::next_zombie() {
+            if pid == self.leader.as_raw() {
                 break;
             }
-            let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
         }
         let Some(view) = &self.view else { return };
         for pid in tree::zombie_children(view) {
@@ -454,21 +454,6 @@ impl Group {
                 let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
             }
         }
-    }
-}
-
-/// Our next exited child, left unreaped (WNOWAIT).
-fn next_zombie() -> Option<Pid> {
-    // SAFETY: waitid fills the siginfo we own.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        let rc = libc::waitid(
-            libc::P_ALL,
-            0,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        );
-        (rc == 0 && info.si_pid() != 0).then(|| Pid::from_raw(info.si_pid()))
     }
 }
 

@@ -317,6 +317,22 @@ pub fn has_live_children() -> bool {
     }
 }
 
+/// Our next exited child, by pid in our numbering, left unreaped (WNOWAIT): the kernel's
+/// answer, as [`has_live_children`]'s.
+pub fn next_zombie() -> Option<i32> {
+    // SAFETY: waitid fills the siginfo we own.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        (rc == 0 && info.si_pid() != 0).then(|| info.si_pid())
+    }
+}
+
 /// The pids of our children that are zombies, in our numbering, for reaping by pid.
 pub fn zombie_children(view: &ProcView) -> Vec<i32> {
     let Some(me) = view.own_apid() else {
