@@ -93,9 +93,10 @@ pub struct ConnArgs {
     #[arg(long, env = "LEAD_EXEC_DIAL_TIMEOUT", default_value = "2s", value_parser = duration, value_name = "DURATION")]
     pub dial_timeout: Duration,
 
-    /// How long one etcd request may take once connected (at least 100ms).
-    #[arg(long, env = "LEAD_EXEC_COMMAND_TIMEOUT", default_value = "5s", value_parser = duration, value_name = "DURATION")]
-    pub command_timeout: Duration,
+    /// How long one etcd request may take once connected (at least 100ms; default 5s, and
+    /// for `run` the lease TTL if that is shorter: `run` refuses a longer one).
+    #[arg(long, env = "LEAD_EXEC_COMMAND_TIMEOUT", value_parser = duration, value_name = "DURATION")]
+    pub command_timeout: Option<Duration>,
 
     /// CA bundle that signs the etcd server certificates (also ETCDCTL_CACERT).
     #[arg(long, env = "LEAD_EXEC_CACERT", value_name = "FILE")]

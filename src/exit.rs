@@ -31,6 +31,9 @@ pub enum Exit {
     Unavailable,
     /// An internal error (`EX_SOFTWARE`).
     Software,
+    /// An operator command could not write its output: stdout closed, a full disk
+    /// (`EX_IOERR`).
+    IoErr,
     /// etcd refused our credentials or certificate (`EX_NOPERM`).
     Auth,
     /// The command exists but cannot be executed (as shells do).
@@ -57,6 +60,7 @@ impl Exit {
             Exit::Usage => 64,
             Exit::Unavailable => 69,
             Exit::Software => 70,
+            Exit::IoErr => 74,
             Exit::Auth => 77,
             Exit::NotExecutable => 126,
             Exit::NotFound => 127,

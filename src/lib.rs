@@ -112,11 +112,18 @@ pub mod supervisor;
 pub mod text;
 
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
 
 use cli::{Cli, Command};
 use exit::{exit_of, Exit};
+
+/// Whether fd 1 was closed when the process started. Rust's runtime opens /dev/null on a
+/// closed standard descriptor before `main`, after which every write "succeeds"; the binary
+/// looks at fd 1 before that (a constructor in `main.rs`) and says so here, so that an operator
+/// command whose output goes nowhere fails as coreutils do instead of exiting 0.
+pub static STDOUT_CLOSED_AT_START: AtomicBool = AtomicBool::new(false);
 
 /// Parses argv. Usage errors print one line and give [`Exit::Usage`]; `--help` and
 /// `--version` print and give success.

@@ -161,7 +161,14 @@ fn slow_commits_get_the_whole_command_timeout_with_several_endpoints() {
     assert_eq!(code, 0, "pause: {err}");
     assert_eq!(etcd.keys("lead-exec/meta/slow/paused").len(), 1);
     let job = script(dir.path(), "echo $FENCING_TOKEN > $D/led");
-    let args = run_args_with(&[], "slow-run", &eps, &["--no-wait"], &job);
+    // Start-up, the probe beside the first grant, is bounded by the dial timeout too.
+    let args = run_args_with(
+        &[],
+        "slow-run",
+        &eps,
+        &["--no-wait", "--dial-timeout", "5s"],
+        &job,
+    );
     let t0 = std::time::Instant::now();
     let mut w = spawn(dir.path(), "w", &args);
     assert_eq!(w.code(secs(60)), 0, "{}", w.log_text());

@@ -195,6 +195,40 @@ fn unreachable_etcd_is_69_within_the_dial_timeout() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// An endpoint that accepts connections and never answers (a hung member, a firewall that
+/// swallows packets after the handshake): `run` gives up after `--dial-timeout`, not after
+/// the first grant's `--command-timeout`, and names the flag to raise.
+#[test]
+fn a_silent_etcd_is_69_within_the_dial_timeout_naming_the_flag() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = silent.local_addr().unwrap().to_string();
+    let start = Instant::now();
+    let (code, _, err) = run(&[
+        "run",
+        "x",
+        "--endpoints",
+        &ep,
+        "--dial-timeout",
+        "1s",
+        "--ttl",
+        "30s",
+        "--command-timeout",
+        "20s",
+        "--",
+        "true",
+    ]);
+    let took = start.elapsed();
+    assert_eq!(code, 69, "{err}");
+    assert!(
+        took < secs(5),
+        "gave up after {took:?}, not within --dial-timeout 1s"
+    );
+    assert_eq!(
+        err.trim_end(),
+        format!("lead-exec: etcd at {ep} unavailable: no answer within 1s (--dial-timeout)")
+    );
+}
+
 #[test]
 fn help_and_version_exit_zero() {
     let (code, out, _) = run(&["--help"]);

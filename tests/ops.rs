@@ -963,6 +963,54 @@ fn status_history_watch_and_check_exit_quietly_when_their_reader_is_gone() {
     drop(a);
 }
 
+/// Output that cannot be written is an error, not a quiet success: a stdout closed at start
+/// (`status >&-`, which Rust's runtime would quietly point at /dev/null) and a full disk are
+/// exit 74 (EX_IOERR) with one line, as coreutils fail on `echo hi >&-`.
+#[test]
+fn status_history_and_watch_with_a_closed_or_full_stdout_exit_74() {
+    use std::os::unix::process::CommandExt;
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let (code, _, err) = run(&["run", "io", "--endpoints", &ep, "--", "true"]);
+    assert_eq!(code, 0, "{err}");
+    let e = ["--endpoints", ep.as_str()];
+    let cases: Vec<Vec<&str>> = vec![
+        [&["status", "io"][..], &e].concat(),
+        [&["history", "io", "-o", "json"][..], &e].concat(),
+        [&["watch", "io"][..], &e].concat(),
+        vec!["completions", "bash"],
+    ];
+    for args in &cases {
+        for closed in [true, false] {
+            let mut cmd = Command::new(bin());
+            cmd.args(args).stdin(std::process::Stdio::null());
+            if closed {
+                // SAFETY: close(2) only, between fork and exec.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::close(1);
+                        Ok(())
+                    });
+                }
+            } else {
+                cmd.stdout(std::fs::File::create("/dev/full").unwrap());
+            }
+            let out = cmd.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(74),
+                "{args:?} closed={closed}: {err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.starts_with("lead-exec: cannot write the output: "),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
     let etcd = Etcd::start();

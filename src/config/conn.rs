@@ -2,6 +2,7 @@
 //! credentials), checked into a [`Conn`].
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -10,6 +11,9 @@ use crate::cli::ConnArgs;
 use crate::clock::human;
 use crate::etcd::{Conn, Secret, Tls};
 use crate::exit::{fail, Exit};
+
+/// `--command-timeout` when none is given (for `run`, the lease TTL when that is shorter).
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Conn {
     pub fn from_args(a: &ConnArgs) -> Result<Conn> {
@@ -47,7 +51,10 @@ impl Conn {
         }
         for (flag, d) in [
             ("--dial-timeout", a.dial_timeout),
-            ("--command-timeout", a.command_timeout),
+            (
+                "--command-timeout",
+                a.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT),
+            ),
         ] {
             bounded_duration(flag, d)?;
             if d < MIN_TIMEOUT {
@@ -87,7 +94,7 @@ impl Conn {
         Ok(Conn {
             endpoints,
             dial_timeout: a.dial_timeout,
-            command_timeout: a.command_timeout,
+            command_timeout: a.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT),
             tls,
             auth,
         })

@@ -124,6 +124,27 @@ fn check_slots(slots: u32, run_key: Option<&str>) -> Result<u32> {
     Ok(slots)
 }
 
+/// A request of `run` waits at most the lease TTL: one still unanswered when the lease
+/// could have expired cannot keep the term, only hold up its end and the handover. A given
+/// `--command-timeout` over the TTL is refused; the default is cut to the TTL.
+fn command_timeout_within(mut conn: Conn, given: Option<Duration>, ttl: Duration) -> Result<Conn> {
+    match given {
+        Some(t) if t > ttl => Err(fail(
+            Exit::Usage,
+            format!(
+                "--command-timeout {} is longer than --ttl {}: a request still unanswered when the lease can expire cannot keep the term; give at most the TTL",
+                human(t),
+                human(ttl)
+            ),
+        )),
+        Some(_) => Ok(conn),
+        None => {
+            conn.command_timeout = conn.command_timeout.min(ttl);
+            Ok(conn)
+        }
+    }
+}
+
 impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
         let election = Election::new(&a.election.election)?;
@@ -153,6 +174,7 @@ impl RunConfig {
             ));
         }
         check_lease_safety(ttl, a.grace, a.safety_margin)?;
+        let conn = command_timeout_within(conn, a.election.conn.command_timeout, ttl)?;
         let run_key_ttl = lease_ttl("--run-key-ttl", a.run_key_ttl)?;
         let wait = match (a.no_wait, a.wait) {
             (true, _) => Wait::No,
@@ -398,9 +420,9 @@ mod tests {
             let over = format!("{}ns", max.as_nanos() + 1);
             let e = config_with(flag, &over, extra).unwrap_err();
             assert!(e.to_string().starts_with(flag), "{e}");
-            // Grace and margin at the maximum need a lease to match.
+            // Grace, margin and request timeout at the maximum need a lease to match.
             let ttl: &[&str] = match flag {
-                "--grace" | "--safety-margin" => &["--ttl", "9000000000s"],
+                "--grace" | "--safety-margin" | "--command-timeout" => &["--ttl", "9000000000s"],
                 _ => &[],
             };
             let at = format!("{}s", max.as_secs());
@@ -431,6 +453,32 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_command_timeout_over_the_ttl_is_refused_and_the_default_fits_the_ttl() {
+        let c = |extra: &[&str]| {
+            let args = [&["--ttl", "3s"][..], extra].concat();
+            config_with("--grace", "1s", &args)
+        };
+        assert_eq!(c(&[]).unwrap().conn.command_timeout, s(3));
+        assert_eq!(
+            c(&["--command-timeout", "3s"])
+                .unwrap()
+                .conn
+                .command_timeout,
+            s(3)
+        );
+        let e = c(&["--command-timeout", "4s"]).unwrap_err();
+        assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
+        assert!(
+            e.to_string()
+                .starts_with("--command-timeout 4s is longer than --ttl 3s"),
+            "{e}"
+        );
+        // A long lease keeps the default.
+        let long = config_with("--ttl", "60s", &[]).unwrap();
+        assert_eq!(long.conn.command_timeout, s(5));
     }
 
     #[test]

@@ -50,6 +50,6 @@ impl Ctx {
         &self,
         fut: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T> {
-        etcd::bounded(self.timeout, fut).await
+        etcd::bounded_by(etcd::Bound::Command(self.timeout), "etcd", fut).await
     }
 }

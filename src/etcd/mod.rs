@@ -128,8 +128,8 @@ pub async fn open(conn: &Conn) -> Result<Connection> {
     let attempt = (conn.dial_timeout.min(conn.command_timeout) / 2).max(MIN_ATTEMPT);
     let router = failover::Router::new(attempt);
     let builder = failover::Builder(router.clone());
-    let client = bounded_as(
-        conn.dial_timeout,
+    let client = bounded_by(
+        Bound::Dial(conn.dial_timeout),
         &what(conn),
         Client::connect_with_balanced_channel(&endpoints, Some(opts), builder),
     )
@@ -152,7 +152,7 @@ pub async fn probe(client: &Client, conn: &Conn) -> Result<()> {
             format!("{ROOT}/"),
             Some(etcd_client::GetOptions::new().with_count_only()),
         );
-        match bounded_as(left.max(MIN_ATTEMPT), &what, probe).await {
+        match bounded_by(Bound::Dial(left.max(MIN_ATTEMPT)), &what, probe).await {
             Ok(_) => return Ok(()),
             Err(e) if format!("{e:#}").contains("no leader") && left > NO_LEADER_RETRY => {
                 tokio::time::sleep(NO_LEADER_RETRY).await;
@@ -190,7 +190,7 @@ pub async fn bounded<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T> {
-    bounded_as(timeout, "etcd", fut).await
+    bounded_by(Bound::Other(timeout), "etcd", fut).await
 }
 
 /// [`bounded`], with an error that names the server as `what` (its endpoints, at connect).
@@ -199,14 +199,44 @@ pub async fn bounded_as<T>(
     what: &str,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T> {
-    match tokio::time::timeout(timeout, fut).await {
-        Err(_) => Err(fail(
-            Exit::Unavailable,
-            format!(
-                "{what} unavailable: no answer within {}",
-                crate::clock::human(timeout)
-            ),
-        )),
+    bounded_by(Bound::Other(timeout), what, fut).await
+}
+
+/// What bounds a request, so that running out of time names the flag to raise.
+#[derive(Debug, Clone, Copy)]
+pub enum Bound {
+    /// `--dial-timeout`: connecting and the start-up probe.
+    Dial(Duration),
+    /// `--command-timeout`: one request once connected.
+    Command(Duration),
+    /// A bound derived from them (a share of one, a retry's rest): no flag sets it alone.
+    Other(Duration),
+}
+
+impl Bound {
+    fn timeout(self) -> Duration {
+        match self {
+            Bound::Dial(d) | Bound::Command(d) | Bound::Other(d) => d,
+        }
+    }
+
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Bound::Dial(_) => Some("--dial-timeout"),
+            Bound::Command(_) => Some("--command-timeout"),
+            Bound::Other(_) => None,
+        }
+    }
+}
+
+/// [`bounded_as`], with the bound's flag named when it runs out.
+pub async fn bounded_by<T>(
+    bound: Bound,
+    what: &str,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(bound.timeout(), fut).await {
+        Err(_) => Err(fail(Exit::Unavailable, no_answer(what, bound))),
         Ok(Err(e)) => {
             let err = classify(e);
             let how = match crate::exit::exit_of(&err) {
@@ -216,6 +246,16 @@ pub async fn bounded_as<T>(
             Err(err).with_context(|| format!("{what} {how}"))
         }
         Ok(Ok(v)) => Ok(v),
+    }
+}
+
+/// "etcd unavailable: no answer within 5s (--command-timeout)": the flag to raise when the
+/// cluster is slow rather than gone.
+fn no_answer(what: &str, bound: Bound) -> String {
+    let within = crate::clock::human(bound.timeout());
+    match bound.flag() {
+        Some(flag) => format!("{what} unavailable: no answer within {within} ({flag})"),
+        None => format!("{what} unavailable: no answer within {within}"),
     }
 }
 

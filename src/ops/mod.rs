@@ -236,17 +236,21 @@ pub enum Reader {
 
 /// Writes `text` to stdout. A reader that has gone away is not an error (the command exits as
 /// it would have, quietly, the way `git log | head` does without the signal); any other
-/// failure to write is, with one line and [`Exit::Software`].
+/// failure to write is, with one line and [`Exit::IoErr`]. So is a stdout that was closed when
+/// the process started (`status >&-`), which Rust's runtime quietly points at /dev/null.
 pub fn emit(text: &str) -> Result<Reader> {
     use std::io::Write;
+    if crate::STDOUT_CLOSED_AT_START.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(fail(
+            Exit::IoErr,
+            "cannot write the output: stdout was closed when lead-exec started",
+        ));
+    }
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(Reader::There),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Reader::Gone),
-        Err(e) => Err(fail(
-            Exit::Software,
-            format!("cannot write the output: {e}"),
-        )),
+        Err(e) => Err(fail(Exit::IoErr, format!("cannot write the output: {e}"))),
     }
 }
 

@@ -290,22 +290,38 @@ impl Driver {
     /// grant did not (a leader election that the probe waited out), a grant again at once.
     /// The candidate key is created only after both, so a worker that gives up at start may
     /// leave an empty lease behind, never a key in line.
+    ///
+    /// Start-up is bounded by `--dial-timeout`, the probe's bound: a grant still in flight
+    /// when the probe gives up is abandoned (its lease, if the server grants it after all,
+    /// holds no key and expires), not waited for through `--command-timeout`.
     async fn first_grant(&mut self, startup: StartUp) -> Result<Result<Lease>> {
         let Some(first) = startup.first_lease else {
             return Ok(grant(&self.ctx, &self.cfg).await);
         };
-        let lease = first.await?;
-        if let Some(probe) = startup.probe {
-            match probe.await? {
+        let lease = match startup.probe {
+            None => first.await?,
+            Some(probe) => match probe.await? {
+                Ok(()) => first.await?,
                 // A granted lease proves a quorum that answers: a probe that only ran out of
                 // time waited for that grant's commit (slow disks make a linearizable read
                 // wait for the commits in flight).
-                Err(e) if lease.is_ok() && crate::exit::exit_of(&e) == Exit::Unavailable => {
-                    tracing::debug!("start-up probe: {e:#}; the lease was granted meanwhile");
+                Err(e) if crate::exit::exit_of(&e) == Exit::Unavailable && first.is_finished() => {
+                    match first.await? {
+                        Ok(l) => {
+                            tracing::debug!(
+                                "start-up probe: {e:#}; the lease was granted meanwhile"
+                            );
+                            Ok(l)
+                        }
+                        Err(_) => return Err(e),
+                    }
                 }
-                r => r?,
-            }
-        }
+                Err(e) => {
+                    first.abort();
+                    return Err(e);
+                }
+            },
+        };
         notify::ready();
         Ok(match lease {
             Ok(l) => Ok(l),
