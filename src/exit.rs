@@ -17,6 +17,10 @@ pub enum Exit {
     /// Someone else leads and `--no-wait` or `--wait` gave up. The number is
     /// `--conflict-exit-code` (default 75, `EX_TEMPFAIL`).
     NotAcquired(u8),
+    /// Leadership was not acquired because this worker's `--health-cmd` kept failing
+    /// (`--no-wait`, or `--wait` ran out while it failed): 79, not the conflict code, since
+    /// nobody else need lead.
+    Unhealthy,
     /// Leadership was lost while the job ran and `--on-loss exit` was given.
     LeadershipLost,
     /// The job ran past `--timeout` and was stopped: 124, as timeout(1) exits.
@@ -54,6 +58,7 @@ impl Exit {
             Exit::Signal(sig) => 128u8.saturating_add(sig.clamp(0, 127) as u8),
             Exit::NotAcquired(code) => code,
             Exit::LeadershipLost => 76,
+            Exit::Unhealthy => 79,
             Exit::TimedOut => 124,
             Exit::NoLeader => 3,
             Exit::StaleToken => 4,

@@ -218,7 +218,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             supervisor::preflight(&cfg.command[0])?;
             supervisor::preflight::proc_view()?;
             let ended = run::run(cfg.clone()).await?;
-            if let Exit::NotAcquired(_) = ended.exit {
+            if let Exit::NotAcquired(_) | Exit::Unhealthy = ended.exit {
                 ops::status::report_not_acquired(&cfg, ended.unhealthy).await;
             }
             Ok(ended.exit)

@@ -191,6 +191,7 @@ impl Queue {
     fn push(&mut self, line: Vec<u8>, cap: usize) -> bool {
         if self.bytes + line.len() > cap {
             self.dropped += 1;
+            crate::metrics::log_line_dropped();
             return false;
         }
         self.bytes += line.len();

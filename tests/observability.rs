@@ -80,11 +80,28 @@ fn metrics_follow_a_failover() {
 }
 
 #[test]
-fn metrics_count_losses_and_job_exits_by_reason() {
+fn metrics_count_losses_and_job_exits_by_reason_and_show_slack_once_a_job_ended() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let (w, port) = metrics_worker(&etcd, dir.path(), &FAST, "loss", &job(dir.path(), "w"));
     wait_int(&dir.path().join("w.token"), secs(10));
+    // No job has ended yet: no slack to show (a 0 would read as a job that died on its
+    // deadline), and every loss reason at 0, in Prometheus's label style.
+    let text = scrape(port).unwrap();
+    assert_eq!(
+        metric(&text, "lead_exec_deadline_slack_seconds"),
+        None,
+        "{text}"
+    );
+    for reason in [
+        "lease_expired",
+        "renewal_deadline_passed",
+        "leader_key_deleted",
+    ] {
+        let at_zero =
+            format!(r#"lead_exec_leadership_lost_total{{election="loss",reason="{reason}"}} 0"#);
+        assert!(text.contains(&at_zero), "{text}");
+    }
     let key = etcd.keys("lead-exec/elections/loss/").remove(0);
     std::fs::remove_file(dir.path().join("w.token")).unwrap();
     etcd.ctl(&["del", &key]);
@@ -92,7 +109,7 @@ fn metrics_count_losses_and_job_exits_by_reason() {
     let text = scrape(port).unwrap();
     assert!(
         text.contains(
-            r#"lead_exec_leadership_lost_total{election="loss",reason="leader key deleted"} 1"#
+            r#"lead_exec_leadership_lost_total{election="loss",reason="leader_key_deleted"} 1"#
         ),
         "{text}"
     );
@@ -651,7 +668,7 @@ fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
 }
 
 #[test]
-fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
+fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit_and_drops_are_counted() {
     use std::io::Read;
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
@@ -662,10 +679,19 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
     // Trace from every crate: about 50 kB of log a second (driven by timers: keepalives, HTTP/2
     // pings, checks), so the 256 KiB queue overflows within the 12 s below.
     let job = heartbeat(dir.path(), "a");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
     let args = run_args(
         "stalled",
         &ep,
-        &["--health-cmd", "true", "--health-interval", "100ms"],
+        &[
+            "--health-cmd",
+            "true",
+            "--health-interval",
+            "100ms",
+            "--metrics-addr",
+            &addr,
+        ],
         &job,
     );
     let mut a = spawn_with_stderr(&args, &[("RUST_LOG", "trace")], writer);
@@ -673,6 +699,10 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit() {
     let started = now_ns();
     heartbeat_past(dir.path(), started, secs(12));
     assert!(a.try_wait().unwrap().is_none(), "lead-exec exited");
+    // The loss is counted where an alert can see it, while stderr is still stuck.
+    let text = scrape(port).expect("metrics");
+    let dropped = metric(&text, "lead_exec_log_lines_dropped_total").unwrap_or(0.0);
+    assert!(dropped > 0.0, "{text}");
 
     // Once read again, the log resumes and says what it lost.
     let (tx, rx) = std::sync::mpsc::channel();

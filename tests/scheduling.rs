@@ -190,14 +190,20 @@ fn candidates(etcd: &Etcd, election: &str) -> usize {
 }
 
 #[test]
-fn an_unhealthy_worker_does_not_campaign_until_its_check_passes() {
+fn an_unhealthy_worker_does_not_campaign_until_its_check_passes_and_warns_once() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
     let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
-    let health = health_args(dir.path(), "a");
-    let mut args: Vec<&str> = vec!["--id", "a"];
-    args.extend(health.iter().map(String::as_str));
+    let check = script(dir.path(), "echo run >> $D/checks; test -e $D/ok-a");
+    let args = [
+        "--id",
+        "a",
+        "--health-cmd",
+        &check,
+        "--health-interval",
+        "100ms",
+    ];
     let mut a = spawn(dir.path(), "a", &run_args("hc", &ep, &args, &job));
     a.wait_log("not campaigning until the health check passes", secs(10));
     assert_eq!(
@@ -206,9 +212,16 @@ fn an_unhealthy_worker_does_not_campaign_until_its_check_passes() {
         "an unhealthy worker joined the line"
     );
     assert!(lines(&dir.path().join("terms")).is_empty());
+    // Failing ten times a second, it warns once (then once a minute), not at every check.
+    assert!(wait_until(secs(10), || lines(&dir.path().join("checks"))
+        .len()
+        >= 8));
+    let log = a.log_text();
+    assert_eq!(log.matches("health check failed").count(), 1, "{log}");
 
     std::fs::write(dir.path().join("ok-a"), "").unwrap();
     wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    a.wait_log("health check passes again, after", secs(10));
     let (code, out, _) = run(&["status", "hc", "--endpoints", &ep]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("leader:    a"), "{out}");
@@ -380,6 +393,28 @@ fn a_waiting_candidate_leaves_the_line_while_unhealthy_and_requeues_when_it_pass
         w.signal(libc::SIGTERM);
         w.wait(secs(10));
     }
+}
+
+/// A cron worker whose own health check fails does not run the job, and says so in its exit
+/// code: 79, not the conflict code (75), which means someone else leads. Nobody does here.
+#[test]
+fn a_failing_health_check_under_no_wait_exits_79_not_the_conflict_code() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoints();
+    let job = script(dir.path(), "echo ran > $D/ran");
+    for extra in [&["--no-wait"][..], &["--wait", "1s"]] {
+        let args = [
+            &["--health-cmd", "exit 1", "--health-interval", "100ms"][..],
+            extra,
+        ]
+        .concat();
+        let (code, _, err) = run(&run_args("hnw", &ep, &args, &job));
+        assert_eq!(code, 79, "{extra:?}: {err}");
+        assert!(err.contains("the health check is failing"), "{err}");
+    }
+    assert!(!dir.path().join("ran").exists());
+    assert!(candidates(&etcd, "hnw") == 0);
 }
 
 #[test]
@@ -1145,7 +1180,7 @@ fn a_health_check_does_not_outlive_a_no_wait_exit() {
     let (check, marker) = hanging_check(dir.path(), 0);
     let mut w = health_leak_worker(dir.path(), "nw", &ep, &check, &["--no-wait"]);
     wait_line(&dir.path().join("hanging"), secs(10), |_| true);
-    assert_eq!(w.code(secs(10)), 75, "{}", w.log_text());
+    assert_eq!(w.code(secs(10)), 79, "{}", w.log_text());
     assert_no_check_left(&marker);
 }
 

@@ -21,7 +21,7 @@
 //! The [`Router`] belongs to the client it routes for: the etcd scope ([`crate::election::Ctx`]) holds
 //! both, and hands the router to the stream owners with the client.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +46,40 @@ pub struct Router {
     attempt_timeout: Duration,
     /// Counts pin moves, so that stream owners can reopen on the new endpoint.
     moves: tokio::sync::watch::Sender<u64>,
+    /// The outage in progress: its first move is logged, the rest are counted until an
+    /// endpoint answers (a partition would otherwise log a move every attempt of every
+    /// request: half the lines of a 15-minute soak).
+    outage: Mutex<Outage>,
+    /// `outage` is open: an answer must close it. Read without the lock on every answer.
+    in_outage: AtomicBool,
+}
+
+/// Endpoint moves since the last answer, for the log: one line when the first move starts
+/// an outage, one when an answer ends it.
+#[derive(Debug, Default)]
+pub struct Outage {
+    /// Moves since the last answer; 0: no outage.
+    moves: u64,
+    started: Option<std::time::Instant>,
+}
+
+impl Outage {
+    /// A move off a failed endpoint: whether it starts an outage (and is worth a line).
+    pub fn moved(&mut self, now: std::time::Instant) -> bool {
+        self.moves += 1;
+        if self.moves == 1 {
+            self.started = Some(now);
+            return true;
+        }
+        false
+    }
+
+    /// An answer: the outage it ends, as (moves, how long), if one was open.
+    pub fn answered(&mut self, now: std::time::Instant) -> Option<(u64, Duration)> {
+        let moves = std::mem::take(&mut self.moves);
+        let started = self.started.take()?;
+        Some((moves, now.saturating_duration_since(started)))
+    }
 }
 
 struct Member {
@@ -61,6 +95,8 @@ impl Router {
             pinned: AtomicUsize::new(0),
             attempt_timeout,
             moves: tokio::sync::watch::Sender::new(0),
+            outage: Mutex::new(Outage::default()),
+            in_outage: AtomicBool::new(false),
         })
     }
 
@@ -118,13 +154,44 @@ impl Router {
                 .is_ok()
         {
             let members = self.members.lock().expect("router lock");
-            tracing::info!(
-                from = %members[i].uri,
-                to = %members[(i + 1) % n].uri,
-                "etcd endpoint failed; moving to the next"
-            );
+            let (from, to) = (&members[i].uri, &members[(i + 1) % n].uri);
+            let first = {
+                let mut outage = self.outage.lock().expect("router lock");
+                self.in_outage.store(true, Ordering::SeqCst);
+                outage.moved(std::time::Instant::now())
+            };
+            if first {
+                tracing::info!(%from, %to, "etcd endpoint failed; moving to the next (further moves until one answers are logged at debug)");
+            } else {
+                tracing::debug!(%from, %to, "etcd endpoint failed; moving to the next");
+            }
             crate::metrics::endpoint_failover();
             self.moves.send_modify(|m| *m += 1);
+        }
+    }
+
+    /// Endpoint `i` answered: an outage that moved the pin is over, and says so once.
+    fn answered(&self, i: usize) {
+        if !self.in_outage.load(Ordering::SeqCst) {
+            return;
+        }
+        let ended = {
+            let mut outage = self.outage.lock().expect("router lock");
+            self.in_outage.store(false, Ordering::SeqCst);
+            outage.answered(std::time::Instant::now())
+        };
+        if let Some((moves, took)) = ended {
+            let members = self.members.lock().expect("router lock");
+            let at = members
+                .get(i)
+                .map(|m| m.uri.to_string())
+                .unwrap_or_default();
+            tracing::info!(
+                at,
+                moves,
+                "etcd answers again, after {} and {moves} endpoint moves",
+                crate::clock::human(took)
+            );
         }
     }
 
@@ -321,7 +388,9 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
         let (i, ch) = router.current().ok_or("no etcd endpoint")?;
         return match ch.oneshot(req).await {
             Ok(resp) => {
-                if classify_answer(&resp) != Delivery::Answered {
+                if classify_answer(&resp) == Delivery::Answered {
+                    router.answered(i);
+                } else {
                     router.failed(i);
                 }
                 Ok(resp)
@@ -382,7 +451,10 @@ async fn route(router: Arc<Router>, req: Req) -> Result<Resp, BoxError> {
         };
         guard.disarm();
         match verdict(kind, how, more) {
-            Verdict::Done => return result,
+            Verdict::Done => {
+                router.answered(i);
+                return result;
+            }
             Verdict::FailedFinal if kind == Kind::Read && attempt == n && slow.is_some() => {
                 tracing::debug!(
                     ?how,
@@ -431,6 +503,21 @@ impl Drop for PinGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outage_is_logged_when_it_starts_and_when_an_answer_ends_it() {
+        let t0 = std::time::Instant::now();
+        let mut o = Outage::default();
+        assert_eq!(o.answered(t0), None, "no outage: nothing to say");
+        assert!(o.moved(t0), "the first move starts an outage");
+        for _ in 0..1000 {
+            assert!(!o.moved(t0), "moves during it are not lines of their own");
+        }
+        let later = t0 + Duration::from_secs(15);
+        assert_eq!(o.answered(later), Some((1001, Duration::from_secs(15))));
+        assert_eq!(o.answered(later), None, "said once");
+        assert!(o.moved(later), "the next outage is a new one");
+    }
 
     #[test]
     fn reads_are_retried_after_any_failure() {

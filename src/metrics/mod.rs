@@ -30,8 +30,12 @@ struct Metrics {
     lost: IntCounterVec,
     job_starts: IntCounter,
     job_exits: IntCounterVec,
+    /// In `registry` once a job has ended: a 0 before that would read as a job that died on
+    /// its deadline.
     slack: Gauge,
+    slack_registered: std::sync::Once,
     failovers: IntCounter,
+    log_lines_dropped: IntCounter,
     token_regressions: IntCounter,
     timeouts: IntCounter,
     healthy: IntGauge,
@@ -134,11 +138,17 @@ fn metrics() -> Metrics {
                 &["code"],
             ),
         ),
-        slack: made(
+        slack: Gauge::new(
+            "lead_exec_deadline_slack_seconds",
+            "Lease deadline minus the time the last job's group died; absent until a job has ended",
+        )
+        .expect("a valid metric"),
+        slack_registered: std::sync::Once::new(),
+        log_lines_dropped: made(
             r,
-            Gauge::new(
-                "lead_exec_deadline_slack_seconds",
-                "Lease deadline minus the time the last job's group died",
+            IntCounter::new(
+                "lead_exec_log_lines_dropped_total",
+                "Log lines dropped because stderr was not being read",
             ),
         ),
         failovers: made(
@@ -274,11 +284,11 @@ fn init(m: &Metrics) {
     }
 }
 
-/// The `reason` values of `lead_exec_leadership_lost_total` (`Loss::as_str`).
+/// The `reason` values of `lead_exec_leadership_lost_total` (`Loss::label`).
 const LOSS_REASONS: [&str; 3] = [
-    "lease expired",
-    "renewal deadline passed",
-    "leader key deleted",
+    "lease_expired",
+    "renewal_deadline_passed",
+    "leader_key_deleted",
 ];
 
 /// A metric, registered: the names and help texts are constants, so failing is a bug.
@@ -323,6 +333,10 @@ pub fn takeover_delayed() {
 
 pub fn preemption_requested() {
     METRICS.preemptions.inc();
+}
+
+pub fn log_line_dropped() {
+    METRICS.log_lines_dropped.inc();
 }
 
 pub fn endpoint_failover() {
@@ -378,6 +392,12 @@ pub fn job_exited(code: u8, slack_ms: i64) {
         .with_label_values(&[&code.to_string()])
         .inc();
     METRICS.slack.set(slack_ms as f64 / 1000.0);
+    METRICS.slack_registered.call_once(|| {
+        METRICS
+            .registry
+            .register(Box::new(METRICS.slack.clone()))
+            .expect("a metric registered once");
+    });
 }
 
 /// The exposition text.
@@ -457,7 +477,7 @@ mod tests {
     fn every_loss_reason_is_shown_at_zero_from_the_start() {
         use crate::election::lease::Loss;
         for loss in [Loss::Expired, Loss::Deadline, Loss::KeyDeleted] {
-            assert!(LOSS_REASONS.contains(&loss.as_str()), "{loss:?}");
+            assert!(LOSS_REASONS.contains(&loss.label()), "{loss:?}");
         }
     }
 

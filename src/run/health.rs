@@ -81,9 +81,28 @@ pub fn start(check: HealthCheck) -> watch::Receiver<Health> {
     metrics::health_checks_on();
     tokio::spawn(async move {
         let mut tracker = Tracker::new(check.failures);
+        let mut streak = Streak::default();
         let mut next = Instant::now();
         loop {
-            let passed = run_once(&check).await;
+            let result = run_once(&check).await;
+            let passed = result.is_ok();
+            let now = std::time::Instant::now();
+            match result {
+                Ok(()) => {
+                    if let Some(n) = streak.passed() {
+                        tracing::info!("health check passes again, after {n} failures in a row");
+                    }
+                }
+                Err(f) => match streak.failed(now) {
+                    Some(0) => tracing::warn!(output = f.output, "{}", f.what),
+                    Some(quiet) => tracing::warn!(
+                        output = f.output,
+                        "{} (and {quiet} more failures since the last such line)",
+                        f.what
+                    ),
+                    None => tracing::debug!(output = f.output, "{}", f.what),
+                },
+            }
             metrics::health_checked(passed);
             let health = tracker.observe(passed);
             metrics::healthy(health == Health::Healthy);
@@ -96,6 +115,55 @@ pub fn start(check: HealthCheck) -> watch::Receiver<Health> {
         }
     });
     rx
+}
+
+/// How often a check that keeps failing is worth a warning: at 100 ms a failing check would
+/// otherwise be ten lines a second.
+pub const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// A run of failed checks, for the log: the first failure is a warning, then one a
+/// [`WARN_EVERY`] saying how many were not shown, and a pass after failures says so once.
+#[derive(Debug, Default)]
+pub struct Streak {
+    failures: u64,
+    last_warned: Option<std::time::Instant>,
+    quiet: u64,
+}
+
+impl Streak {
+    /// A failure: `Some(n)` to warn, with `n` failures not shown since the last warning.
+    pub fn failed(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.failures += 1;
+        let due = self
+            .last_warned
+            .is_none_or(|t| now.saturating_duration_since(t) >= WARN_EVERY);
+        if self.failures == 1 || due {
+            self.last_warned = Some(now);
+            return Some(std::mem::take(&mut self.quiet));
+        }
+        self.quiet += 1;
+        None
+    }
+
+    /// A pass: `Some(n)` when it ends a run of `n` failures.
+    pub fn passed(&mut self) -> Option<u64> {
+        self.quiet = 0;
+        self.last_warned = None;
+        Some(std::mem::take(&mut self.failures)).filter(|n| *n > 0)
+    }
+}
+
+/// A check that did not pass, for the log.
+struct Failed {
+    what: String,
+    /// The tail of what the check printed.
+    output: Option<String>,
+}
+
+impl Failed {
+    fn new(what: String) -> Failed {
+        Failed { what, output: None }
+    }
 }
 
 /// Waits until the checks say something other than [`Health::Unknown`].
@@ -124,13 +192,14 @@ const GUARD_NAME: &str = "lexec-health";
 const SECRET_ENV: [&str; 1] = ["LEAD_EXEC_PASSWORD"];
 
 /// One check: whether it exited 0 within the interval.
-async fn run_once(check: &HealthCheck) -> bool {
+async fn run_once(check: &HealthCheck) -> Result<(), Failed> {
     // The guard's stdin; our end is close-on-exec, so no other child of ours holds it open.
     let (life_r, life_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!("health check: cannot make a pipe: {e}");
-            return false;
+            return Err(Failed::new(format!(
+                "health check: cannot make a pipe: {e}"
+            )))
         }
     };
     let mut cmd = std::process::Command::new("/proc/self/exe");
@@ -149,8 +218,9 @@ async fn run_once(check: &HealthCheck) -> bool {
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!("health check: cannot start its guard: {e}");
-            return false;
+            return Err(Failed::new(format!(
+                "health check: cannot start its guard: {e}"
+            )))
         }
     };
     // The check runs in its guard's process group, whose id is the guard's pid.
@@ -168,11 +238,10 @@ async fn run_once(check: &HealthCheck) -> bool {
             }
             drop(life_w);
             let _ = tokio::time::timeout(Duration::from_secs(5), waited).await;
-            tracing::warn!(
+            return Err(Failed::new(format!(
                 "health check timed out after {}; killed it",
                 crate::clock::human(check.interval)
-            );
-            return false;
+            )));
         }
     };
     drop(life_w);
@@ -190,20 +259,16 @@ async fn run_once(check: &HealthCheck) -> bool {
             let text = output_tail(&out.stdout, &out.stderr);
             if out.status.success() {
                 tracing::debug!(output = text, "health check passed");
-                true
+                Ok(())
             } else {
-                tracing::warn!(output = text, "health check failed: {}", out.status);
-                false
+                Err(Failed {
+                    what: format!("health check failed: {}", out.status),
+                    output: Some(text),
+                })
             }
         }
-        Ok(Err(e)) => {
-            tracing::warn!("health check: {e}");
-            false
-        }
-        Err(e) => {
-            tracing::warn!("health check: {e}");
-            false
-        }
+        Ok(Err(e)) => Err(Failed::new(format!("health check: {e}"))),
+        Err(e) => Err(Failed::new(format!("health check: {e}"))),
     }
 }
 
@@ -401,6 +466,28 @@ fn output_tail(stdout: &[u8], stderr: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_check_warns_once_a_minute_and_a_pass_says_it_ended() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = Streak::default();
+        assert_eq!(s.passed(), None, "nothing failed");
+        assert_eq!(s.failed(at(0)), Some(0), "the first failure warns");
+        // Ten a second for a minute: all quiet.
+        for i in 1..600 {
+            assert_eq!(s.failed(at(i * 100)), None);
+        }
+        assert_eq!(
+            s.failed(at(60_000)),
+            Some(599),
+            "a minute on: one line, with the count"
+        );
+        assert_eq!(s.failed(at(60_100)), None);
+        assert_eq!(s.passed(), Some(602));
+        assert_eq!(s.passed(), None, "said once");
+        assert_eq!(s.failed(at(60_200)), Some(0), "a new run warns at once");
+    }
 
     #[test]
     fn a_worker_is_healthy_only_after_a_pass() {

@@ -158,7 +158,7 @@ impl Driver {
                 },
             ) = (phase, next)
             {
-                metrics::lost(r.as_str());
+                metrics::lost(r.label());
             }
             // A step that stays in its phase is quiet only when it passes a signal on or
             // judges a handover. One that reads the same phase but kills the job (a second

@@ -143,6 +143,15 @@ impl Loss {
             Loss::KeyDeleted => "leader key deleted",
         }
     }
+
+    /// The value of the metrics' `reason` label: no spaces, as Prometheus label values go.
+    pub fn label(self) -> &'static str {
+        match self {
+            Loss::Expired => "lease_expired",
+            Loss::Deadline => "renewal_deadline_passed",
+            Loss::KeyDeleted => "leader_key_deleted",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -328,7 +328,10 @@ pub fn campaigned<E>(attempt: u32, ev: CampaignEnd<E>, p: &Policy) -> Step<E> {
         C::Elected { token, delay: true } => (Phase::Delaying { token }, vec![]),
         // Out of line until healthy again: the next campaign waits for a passing check.
         C::Unhealthy => requeue(None),
-        C::NotAcquired { .. } => done(None, Exit::NotAcquired(p.conflict_exit_code)),
+        // A worker kept out by its own health check says so in its exit code: it is not
+        // that someone else leads.
+        C::NotAcquired { unhealthy: true } => done(None, Exit::Unhealthy),
+        C::NotAcquired { unhealthy: false } => done(None, Exit::NotAcquired(p.conflict_exit_code)),
         C::Failed(Cause::Etcd(e)) if p.no_wait => (
             Phase::Campaigning { attempt },
             vec![Action::RevokeLease, Action::Fail(e)],

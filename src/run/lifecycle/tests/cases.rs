@@ -103,6 +103,18 @@ fn not_acquired_resigns_and_exits_with_conflict_code() {
 }
 
 #[test]
+fn not_acquired_for_a_failing_health_check_exits_with_its_own_code() {
+    let p = Policy {
+        conflict_exit_code: 9,
+        ..CAMPAIGN
+    };
+    assert_eq!(
+        campaigned::<E>(0, CampaignEnd::NotAcquired { unhealthy: true }, &p),
+        (Phase::Done(Exit::Unhealthy), vec![REVOKE])
+    );
+}
+
+#[test]
 fn failed_campaign_reports_backs_off_then_campaigns() {
     let (p, a) = campaigned(2, CampaignEnd::Failed(Cause::Etcd("down")), &CAMPAIGN);
     assert_eq!(
