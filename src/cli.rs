@@ -60,7 +60,7 @@ pub struct LogArgs {
     #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
     pub verbose: u8,
 
-    /// Only warnings and errors.
+    /// Only errors.
     #[arg(short, long, global = true, env = "LEAD_EXEC_QUIET", value_parser = clap::builder::BoolishValueParser::new())]
     pub quiet: bool,
 

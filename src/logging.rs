@@ -48,7 +48,7 @@ pub struct Log {
 pub fn init(args: &LogArgs) -> Log {
     let log = Log::start();
     let level = match (args.quiet, args.verbose) {
-        (true, _) => "warn",
+        (true, _) => "error",
         (false, 0) => "info",
         (false, 1) => "debug",
         (false, _) => "trace",

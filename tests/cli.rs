@@ -491,23 +491,56 @@ fn wait_zero_or_1ns_behaves_like_no_wait() {
     leader.wait(secs(10));
 }
 
+/// A lost `--no-wait` race is the expected outcome of a cron tick on every worker but one:
+/// silent by default (cron mails what a job prints), exit 75; `-v` names the leader.
 #[test]
-fn no_wait_loser_names_the_leader_in_one_line_even_when_quiet() {
+fn no_wait_loser_is_silent_by_default_and_names_the_leader_with_v() {
     let etcd = Etcd::start();
     let ep = etcd.endpoints();
     let dir = tempfile::tempdir().unwrap();
     let mut leader = sleeping_leader(dir.path(), "named", &ep, &["--id", "the-leader"]);
-    let mut args = vec!["-q"];
+    let (code, _, err) = run(&run_args("named", &ep, &["--no-wait"], "exit 0"));
+    assert_eq!((code, err.as_str()), (75, ""));
+    let mut args = vec!["-v"];
     args.extend(run_args("named", &ep, &["--no-wait"], "exit 0"));
     let (code, _, err) = run(&args);
     assert_eq!(code, 75, "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("not acquired: named is led by the-leader"),
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.contains("not acquired: named is led by the-leader"))
+            .count(),
+        1,
         "{err}"
     );
     leader.signal(libc::SIGTERM);
     leader.wait(secs(10));
+}
+
+/// A successful run logs two lines at the default level, the job's start and its end, with
+/// no type's debug form; `-q` leaves none.
+#[test]
+fn a_successful_run_logs_its_start_and_end_only() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let (code, _, err) = run(&run_args("quiet", &ep, &[], "exit 0"));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].contains("INFO leading: job started"), "{err}");
+    assert!(lines[1].contains("INFO job ended: exit code 0"), "{err}");
+    assert!(!err.contains('{') && !err.contains(" -> "), "{err}");
+    let mut args = vec!["-q"];
+    args.extend(run_args("quiet", &ep, &[], "exit 0"));
+    let (code, _, err) = run(&args);
+    assert_eq!((code, err.as_str()), (0, ""));
+    // The steps are there at debug level, in words.
+    let mut args = vec!["-v"];
+    args.extend(run_args("quiet", &ep, &[], "exit 0"));
+    let (_, _, err) = run(&args);
+    assert!(
+        err.contains("leading -> done on the job ended (exit code 0)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -661,13 +694,14 @@ fn huge_durations_are_usage_errors_naming_the_flag_and_the_longest_run() {
             "{flag}: {err}"
         );
     }
-    // At the maximum, each works (grace and margin under the longest lease etcd grants).
+    // At the maximum, each works (grace, margin and request timeout under the longest lease
+    // etcd grants).
     // Each in an election of its own: a first leader with --takeover-delay after terms that
     // ran without one waits the delay out.
     for (i, (flag, extra)) in flags.iter().enumerate() {
         let election = format!("huge{i}");
         let lease: &[&str] = match *flag {
-            "--grace" | "--safety-margin" => &["--ttl", "9000000000s"],
+            "--grace" | "--safety-margin" | "--command-timeout" => &["--ttl", "9000000000s"],
             _ => &FAST,
         };
         let mut args = vec!["run", &election, "--endpoints", &ep, flag, "100years"];
@@ -710,42 +744,32 @@ fn a_long_election_name_or_value_is_cut_in_the_error() {
     }
 }
 
+/// A worker kept out by its own failing health check says so, in a warning and in its exit
+/// code: 79, not the conflict code (75), which means someone else leads. Nobody does here.
 #[test]
-fn no_wait_kept_out_by_its_own_failing_health_check_says_so() {
+fn no_wait_kept_out_by_its_own_failing_health_check_says_so_and_exits_79() {
     let etcd = Etcd::start();
     let ep = etcd.endpoints();
-    let mut args = vec!["-q"];
-    args.extend(run_args(
-        "sick",
-        &ep,
-        &["--no-wait", "--health-cmd", "exit 1"],
-        "exit 0",
-    ));
-    let (code, _, err) = run(&args);
-    assert_eq!(code, 75, "{err}");
-    assert!(
-        err.contains("not acquired: the health check is failing"),
-        "{err}"
-    );
-    assert!(!err.contains("another leader"), "{err}");
-    // With --wait, giving up while still unhealthy says the same.
-    let (code, _, err) = run(&run_args(
-        "sick",
-        &ep,
-        &[
-            "--wait",
-            "1s",
-            "--health-cmd",
-            "exit 1",
-            "--health-interval",
-            "200ms",
-        ],
-        "exit 0",
-    ));
-    assert_eq!(code, 75, "{err}");
-    assert!(
-        err.contains("not acquired: the health check is failing"),
-        "{err}"
-    );
-    assert!(!err.contains("another leader"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "echo ran > $D/ran");
+    for extra in [&["--no-wait"][..], &["--wait", "1s"]] {
+        let args = [
+            &["--health-cmd", "exit 1", "--health-interval", "200ms"][..],
+            extra,
+        ]
+        .concat();
+        let (code, _, err) = run(&run_args("sick", &ep, &args, &job));
+        assert_eq!(code, 79, "{extra:?}: {err}");
+        assert!(
+            err.contains("not acquired: the health check is failing"),
+            "{err}"
+        );
+        assert!(!err.contains("another leader"), "{err}");
+        // -q leaves errors only; the exit code still says it.
+        let quiet = [&["-q"][..], &run_args("sick", &ep, &args, &job)].concat();
+        let (code, _, err) = run(&quiet);
+        assert_eq!((code, err.as_str()), (79, ""), "{extra:?}");
+    }
+    assert!(!dir.path().join("ran").exists());
+    assert!(etcd.keys("lead-exec/elections/sick/").is_empty());
 }

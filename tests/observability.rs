@@ -1055,6 +1055,7 @@ fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
             "hlog",
             &ep,
             &[
+                "-v",
                 "--health-cmd",
                 &check,
                 "--health-interval",
@@ -1071,7 +1072,7 @@ fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
     b.wait_log("not campaigning until the health check passes", secs(10));
     let log = b.log_text();
     assert!(
-        log.contains("campaigning -> campaigning on Unhealthy"),
+        log.contains("campaigning -> campaigning on a failing health check"),
         "no phase line for leaving the line:\n{log}"
     );
 }
@@ -1096,7 +1097,7 @@ fn a_failed_campaigns_phase_line_carries_no_backtrace() {
         &run_args(
             "bt",
             &ep,
-            &["--command-timeout", "1s"],
+            &["-v", "--command-timeout", "1s"],
             &job(dir.path(), "b"),
         ),
         &[("RUST_BACKTRACE", "1")],
@@ -1104,7 +1105,7 @@ fn a_failed_campaigns_phase_line_carries_no_backtrace() {
     b.wait_log("waiting behind", secs(10));
     // Refused connections fail the campaign's requests long before the lease runs out.
     etcd.members[0].kill();
-    b.wait_log("-> backing-off on Failed(Etcd", secs(15));
+    b.wait_log("-> backing-off on etcd failing", secs(15));
     let log = b.log_text();
     let line = log
         .lines()

@@ -261,7 +261,7 @@ fn a_second_stop_while_draining_logs_the_kill() {
     let mut w = spawn(
         dir.path(),
         "w",
-        &run_args_with(&WIDE_GRACE, "sig2", &etcd.endpoints(), &[], &s),
+        &run_args_with(&WIDE_GRACE, "sig2", &etcd.endpoints(), &["-v"], &s),
     );
     wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
     w.signal(libc::SIGTERM);
@@ -271,7 +271,7 @@ fn a_second_stop_while_draining_logs_the_kill() {
     assert_eq!(w.code(secs(5)), 137, "{}", w.log_text());
     let log = w.log_text();
     assert!(
-        log.contains("draining -> draining on Signal(15)"),
+        log.contains("draining -> draining on SIGTERM"),
         "no phase line for the second stop:\n{log}"
     );
 }

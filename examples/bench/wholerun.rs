@@ -70,7 +70,12 @@ pub(crate) fn wholerun(cx: &Cx) -> Result<Report> {
 /// One whole run: total ms, and for lead-exec the phase split from its log.
 pub(crate) fn wholerun_once(cx: &Cx, tool: Tool) -> Result<(f64, Option<[f64; 5]>)> {
     let election = cx.unique("whole");
-    let spec = WorkerSpec::fast(tool, &election, &cx.etcd.endpoint, "w", "true");
+    // -v: the steps ("campaigning -> elected", "leading -> done") are debug lines.
+    let args = [&harness::FAST[..], &["-v"]].concat();
+    let spec = WorkerSpec {
+        lead_exec_args: &args,
+        ..WorkerSpec::fast(tool, &election, &cx.etcd.endpoint, "w", "true")
+    };
     let wall0 = std::time::SystemTime::now();
     let t0 = Instant::now();
     let mut w = cx.spawn(spec)?;
@@ -89,10 +94,10 @@ pub(crate) fn wholerun_once(cx: &Cx, tool: Tool) -> Result<(f64, Option<[f64; 5]
         b.duration_since(a).map(ms).unwrap_or(0.0)
     };
     let (Some(e), Some(s), Some(x), Some(d)) = (
-        at("elected on Elected"),
+        at("-> elected on"),
         at("job started"),
         at("job ended"),
-        at("-> done"),
+        at("leading -> done"),
     ) else {
         return Ok((total, None));
     };

@@ -8,6 +8,7 @@ case $code in
   0)   echo "tick $tick: settled (or already settled by another worker)" ;;
   75)  echo "tick $tick: another worker leads; nothing to do" ;;
   76)  echo "tick $tick: leadership lost while running; the next leader continues" >&2 ;;
+  79)  echo "tick $tick: this worker's health check fails; it did not take part" >&2 ;;
   64)  echo "tick $tick: bad lead-exec arguments" >&2; exit 2 ;;
   69)  echo "tick $tick: etcd unavailable; skipping this tick" >&2 ;;
   77)  echo "tick $tick: etcd refused our credentials" >&2; exit 2 ;;

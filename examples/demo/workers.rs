@@ -300,15 +300,14 @@ pub(crate) fn tidy_log(line: &str, name: &str) -> String {
         .replace(&format!(" id={name}"), "")
 }
 
-/// lead-exec logs every state change; the demo shows only the lines that tell the story,
+/// lead-exec logs the job's start and end and what it waits for; the demo shows the lines that tell the story,
 /// plus anything that went wrong.
 pub(crate) fn interesting(line: &str) -> bool {
-    const KEEP: [&str; 5] = [
+    const KEEP: [&str; 4] = [
         "leading: job started",
         "waiting behind",
         "job ended",
         "watchdog",
-        "-> done",
     ];
     KEEP.iter().any(|k| line.contains(k))
         || line.starts_with("WARN")

@@ -116,7 +116,7 @@ impl Driver {
             let (next, actions, seen) = match phase {
                 Phase::Campaigning { attempt } => {
                     let ev = self.campaign(startup.take()).await?;
-                    let seen = format!("{ev:?}");
+                    let seen = ev.to_string();
                     if let CampaignEnd::NotAcquired { unhealthy: u } = ev {
                         unhealthy = u;
                     }
@@ -126,27 +126,27 @@ impl Driver {
                 Phase::BackingOff { attempt, wait } => {
                     let ev = self.backoff(wait).await;
                     let (next, actions) = lifecycle::backed_off(attempt, ev);
-                    (next, actions, format!("{ev:?}"))
+                    (next, actions, ev.to_string())
                 }
                 Phase::Delaying { token } => {
                     let ev = self.next_while_delaying().await;
                     let (next, actions) = lifecycle::delaying(token, ev, &policy);
-                    (next, actions, format!("{ev:?}"))
+                    (next, actions, ev.to_string())
                 }
                 Phase::Elected { token } => {
                     let ev = self.start().await?;
                     let (next, actions) = lifecycle::started(token, ev, &policy);
-                    (next, actions, format!("{ev:?}"))
+                    (next, actions, ev.to_string())
                 }
                 Phase::Leading { token } => {
                     let ev = self.next_term_event().await;
                     let (next, actions) = lifecycle::leading(token, ev, &policy);
-                    (next, actions, format!("{ev:?}"))
+                    (next, actions, ev.to_string())
                 }
                 Phase::Draining { token, why } => {
                     let ev = self.next_drain_event().await;
                     let (next, actions) = lifecycle::draining(token, why, ev, &policy);
-                    (next, actions, format!("{ev:?}"))
+                    (next, actions, ev.to_string())
                 }
                 Phase::Done(exit) => return Ok(Ended { exit, unhealthy }),
             };
@@ -170,8 +170,10 @@ impl Driver {
                     Action::Forward(_) | Action::HandOverIn(_) | Action::KeepTerm
                 )
             });
+            // Below the default level: a cron line's successful run says that the job
+            // started and how it ended (the term's own lines), not every step on the way.
             if next != phase || !quiet {
-                tracing::info!(
+                tracing::debug!(
                     election = self.cfg.election.name(),
                     id = self.cfg.id,
                     token = next.token().or(phase.token()),

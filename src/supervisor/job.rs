@@ -212,7 +212,7 @@ impl Job {
                         }
                         Some(Report::LeaderExited { .. }) => {}
                         Some(other) => {
-                            tracing::warn!("unexpected report from the watchdog: {other:?}");
+                            tracing::warn!("unexpected report from the watchdog: {}", other.name());
                         }
                         None => {}
                     },
@@ -310,7 +310,8 @@ impl Job {
             tracing::warn!(
                 pid = self.pid,
                 watchdog = wd,
-                "the job's main process exited and its watchdog has not said so in {silent:?} (stopped or frozen?); lead-exec stops the rest of the job itself"
+                "the job's main process exited and its watchdog has not said so in {} (stopped or frozen?); lead-exec stops the rest of the job itself",
+                crate::clock::human(silent)
             );
             self.reach().signal(nix::sys::signal::Signal::SIGTERM);
             self.stop_within(grace);
@@ -319,7 +320,8 @@ impl Job {
             tracing::warn!(
                 pid = self.pid,
                 watchdog = wd,
-                "the job has ended and its watchdog has not said so in {silent:?} (stopped or frozen?); killing the watchdog"
+                "the job has ended and its watchdog has not said so in {} (stopped or frozen?); killing the watchdog",
+                crate::clock::human(silent)
             );
             self.backstop_fired = true;
             self.watchdog.kill();

@@ -88,6 +88,21 @@ pub enum Report {
     },
 }
 
+impl Report {
+    /// The report's kind, for a log line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Report::Cgroup { .. } => "cgroup",
+            Report::Spawned { .. } => "spawned",
+            Report::ExecFailed { .. } => "exec failed",
+            Report::TooLate => "too late",
+            Report::SetupFailed { .. } => "setup failed",
+            Report::LeaderExited { .. } => "leader exited",
+            Report::Ended { .. } => "ended",
+        }
+    }
+}
+
 /// Bytes as hex, so that any byte but NUL survives one text line.
 fn hex(s: &mut String, bytes: &[u8]) {
     use std::fmt::Write;

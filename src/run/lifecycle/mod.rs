@@ -48,6 +48,9 @@ use crate::records::history::TermEnd;
 
 use super::signals::is_stopping;
 
+mod describe;
+pub use describe::SignalName;
+
 #[cfg(test)]
 mod tests;
 
