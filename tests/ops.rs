@@ -207,7 +207,8 @@ fn pause_stops_the_job_and_resume_restarts_it() {
 /// `pause X && start-maintenance` is safe: pause returns once the running job has stopped and
 /// its term is closed. `--no-block` returns once the pause is written.
 #[test]
-fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait() {
+fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait_while_status_shows_it_stopping(
+) {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
@@ -261,9 +262,35 @@ fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait() {
         !lines(&dir.path().join("log")).contains(&format!("end {t2}")),
         "--no-block waited for the job"
     );
+    // Meanwhile `status` shows the term being stopped, not its key as a waiting candidate.
+    let (code, out, err) = run(&["status", "pw", "--endpoints", &ep]);
+    let (_, json, _) = run(&["status", "pw", "--endpoints", &ep, "-o", "json"]);
+    if !lines(&dir.path().join("log")).contains(&format!("end {t2}")) {
+        assert_eq!(code, 3, "{err}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("stopping:  alpha (host "));
+        assert!(
+            line.is_some_and(|l| l.ends_with(&format!(
+                ", pid {}), token {t2}: its job is being stopped",
+                a.pid()
+            ))),
+            "{out}"
+        );
+        assert!(out.contains("waiting:   0"), "{out}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["stopping"][0]["token"], t2, "{json}");
+    }
     wait_line(&dir.path().join("log"), secs(10), |l| {
         l == format!("end {t2}")
     });
+    // Once its record is closed, it is gone from `status`.
+    let mut out = String::new();
+    let gone = wait_until(secs(10), || {
+        out = run(&["status", "pw", "--endpoints", &ep]).1;
+        !out.contains("stopping:")
+    });
+    assert!(gone, "{out}");
     drop(a);
 }
 

@@ -195,6 +195,21 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             "timeout_at_ms": since.zip(*timeout).map(|(s, t)| s + t),
         })
     };
+    // Terms whose key is still in line but no longer holds (a pause took the job away) and
+    // whose record is open: their jobs are being stopped. They are not waiting in line.
+    let stopping: Vec<&crate::records::history::Record> = recent
+        .iter()
+        .filter(|r| {
+            r.end.is_none()
+                && !holders.iter().any(|h| h.entry.token == r.token)
+                && line.waiting().iter().any(|w| w.token == r.token)
+        })
+        .collect();
+    let waiting: Vec<&Entry> = line
+        .waiting()
+        .iter()
+        .filter(|w| !stopping.iter().any(|r| r.token == w.token))
+        .collect();
     let paused = &line.paused;
     match a.output {
         Output::Json => {
@@ -203,8 +218,12 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                 "slots": line.slots,
                 "leader": holders.first().map(view),
                 "holders": holders.iter().map(view).collect::<Vec<_>>(),
-                "waiting": line.waiting(),
+                "waiting": waiting,
                 "draining": line.draining,
+                "stopping": stopping.iter().map(|r| json!({
+                    "id": r.id, "host": r.host, "pid": r.pid, "token": r.token,
+                    "since_ms": r.started_ms,
+                })).collect::<Vec<_>>(),
                 "unhealthy": unhealthy,
                 // A bool, as `watch -o json` has it; who paused, why and since when apart.
                 "paused": paused.is_some(),
@@ -282,6 +301,15 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             if holders.is_empty() && line.slots == 1 {
                 outln!("leader:    none");
             }
+            for r in &stopping {
+                outln!(
+                    "stopping:  {} (host {}, pid {}), token {}: its job is being stopped",
+                    escape(&r.id),
+                    escape(&r.host),
+                    r.pid,
+                    r.token
+                );
+            }
             if let Some(p) = paused {
                 outln!(
                     "paused:    yes, since {} by {}: {}",
@@ -292,7 +320,6 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
             } else {
                 outln!("paused:    no");
             }
-            let waiting = line.waiting();
             outln!("waiting:   {}", waiting.len());
             for (i, w) in waiting.iter().enumerate() {
                 outln!(
