@@ -1286,3 +1286,30 @@ fn a_term_whose_start_record_never_landed_is_recorded_whole_at_its_end() {
         w.log_text()
     );
 }
+
+/// A misspelled election name reads like an election without a leader: `status` and
+/// `history` say that nothing is known of it, so the typo is not taken for an outage.
+#[test]
+fn an_election_nothing_is_known_of_says_so_in_status_and_history() {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let (code, out, _) = run(&["status", "settelment", "--endpoints", &ep]);
+    assert_eq!(code, 3);
+    assert!(
+        out.contains("leader:    none (no candidates and no recorded terms: none has run yet, or the name is misspelled)"),
+        "{out}"
+    );
+    let (code, _, err) = run(&["history", "settelment", "--endpoints", &ep]);
+    assert_eq!(code, 0);
+    assert!(
+        err.contains("no terms recorded for election settelment"),
+        "{err}"
+    );
+    // An election that ran says nothing of the kind.
+    let (code, _, err) = run(&["run", "settlement", "--endpoints", &ep, "--", "true"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = run(&["status", "settlement", "--endpoints", &ep]);
+    assert!(out.contains("leader:    none\n"), "{out}");
+    let (_, _, err) = run(&["history", "settlement", "--endpoints", &ep]);
+    assert!(!err.contains("no terms recorded"), "{err}");
+}

@@ -16,6 +16,13 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
         HistoryCount::Last(n) => ctx.history(Some(n)).await?,
         HistoryCount::All => ctx.history(None).await?,
     };
+    if recs.is_empty() && a.count != HistoryCount::Last(0) {
+        // A misspelled name reads like an election that never ran: say which it could be.
+        tracing::warn!(
+            "no terms recorded for election {}: none has run yet, or the name is misspelled",
+            ctx.election.name()
+        );
+    }
     match a.output {
         // One document, as `status -o json` prints: an array, oldest first, `[]` when empty.
         Output::Json => {

@@ -298,7 +298,15 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                     d.slot, d.token
                 );
             }
-            if holders.is_empty() && line.slots == 1 {
+            let unknown = line.entries.is_empty()
+                && recent.is_empty()
+                && paused.is_none()
+                && unhealthy.is_empty()
+                && line.draining.is_empty();
+            if unknown {
+                // A misspelled name reads like an election without a leader: say which.
+                outln!("leader:    none (no candidates and no recorded terms: none has run yet, or the name is misspelled)");
+            } else if holders.is_empty() && line.slots == 1 {
                 outln!("leader:    none");
             }
             for r in &stopping {
