@@ -216,7 +216,7 @@ fn a_lease_etcd_says_is_gone_kills_the_job_without_grace() {
         "trap 'echo term >> $D/events' TERM; echo $$ > $D/pid; while :; do sleep 0.05; done",
     );
     let ep = etcd.endpoints();
-    let args = run_args_with(&WIDE_GRACE, "gone", &ep, &[], &job);
+    let args = run_args_with(&WIDE_GRACE, "gone", &ep, &["-v"], &job);
     let mut w = spawn(dir.path(), "w", &args);
     let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
     let key = etcd.keys("lead-exec/elections/gone/").remove(0);
@@ -231,7 +231,7 @@ fn a_lease_etcd_says_is_gone_kills_the_job_without_grace() {
         "the job got SIGTERM, not SIGKILL"
     );
     assert!(took < Duration::from_millis(1500), "{took:?}: not at once");
-    w.wait_log("on Lost(Expired)", secs(5));
+    w.wait_log("leading -> draining on lease expired", secs(5));
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
@@ -256,7 +256,7 @@ fn a_lease_answered_late_is_renewed_before_the_job_starts() {
         &WIDE_GRACE,
         "late",
         &ep,
-        &["--dial-timeout", "30s", "--command-timeout", "6s"],
+        &["-v", "--dial-timeout", "30s", "--command-timeout", "6s"],
         &job,
     );
     let mut w = spawn(dir.path(), "w", &args);

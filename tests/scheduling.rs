@@ -82,7 +82,13 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
     // A worker killed outright: its term never closes, and its lease runs out on the server.
     a.signal(libc::SIGKILL);
     a.wait(secs(5));
-    b.wait_log("ended uncleanly", secs(15));
+    // The log says what was judged: that term's record, never closed.
+    b.wait_log("the previous term ended uncleanly (term ", secs(15));
+    assert!(
+        b.log_text().contains(" ended: not recorded"),
+        "{}",
+        b.log_text()
+    );
     watch.expect(", job not started: takeover delay until ", secs(10));
     let elected = std::time::Instant::now();
     let (code, out, err) = run(&["status", "td", "--endpoints", &ep]);
@@ -502,6 +508,16 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
         "a request was left"
     );
     assert_eq!(lines(&dir.path().join("events")).len(), 3);
+    // a's term is recorded as preempted, by whom, not as resigned.
+    let (_, hist, _) = run(&["history", "pr", "--endpoints", &ep, "-o", "json"]);
+    let recs: Vec<serde_json::Value> = serde_json::from_str(&hist).unwrap();
+    let first = &recs[0];
+    assert_eq!(first["id"], "a", "{hist}");
+    assert_eq!(first["end"], "preempted", "{hist}");
+    assert_eq!(first["preempted_by"]["id"], "c", "{hist}");
+    assert_eq!(first["preempted_by"]["priority"], 10, "{hist}");
+    let (_, text, _) = run(&["history", "pr", "--endpoints", &ep]);
+    assert!(text.contains("preempted by c (priority 10)"), "{text}");
     for w in [&mut a, &mut b, &mut c] {
         w.signal(libc::SIGTERM);
     }
@@ -1465,7 +1481,7 @@ fn a_draining_holder_whose_key_was_deleted_still_shows_as_taking_its_slot() {
         &grace,
         "drs",
         &ep,
-        &["--slots", "2", "--id", "c", "--no-wait"],
+        &["-v", "--slots", "2", "--id", "c", "--no-wait"],
         "true",
     ));
     assert_eq!(c.0, 75, "{}", c.2);

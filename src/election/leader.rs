@@ -108,6 +108,8 @@ pub struct LeaderWatch {
     paused: String,
     resign: String,
     token: i64,
+    /// Who asked in the last preemption request: (priority, id).
+    preemptor: Option<(u32, String)>,
     /// The mod revision of the preemption request already reported: the re-read after a
     /// broken watch finds it again, and reporting it twice would make the leader judge it
     /// again in a loop.
@@ -130,6 +132,7 @@ impl LeaderWatch {
             resign: ctx.election.resign_key(),
             token,
             preempt_seen: None,
+            preemptor: None,
             rev: token,
             stream: None,
             moves: ctx.router.moves(),
@@ -192,6 +195,11 @@ impl LeaderWatch {
         }
     }
 
+    /// The candidate that asked for the term in the last preemption request: (priority, id).
+    pub fn preemptor(&self) -> Option<(u32, String)> {
+        self.preemptor.clone()
+    }
+
     /// What a resign request asks of us, if it names our token and was not reported yet.
     fn request(&mut self, kv: &etcd_client::KeyValue) -> Option<LeaderEvent> {
         let v = std::str::from_utf8(kv.value()).ok()?;
@@ -205,6 +213,10 @@ impl LeaderWatch {
                     return None;
                 }
                 self.preempt_seen = Some(kv.mod_revision());
+                // "preempt priority P by ID" (see `preempt_request`).
+                let priority = words.nth(1).and_then(|p| p.parse().ok());
+                let id = words.skip(1).collect::<Vec<_>>().join(" ");
+                self.preemptor = priority.map(|p| (p, id));
                 LeaderEvent::Preempted
             }
             _ => LeaderEvent::ResignRequested,

@@ -64,6 +64,9 @@ pub fn ended_text(r: &history::Record) -> Option<String> {
 
 /// How a term ended, marked when unclean (what `--takeover-delay` waits after).
 pub fn end_text(r: &history::Record) -> String {
+    if let (Some("preempted"), Some(p)) = (r.end.as_deref(), &r.preempted_by) {
+        return format!("preempted by {} (priority {})", p.id, p.priority);
+    }
     match r.end.as_deref() {
         None => "running".into(),
         Some(e) if r.ended_cleanly() => e.into(),

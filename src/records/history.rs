@@ -32,6 +32,8 @@ pub enum TermEnd {
     TimedOutThenSignal(i32),
     /// Stopped because the health check kept failing.
     Unhealthy,
+    /// Handed over to a waiting candidate of higher `--priority` (who: [`Record::preempted_by`]).
+    Preempted,
 }
 
 impl TermEnd {
@@ -54,6 +56,7 @@ impl std::fmt::Display for TermEnd {
             TermEnd::TimedOut => f.write_str("timed out"),
             TermEnd::TimedOutThenSignal(s) => write!(f, "timed out, then signal {s} to lead-exec"),
             TermEnd::Unhealthy => f.write_str("unhealthy"),
+            TermEnd::Preempted => f.write_str("preempted"),
         }
     }
 }
@@ -87,6 +90,16 @@ pub struct Record {
     /// gone. It ended (its lease ran out) at some time before this, Unix milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_before_ms: Option<u64>,
+    /// With the end `preempted`: the candidate of higher `--priority` that asked for the term.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<Preemptor>,
+}
+
+/// A waiting candidate of higher `--priority` that asked a leader to hand over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemptor {
+    pub id: String,
+    pub priority: u32,
 }
 
 impl Record {
@@ -110,6 +123,7 @@ impl Record {
             job_cgroup,
             timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
             ended_before_ms: None,
+            preempted_by: None,
         }
     }
 
@@ -154,6 +168,14 @@ impl Start {
     pub fn record(&self) -> &Record {
         match self {
             Start::Written(s) => &s.record,
+            Start::Unconfirmed(r) => r,
+        }
+    }
+
+    /// The record the end is written into, to add what only the end knows.
+    pub fn record_mut(&mut self) -> &mut Record {
+        match self {
+            Start::Written(s) => &mut s.record,
             Start::Unconfirmed(r) => r,
         }
     }
@@ -405,9 +427,10 @@ impl Ctx {
         Ok(recs)
     }
 
-    /// Whether the last term before `token` ended uncleanly (see [`Record::ended_cleanly`]). No
-    /// earlier term, or none that ran a job, is a clean start.
-    pub async fn previous_unclean(&self, token: i64) -> Result<bool> {
+    /// How the last term before `token` ended, if uncleanly (see [`Record::ended_cleanly`]):
+    /// its end as recorded, or "not recorded" for a record left open. No earlier term, or none
+    /// that ran a job, is a clean start (`None`).
+    pub async fn previous_unclean(&self, token: i64) -> Result<Option<String>> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
         let opts = GetOptions::new()
@@ -415,11 +438,19 @@ impl Ctx {
             .with_sort(SortTarget::Key, SortOrder::Descend)
             .with_limit(1);
         let resp = self.bounded(c.get(e.history_prefix(), Some(opts))).await?;
-        Ok(match resp.kvs().first() {
-            None => false,
-            Some(kv) => !serde_json::from_slice::<Record>(kv.value())
-                .map(|r| r.ended_cleanly())
-                .unwrap_or(false),
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        Ok(match serde_json::from_slice::<Record>(kv.value()) {
+            Ok(r) if r.ended_cleanly() => None,
+            Ok(r) => Some(format!(
+                "term {} ended: {}",
+                r.token,
+                r.end
+                    .as_deref()
+                    .unwrap_or("not recorded (its worker died, froze or lost its key)")
+            )),
+            Err(_) => Some("its record cannot be read".to_string()),
         })
     }
 }
@@ -490,6 +521,7 @@ mod tests {
             job_cgroup: None,
             timeout_ms: None,
             ended_before_ms: None,
+            preempted_by: None,
         }
     }
 

@@ -254,8 +254,8 @@ impl Driver {
                 let events = TermEvents::new(token, &candidacy.lease, watch, health);
                 let mut term = Term::new(token, key, slot, events);
                 let delay = self.takeover_delay_for(token, delay_turned_on).await;
-                if let Some(d) = delay {
-                    self.begin_takeover_delay(&candidacy.lease, &mut term, d)
+                if let Some((d, why)) = &delay {
+                    self.begin_takeover_delay(&candidacy.lease, &mut term, *d, why)
                         .await;
                 }
                 candidacy.term = Some(term);
@@ -329,48 +329,41 @@ impl Driver {
         })
     }
 
-    /// The takeover delay a new term owes: `--takeover-delay` when the term before it ended
-    /// uncleanly, or when that cannot be read (waiting is the safe side).
-    async fn takeover_delay_for(&self, token: i64, turned_on: bool) -> Option<Duration> {
+    /// The takeover delay a new term owes, with what was judged: `--takeover-delay` when the
+    /// term before it ended uncleanly, or when that cannot be read (waiting is the safe side).
+    async fn takeover_delay_for(&self, token: i64, turned_on: bool) -> Option<(Duration, String)> {
         let d = self.cfg.takeover_delay;
         if d.is_zero() {
             return None;
         }
-        let e = &self.cfg.election;
         if turned_on {
             // Earlier terms ran without a delay, so without a start record before their jobs:
             // the last record need not be the last term's. Only an election that never ran
             // a term (no record at all) starts at once.
             let ran = self.ctx.history(Some(1)).await;
             if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
-                tracing::warn!(
-                    election = e.name(),
-                    "this election ran without --takeover-delay until now: how its last term ended is unknown"
-                );
-                return Some(d);
+                let why = "this election ran without --takeover-delay until now, so how its last term ended is unknown";
+                return Some((d, why.to_string()));
             }
         }
         match self.ctx.previous_unclean(token).await {
-            Ok(false) => None,
-            Ok(true) => Some(d),
-            Err(err) => {
-                tracing::warn!(
-                    election = e.name(),
-                    "cannot read how the previous term ended ({err:#}); waiting out --takeover-delay"
-                );
-                Some(d)
-            }
+            Ok(None) => None,
+            Ok(Some(end)) => Some((d, format!("the previous term ended uncleanly ({end})"))),
+            Err(err) => Some((
+                d,
+                format!("how the previous term ended cannot be read ({err:#})"),
+            )),
         }
     }
 
     /// Starts `--takeover-delay` for the term just won: its end is the delaying phase's
-    /// timer, and `status` shows when the job is due.
-    async fn begin_takeover_delay(&self, lease: &Lease, term: &mut Term, d: Duration) {
+    /// timer, and `status` shows when the job is due. `why` is what was judged.
+    async fn begin_takeover_delay(&self, lease: &Lease, term: &mut Term, d: Duration, why: &str) {
         let token = term.token;
         tracing::warn!(
             election = self.cfg.election.name(),
             token,
-            "the previous term ended uncleanly: waiting --takeover-delay {} before starting the job",
+            "{why}: waiting --takeover-delay {} before starting the job",
             crate::clock::human(d)
         );
         metrics::takeover_delayed();

@@ -201,6 +201,14 @@ pub struct TermEvents {
 }
 
 impl TermEvents {
+    /// The candidate that asked for this term, if one of higher `--priority` did: for the
+    /// end record of a term handed over to it.
+    pub fn preemptor(&self) -> Option<crate::records::history::Preemptor> {
+        self.watch
+            .preemptor()
+            .map(|(priority, id)| crate::records::history::Preemptor { id, priority })
+    }
+
     pub fn new(
         token: i64,
         lease: &Lease,

@@ -362,11 +362,14 @@ impl Driver {
         };
         // The end record goes after the start record, or in its place: one still being written
         // is stopped, and goes in whole with the end.
-        let start = match term.start_record.take() {
+        let mut start = match term.start_record.take() {
             Some(StartRecord::Written(s)) => Some(Start::Written(s)),
             Some(StartRecord::Writing(w)) => Some(w.settle().await),
             None => None,
         };
+        if let (TermEnd::Preempted, Some(s)) = (reason, start.as_mut()) {
+            s.record_mut().preempted_by = term.events.preemptor();
+        }
         let (cfg, ctx) = (&self.cfg, &self.ctx);
         let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(term.slot);

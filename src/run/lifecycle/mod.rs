@@ -123,8 +123,10 @@ impl Phase {
 pub enum StopReason {
     Lost(Loss),
     Paused,
-    /// An operator's `lead-exec resign`, or a higher-priority candidate after `--min-term`.
+    /// An operator's `lead-exec resign`.
     Resigned,
+    /// A waiting candidate of higher `--priority`, after `--min-term`.
+    Preempted,
     /// A signal to lead-exec itself (TERM, INT, HUP, QUIT).
     Interrupted(i32),
     /// The job ran for `--timeout`.
@@ -414,7 +416,7 @@ pub fn leading<E>(token: i64, ev: TermEvent, p: &Policy) -> Step<E> {
         T::Signal(s) => stay(here, Action::Forward(s)),
         // The job keeps its --min-term; the request is judged when it is over.
         T::HandoverAsked { min_term_left } => stay(here, Action::HandOverIn(min_term_left)),
-        T::Outranked(Some(true)) => drain(token, StopReason::Resigned, stop),
+        T::Outranked(Some(true)) => drain(token, StopReason::Preempted, stop),
         T::Outranked(Some(false)) => stay(here, Action::KeepTerm),
         // etcd did not answer: ask again soon rather than stop the job on a request that may
         // have lapsed.
@@ -432,6 +434,11 @@ pub fn draining<E>(token: i64, why: StopReason, ev: DrainEvent, p: &Policy) -> S
                 S::Lost(_) => after_loss(p, Some(lost)),
                 S::Paused => requeue(Some(if by_watchdog { lost } else { TermEnd::Paused })),
                 S::Resigned => requeue(Some(if by_watchdog { lost } else { TermEnd::Resigned })),
+                S::Preempted => requeue(Some(if by_watchdog {
+                    lost
+                } else {
+                    TermEnd::Preempted
+                })),
                 S::Unhealthy => requeue(Some(if by_watchdog {
                     lost
                 } else {

@@ -79,6 +79,8 @@ fn each_end_is_recorded_with_its_reason() {
         (StopReason::Paused, false, TermEnd::Paused),
         (StopReason::Paused, true, TermEnd::LeaseLost),
         (StopReason::Resigned, false, TermEnd::Resigned),
+        (StopReason::Preempted, false, TermEnd::Preempted),
+        (StopReason::Preempted, true, TermEnd::LeaseLost),
         (StopReason::Unhealthy, false, TermEnd::Unhealthy),
         (StopReason::Interrupted(2), false, TermEnd::Signal(2)),
         (StopReason::Interrupted(2), true, TermEnd::LeaseLost),
@@ -353,7 +355,7 @@ fn a_handover_request_waits_for_min_term_and_lapses_with_its_candidate() {
     );
     assert_eq!(
         leading::<E>(TOKEN, TermEvent::Outranked(Some(true)), &CAMPAIGN),
-        (draining_phase(StopReason::Resigned), vec![STOP])
+        (draining_phase(StopReason::Preempted), vec![STOP])
     );
     assert_eq!(
         leading::<E>(TOKEN, TermEvent::Outranked(Some(false)), &CAMPAIGN),

@@ -82,6 +82,7 @@ fn all_phases() -> Vec<Phase> {
             StopReason::Lost(Loss::Deadline),
             StopReason::Paused,
             StopReason::Resigned,
+            StopReason::Preempted,
             StopReason::Interrupted(libc::SIGTERM),
             StopReason::TimedOut,
             StopReason::TimedOutThenInterrupted(libc::SIGTERM),
