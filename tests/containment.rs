@@ -384,3 +384,106 @@ fn without_a_proc_of_this_namespace_run_is_refused() {
     }
     assert!(etcd.keys("lead-exec/").is_empty(), "something was written");
 }
+
+/// A job run as root that mounts over /proc in lead-exec's own mount namespace hides its
+/// leftovers from every walk. What cannot be read counts as alive: the term is held, and no
+/// other leader starts, until the watchdog, which waits for its children without /proc, says
+/// they are gone. (Before, an empty walk read as "nothing left": lead-exec killed the
+/// watchdog, its orphan went to init, and the next leader's job ran beside it.)
+#[test]
+fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ep = etcd.endpoints();
+    let job = script(
+        d,
+        "setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
+         while :; do echo $FENCING_TOKEN >> $D/beats; sleep 0.05; done'; \
+         while [ ! -s $D/daemon ]; do sleep 0.01; done; \
+         mount -t tmpfs none /proc && echo masked > $D/masked; exit 0",
+    );
+    let mut args = vec!["-m", "--propagation", "private", bin()];
+    args.extend(run_args(
+        "hide",
+        &ep,
+        &["--id", "a", "--cgroup", "off"],
+        &job,
+    ));
+    let unshare = need_tool("unshare", "util-linux");
+    let mut a = spawn_program(&unshare, d, "a", &args, &[]);
+    let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
+    wait_line(&d.join("masked"), secs(10), |_| true);
+    let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
+    let mut b = spawn(d, "b", &run_args("hide", &ep, &["--id", "b"], &b_job));
+    a.wait_log("has not reported the job's group gone", secs(15));
+    // Two more seconds of the orphan's beats, counted by its own writes: no next term.
+    let beats = || lines(&d.join("beats")).len();
+    let then = beats();
+    assert!(
+        wait_until(secs(20), || beats() >= then + 40),
+        "the orphan stopped"
+    );
+    assert!(
+        !d.join("b").exists(),
+        "the next leader started beside the orphan:\n{}",
+        a.log_text()
+    );
+    // Once it is gone, the watchdog says so and the term ends as the job did.
+    signal(daemon, libc::SIGKILL);
+    let tb = wait_int(&d.join("b"), secs(15));
+    assert_eq!(a.code(secs(10)), 0, "{}", a.log_text());
+    let ta: i64 = lines(&d.join("beats"))[0].parse().unwrap();
+    assert!(tb > ta);
+    b.wait(secs(10));
+}
+
+/// A frozen watchdog cannot reap: the zombies of the job's killed processes pile up in its
+/// tree. Under a small descriptor limit (systemd's soft limit is 1,024), a walk that held a
+/// descriptor for each of them ran out before it reached the live ones, skipped those
+/// silently, and two such walks agreed that nothing was left: lead-exec killed the watchdog,
+/// and the escapees went to init. A zombie's descriptor is now closed at once, and a process
+/// that cannot be pinned counts as alive.
+#[test]
+fn a_frozen_watchdog_with_hundreds_of_escapees_under_a_small_descriptor_limit_leaves_none() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ep = etcd.endpoints();
+    let job = script(
+        d,
+        "trap 'exit 0' TERM; \
+         for i in $(seq 200); do setsid -f sh -c 'trap \"\" TERM; echo $$ >> $D/pids; exec sleep 1000'; done; \
+         setsid -f sh -c 'trap \"\" TERM; echo $$ >> $D/pids; echo $$ > $D/daemon; \
+           while :; do echo beat >> $D/beats; sleep 0.05; done'; \
+         while :; do sleep 0.05; done",
+    );
+    let run = run_args("frozen-emfile", &ep, &["--cgroup", "off"], &job);
+    let line = format!("ulimit -n 128; exec {} \"$@\"", bin());
+    let mut args = vec!["-c", line.as_str(), "sh"];
+    args.extend(run);
+    let mut a = spawn_program(Path::new("/bin/sh"), d, "a", &args, &[]);
+    let all = || lines(&d.join("pids")).len();
+    assert!(wait_until(secs(30), || all() >= 201), "{} escapees", all());
+    let watchdog = *children(a.pid()).first().expect("the watchdog");
+    let freezer = OtherCgroup::new("frozen-watchdog");
+    std::fs::write(freezer.0.join("cgroup.procs"), watchdog.to_string()).unwrap();
+    std::fs::write(freezer.0.join("cgroup.freeze"), "1").unwrap();
+    a.signal(libc::SIGTERM);
+    a.wait(secs(60));
+    let pids: Vec<i32> = lines(&d.join("pids"))
+        .iter()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &left {
+        signal(p, libc::SIGKILL);
+    }
+    let _ = std::fs::write(freezer.0.join("cgroup.freeze"), "0");
+    assert!(
+        left.is_empty(),
+        "{} of the job's processes outlived its term: {left:?}\n{}",
+        left.len(),
+        a.log_text()
+    );
+}

@@ -350,7 +350,7 @@ impl Reach<'_> {
             }
         }
         if let Some((view, root)) = self.tree {
-            for m in tree::walk(view, root) {
+            for m in tree::walk(view, root).members {
                 if m.live() && !done.contains(&m.pid) && !in_group(m.pid) {
                     let _ = m.signal(sig as i32);
                 }
@@ -368,7 +368,7 @@ impl Reach<'_> {
             };
         };
         let leader = self.leader.as_raw();
-        let members = tree::walk(view, root);
+        let tree::Walk { members, complete } = tree::walk(view, root);
         let cgroup = self.cgroup.map(pids_in).unwrap_or_default();
         // A member of the cgroup is judged as the tree found it (whatever /proc numbers it);
         // one the tree did not find, by /proc when /proc is ours, else as alive.
@@ -376,7 +376,9 @@ impl Reach<'_> {
             Some(m) => m.live(),
             None => !(view.is_own() && tree::doomed(p)),
         };
-        let alive = members.iter().any(tree::Member::live)
+        // A walk that could not read everything fails closed: what it missed may run.
+        let alive = !complete
+            || members.iter().any(tree::Member::live)
             || cgroup.iter().any(|&p| p != leader && cgroup_alive(p));
         let mut pids: Vec<i32> = members.iter().map(|m| m.pid).chain(cgroup).collect();
         pids.sort_unstable();

@@ -2,6 +2,7 @@
 //! killing it, and waiting for its end, with lead-exec as the second enforcer of D.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -246,8 +247,32 @@ impl Job {
                         self.abandon_at = None;
                         tracing::warn!(pid = self.pid, watchdog = self.watchdog.id(), "the watchdog has not reported the job's group gone; killing the watchdog");
                         // Its tree first, to the last process: what it re-parented would go
-                        // to init with it.
-                        self.kill_tree_before_the_watchdog().await;
+                        // to init with it. A watchdog that reports the group gone meanwhile
+                        // (what lead-exec could not see, it could: its children are its to
+                        // wait for) ends the chase, and the term ends as it says.
+                        let stop = Arc::new(AtomicBool::new(false));
+                        let mut chase = self.chase_the_tree(stop.clone());
+                        let reported = loop {
+                            tokio::select! {
+                                _ = &mut chase => break None,
+                                line = self.reports.next_line() => match line {
+                                    Ok(Some(l)) => {
+                                        if let Some(Report::Ended { status, cause, slack_ms }) = Report::decode(&l) {
+                                            break Some(JobEnd { status, cause, slack_ms });
+                                        }
+                                    }
+                                    // Gone: the chase goes on alone.
+                                    _ => {
+                                        let _ = (&mut chase).await;
+                                        break None;
+                                    }
+                                },
+                            }
+                        };
+                        stop.store(true, Ordering::Relaxed);
+                        if let Some(end) = reported {
+                            break end;
+                        }
                         self.watchdog.kill();
                     }
                 }
@@ -335,14 +360,14 @@ impl Job {
     }
 
     /// Kills the job's processes, walking the watchdog's tree again and again until nothing of
-    /// the job can run, before the watchdog itself is killed: while it lives, whatever the job
+    /// the job can run (or `stop` is set), before the watchdog itself is killed: while it lives, whatever the job
     /// re-parents goes to it and stays in reach; once it is dead, to init, out of reach. Off
     /// lead-exec's thread, since a tree that keeps forking takes many walks; it takes as long
     /// as the job's processes live, which is the promise (the term does not end before).
-    async fn kill_tree_before_the_watchdog(&self) {
+    fn chase_the_tree(&self, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
         let (pid, cgroup, view) = (self.pid, self.cgroup.clone(), self.view);
         let wd = self.watchdog.id() as i32;
-        let chase = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let reach = group::Reach {
                 leader: nix::unistd::Pid::from_raw(pid),
                 cgroup: cgroup.as_deref(),
@@ -350,7 +375,7 @@ impl Job {
             };
             let started = std::time::Instant::now();
             let mut said = std::time::Duration::ZERO;
-            loop {
+            while !stop.load(Ordering::Relaxed) {
                 reach.kill();
                 // Without a view of /proc there is no tree to walk: the group and the cgroup
                 // got their SIGKILL.
@@ -360,12 +385,11 @@ impl Job {
                 let spent = started.elapsed();
                 if spent >= said + CHASE_WARN_EVERY {
                     said = spent;
-                    tracing::warn!(pid, "processes of the job are still alive after {} of SIGKILLs; the term goes on until they are gone", crate::clock::human(spent));
+                    tracing::warn!(pid, "processes of the job are still alive (or /proc cannot show them all) after {} of SIGKILLs; the term goes on until they are gone", crate::clock::human(spent));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
-        });
-        let _ = chase.await;
+        })
     }
 
     /// Where the job's processes are: its group (the watchdog holds the group's leader

@@ -135,14 +135,40 @@ fn read_stat(apid: i32) -> Option<Stat> {
 
 /// The children of every thread of `apid`, in /proc's numbering.
 fn children_of(apid: i32) -> Vec<i32> {
+    children_checked(apid).unwrap_or_default()
+}
+
+/// [`children_of`], or the error that kept a thread's list from being read: a process that
+/// is gone has no `task` directory (`NotFound`), which is no failure of the caller's; any
+/// other error means children may exist that were not read.
+fn children_checked(apid: i32) -> std::io::Result<Vec<i32>> {
     let mut out = Vec::new();
-    let tasks = fs::read_dir(format!("/proc/{apid}/task"));
-    for task in tasks.into_iter().flatten().flatten() {
-        if let Ok(s) = fs::read_to_string(task.path().join("children")) {
-            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+    for task in fs::read_dir(format!("/proc/{apid}/task"))? {
+        match fs::read_to_string(task?.path().join("children")) {
+            Ok(s) => out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok())),
+            // The thread exited while we read.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
     }
-    out
+    Ok(out)
+}
+
+/// Whether /proc is procfs: a job run as root in our mount namespace can mount something
+/// else over it, and an empty directory there reads as a tree with nobody in it.
+fn proc_is_procfs() -> bool {
+    nix::sys::statfs::statfs("/proc")
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+}
+
+/// What one walk found.
+pub struct Walk {
+    pub members: Vec<Member>,
+    /// Every process of the tree was read. Not so when /proc is not procfs (hidden under
+    /// another mount), a list of children could not be read, or a process could not be
+    /// pinned (no descriptor left: a frozen watchdog's zombies can use them up): then more
+    /// may live than were found, and whoever judges the tree must count it as alive.
+    pub complete: bool,
 }
 
 /// One process of the tree, pinned.
@@ -151,7 +177,9 @@ pub struct Member {
     pub pid: i32,
     /// Its pid in /proc's namespace.
     apid: i32,
-    pidfd: OwnedFd,
+    /// Held while it can run; a zombie's is closed at once, so that a tree full of zombies
+    /// (whose reaper is frozen) does not use up the descriptors the live ones need.
+    pidfd: Option<OwnedFd>,
     /// Exited, not yet reaped: nothing to signal.
     pub zombie: bool,
     /// For a zombie, its status in waitpid's form (0 if it could not be read).
@@ -161,7 +189,10 @@ pub struct Member {
 impl Member {
     /// Sends `sig` to this process, never to another that took its pid since.
     pub fn signal(&self, sig: i32) -> std::io::Result<()> {
-        pidfd_send_signal(self.pidfd.as_raw_fd(), sig)
+        match &self.pidfd {
+            Some(fd) => pidfd_send_signal(fd.as_raw_fd(), sig),
+            None => Ok(()),
+        }
     }
 
     /// Neither exited nor [`doomed`]: a process that can still run code of the job.
@@ -201,26 +232,52 @@ pub enum Root {
     Child(i32),
 }
 
-/// Every descendant of `root`, parents before their children. A process that forks while
-/// this reads may be missed; callers that must leave nothing walk again.
-pub fn walk(view: &ProcView, root: Root) -> Vec<Member> {
+/// Every descendant of `root`, parents before their children, and whether all were read
+/// (see [`Walk::complete`]). A process that forks while this reads may be missed; callers
+/// that must leave nothing walk again.
+pub fn walk(view: &ProcView, root: Root) -> Walk {
     let top = match root {
         Root::Me => view.own_apid(),
         Root::Child(pid) => view.child_apid(pid),
     };
+    let mut complete = proc_is_procfs();
+    // The root is alive (it is us, or our child not yet reaped): not finding it means /proc
+    // does not show it.
     let Some(top) = top else {
-        return Vec::new();
+        return Walk {
+            members: Vec::new(),
+            complete: false,
+        };
     };
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let mut queue = vec![top];
     while let Some(parent) = queue.pop() {
-        for c in children_of(parent) {
+        let children = match children_checked(parent) {
+            Ok(c) => c,
+            // A descendant that exited meanwhile: its children went to the root, and the
+            // next walk finds them there. The root itself must be readable.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && parent != top => Vec::new(),
+            Err(_) => {
+                complete = false;
+                Vec::new()
+            }
+        };
+        for c in children {
             if !seen.insert(c) {
                 continue;
             }
             let Some(pid) = view.here(c) else { continue };
-            let Ok(pidfd) = pidfd_open(pid) else { continue };
+            let pidfd = match pidfd_open(pid) {
+                Ok(fd) => fd,
+                // Gone since the list was read.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                // EMFILE, ENFILE, ENOMEM: it may well be alive.
+                Err(_) => {
+                    complete = false;
+                    continue;
+                }
+            };
             // Pinned now; still the child we read (or re-parented to the root meanwhile)?
             let Some(st) = read_stat(c) else { continue };
             if st.ppid != parent && st.ppid != top {
@@ -232,7 +289,7 @@ pub fn walk(view: &ProcView, root: Root) -> Vec<Member> {
             out.push(Member {
                 pid,
                 apid: c,
-                pidfd,
+                pidfd: (!zombie).then_some(pidfd),
                 zombie,
                 exit_code: st.exit_code,
             });
@@ -241,7 +298,10 @@ pub fn walk(view: &ProcView, root: Root) -> Vec<Member> {
             }
         }
     }
-    out
+    Walk {
+        members: out,
+        complete,
+    }
 }
 
 /// A pidfd of our child `root`'s child `pid`, checked to be that child once pinned: lead-exec's
@@ -269,11 +329,13 @@ pub fn kill_all(view: &ProcView, root: Root, spare: &[i32]) {
     let until = std::time::Instant::now() + KILL_ALL_FOR;
     let mut signalled: HashSet<i32> = HashSet::new();
     loop {
-        let live: Vec<Member> = walk(view, root)
+        let w = walk(view, root);
+        let live: Vec<Member> = w
+            .members
             .into_iter()
             .filter(|m| m.live() && !spare.contains(&m.pid))
             .collect();
-        if live.is_empty() || std::time::Instant::now() >= until {
+        if (live.is_empty() && w.complete) || std::time::Instant::now() >= until {
             return;
         }
         let mut new = false;
@@ -281,6 +343,8 @@ pub fn kill_all(view: &ProcView, root: Root, spare: &[i32]) {
             let _ = m.signal(libc::SIGKILL);
             new |= signalled.insert(m.pid);
         }
+        // Nothing new to kill (or nothing readable): give what was killed time to show it,
+        // and free the descriptors its zombies no longer hold.
         if !new {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
@@ -295,6 +359,7 @@ const KILL_ALL_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 /// unreaped zombie: how a job ended whose watchdog cannot say.
 pub fn zombie_status(view: &ProcView, root: Root, pid: i32) -> Option<i32> {
     walk(view, root)
+        .members
         .into_iter()
         .find(|m| m.pid == pid && m.zombie)
         .map(|m| m.exit_code)
@@ -445,7 +510,13 @@ mod tests {
         // Never `Root::Me` here: the test process has other tests' children.
         let root = Root::Child(child.id() as i32);
         let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while walk(&view, root).iter().filter(|m| !m.zombie).count() < 2 {
+        while walk(&view, root)
+            .members
+            .iter()
+            .filter(|m| !m.zombie)
+            .count()
+            < 2
+        {
             assert!(std::time::Instant::now() < until, "the tree never grew");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
@@ -453,7 +524,7 @@ mod tests {
         // kill_all returns once a walk finds every process dead or no time is left; under a
         // loaded machine the last exits may still be under way, so look again for a while.
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while walk(&view, root).iter().any(Member::live) {
+        while walk(&view, root).members.iter().any(Member::live) {
             assert!(std::time::Instant::now() < until, "a descendant survived");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
