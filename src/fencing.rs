@@ -49,3 +49,27 @@ pub fn job_env(
     env.push((crate::metrics::CHECK_REFUSALS_VAR.to_string(), refusals));
     env
 }
+
+#[cfg(test)]
+mod tests {
+    /// The man pages' ENVIRONMENT section names every variable a job gets, with --run-key and
+    /// --metrics-addr (which add theirs).
+    #[test]
+    fn the_manual_names_every_variable_of_the_job() {
+        use clap::Parser;
+        let args = ["lead-exec", "run", "x", "--run-key", "k", "--", "true"];
+        let crate::cli::Command::Run(a) = crate::cli::Cli::try_parse_from(args).unwrap().command
+        else {
+            unreachable!()
+        };
+        let cfg = crate::config::RunConfig::from_args(&a).unwrap();
+        for (name, _) in super::job_env(&cfg, 2, 0, "k", 1) {
+            assert!(
+                crate::cli::manual::JOB_ENVIRONMENT
+                    .iter()
+                    .any(|(n, _)| *n == name),
+                "{name} is not in the manual"
+            );
+        }
+    }
+}

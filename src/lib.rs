@@ -66,7 +66,8 @@
 //!   [`config::exec`] the command against execve's limits); [`logging`] sets up tracing from
 //!   them, and `main` keeps the [`logging::Log`] it returns until exit, when its drop flushes
 //!   the queue of log lines.
-//! - [`cli`]: the flags as typed; clap stays here.
+//! - [`cli`]: the flags as typed; clap stays here, and the man pages are rendered from it,
+//!   with [`cli::manual`]'s exit status, environment, signals and examples.
 //! - [`election`]: key layout, [`election::lease`] (the lease and its revoke, with
 //!   [`election::lease::renewal`], the arithmetic of the deadline D, and
 //!   [`election::lease::keepalive`], the task that keeps the lease alive),

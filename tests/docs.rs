@@ -52,3 +52,41 @@ fn man_pages_cover_every_subcommand() {
         assert!(names.contains(&format!("lead-exec-{sub}.1")), "{names:?}");
     }
 }
+
+/// lead-exec(1) names only pages that exist, and every page has the sections an operator
+/// looks for beyond the flags.
+#[test]
+fn man_pages_name_only_pages_that_exist_and_have_exit_status_and_examples() {
+    let pages = lead_exec::cli::man_pages();
+    let names: Vec<&str> = pages.iter().map(|(n, _)| n.as_str()).collect();
+    let (_, top) = pages.iter().find(|(n, _)| n == "lead-exec.1").unwrap();
+    let top = String::from_utf8_lossy(top);
+    for word in top.split(|c: char| c.is_whitespace()) {
+        if let Some(page) = word
+            .strip_prefix("lead\\-exec\\-")
+            .and_then(|w| w.strip_suffix("(1)"))
+        {
+            let file = format!("lead-exec-{page}.1");
+            assert!(
+                names.contains(&file.as_str()),
+                "lead-exec(1) names {file}, which does not exist"
+            );
+        }
+    }
+    for (name, text) in &pages {
+        let text = String::from_utf8_lossy(text);
+        for section in [".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {
+            assert!(text.contains(section), "{name} has no {section}");
+        }
+    }
+    for (name, _) in pages
+        .iter()
+        .filter(|(n, _)| n == "lead-exec.1" || n == "lead-exec-run.1")
+    {
+        let text =
+            String::from_utf8_lossy(&pages.iter().find(|(n, _)| n == name).unwrap().1).into_owned();
+        for section in [".SH ENVIRONMENT", ".SH SIGNALS", "FENCING_TOKEN"] {
+            assert!(text.contains(section), "{name} has no {section}");
+        }
+    }
+}

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub mod manual;
+
 /// Run a command on exactly one of many workers, under an etcd lease, with a fencing token.
 #[derive(Debug, Parser)]
 #[command(
@@ -564,27 +566,32 @@ pub fn command() -> clap::Command {
 /// The man pages, as (file name, roff): `lead-exec.1` and one `lead-exec-SUB.1` per
 /// subcommand, rendered from this definition so they cannot drift from it.
 pub fn man_pages() -> Vec<(String, Vec<u8>)> {
-    let mut cmd = command();
+    // No `help` subcommand on the pages: lead-exec-help(1) would name a page that does not
+    // exist (`lead-exec help run` still works).
+    let mut cmd = command().disable_help_subcommand(true);
     cmd.build();
     let mut pages = Vec::new();
     let mut top = Vec::new();
     clap_mangen::Man::new(cmd.clone())
         .render(&mut top)
         .expect("rendering to memory cannot fail");
+    top.extend_from_slice(manual::extra_sections("").as_bytes());
     pages.push(("lead-exec.1".to_string(), top));
     for sub in cmd
         .get_subcommands()
         .filter(|s| !s.is_hide_set() && s.get_name() != "help")
     {
-        let name = format!("lead-exec-{}", sub.get_name());
+        let short = sub.get_name().to_string();
+        let name = format!("lead-exec-{short}");
         let sub = sub
             .clone()
             .name(name.clone())
-            .bin_name(format!("lead-exec {}", sub.get_name()));
+            .bin_name(format!("lead-exec {short}"));
         let mut buf = Vec::new();
         clap_mangen::Man::new(sub)
             .render(&mut buf)
             .expect("rendering to memory cannot fail");
+        buf.extend_from_slice(manual::extra_sections(&short).as_bytes());
         pages.push((format!("{name}.1"), buf));
     }
     pages
