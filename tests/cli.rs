@@ -773,3 +773,49 @@ fn no_wait_kept_out_by_its_own_failing_health_check_says_so_and_exits_79() {
     assert!(!dir.path().join("ran").exists());
     assert!(etcd.keys("lead-exec/elections/sick/").is_empty());
 }
+
+/// The job's command and arguments go to execve as the bytes they were given, as with flock,
+/// timeout, env and nice: a file name in Latin-1 is not refused. Flags and names are text: a
+/// non-UTF-8 one is refused with 64, naming it.
+#[test]
+fn the_command_is_passed_on_as_bytes_and_a_flag_that_is_not_utf8_is_named() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let etcd = Etcd::start();
+    let ep = etcd.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let latin1 = OsStr::from_bytes(b"caf\xe9");
+    let script = dir.path().join(OsStr::from_bytes(b"run-\xe9"));
+    std::fs::write(&script, "#!/bin/sh\nprintf '%s' \"$1\"\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = std::process::Command::new(bin())
+        .args(["run", "bytes", "--endpoints", &ep, "--"])
+        .arg(&script)
+        .arg(latin1)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(out.stdout, b"caf\xe9");
+    for (args, named) in [
+        (vec![&b"--id"[..], b"w\xe9"], "--id: "),
+        (vec![&b"--id=w\xe9"[..]], "--id: "),
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(["run", "bytes", "--endpoints", &ep])
+            .args(args.iter().map(|a| OsStr::from_bytes(a)))
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!("lead-exec: {named}'w\u{fffd}' is not valid UTF-8")),
+            "{err}"
+        );
+    }
+}

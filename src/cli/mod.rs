@@ -309,14 +309,16 @@ pub struct RunArgs {
     )]
     pub metrics_addr: Option<String>,
 
-    /// The command to run while leading, and its arguments.
+    /// The command to run while leading, and its arguments (passed on as bytes, as execve
+    /// takes them: they need not be UTF-8).
     #[arg(
         last = true,
         required = true,
         value_name = "COMMAND",
+        value_parser = clap::value_parser!(std::ffi::OsString),
         help_heading = "Job"
     )]
-    pub command: Vec<String>,
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -503,6 +505,9 @@ fn usage_text(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
             return format!("invalid value '{value}' for '{arg}': negative values are not allowed");
         }
     }
+    if e.kind() == ErrorKind::InvalidUtf8 {
+        return not_utf8(args);
+    }
     if e.kind() == ErrorKind::UnknownArgument {
         if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
             if negative(arg) {
@@ -550,6 +555,34 @@ fn usage_text(e: &clap::Error, args: &[std::ffi::OsString]) -> String {
         format!("{head} {}", rest.join(", "))
     } else {
         format!("{head} {}", rest.join(" "))
+    }
+}
+
+/// Which word before `--` is not UTF-8, and the flag it was given to: flags and names are
+/// text, only the job's command may be any bytes.
+fn not_utf8(args: &[std::ffi::OsString]) -> String {
+    let words: Vec<&std::ffi::OsString> = args.iter().take_while(|a| *a != "--").collect();
+    let Some(at) = words.iter().position(|w| w.to_str().is_none()) else {
+        return "invalid UTF-8 in the arguments".to_string();
+    };
+    let word = words[at].to_string_lossy();
+    let (flag, shown) = match word.split_once('=').filter(|(f, _)| f.starts_with('-')) {
+        Some((f, v)) => (Some(f.to_string()), v.to_string()),
+        None => (None, word.to_string()),
+    };
+    let flag = flag.or_else(|| {
+        at.checked_sub(1)
+            .and_then(|i| words[i].to_str())
+            .filter(|w| w.starts_with('-') && !w.contains('='))
+            .map(str::to_string)
+    });
+    match flag {
+        Some(f) => format!(
+            "{f}: '{shown}' is not valid UTF-8; flags take text (only the command after `--` may be any bytes)"
+        ),
+        None => format!(
+            "'{shown}' is not valid UTF-8; names and flags take text (only the command after `--` may be any bytes)"
+        ),
     }
 }
 

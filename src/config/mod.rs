@@ -71,7 +71,8 @@ pub struct RunConfig {
     /// `--min-term`: how long a leader is safe from preemption by priority.
     pub min_term: Duration,
     pub metrics_addr: Option<std::net::SocketAddr>,
-    pub command: Vec<String>,
+    /// As given: bytes, not necessarily UTF-8, as execve takes them.
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// A health check, as `--health-cmd`, `--health-interval` and `--health-failures` give it.

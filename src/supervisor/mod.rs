@@ -83,7 +83,7 @@ impl CgroupMode {
 /// What to run and how.
 #[derive(Debug, Clone)]
 pub struct JobSpec {
-    pub command: Vec<String>,
+    pub command: Vec<std::ffi::OsString>,
     pub env: Vec<(String, String)>,
     pub grace: Duration,
     pub cgroup: CgroupMode,

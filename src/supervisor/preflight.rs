@@ -60,17 +60,21 @@ pub fn proc_view() -> Result<()> {
 
 /// Checks the command before campaigning, so a typo is reported at once instead of after
 /// winning an election.
-pub fn preflight(cmd: &str) -> Result<()> {
+pub fn preflight(command: &std::ffi::OsStr) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
+    // The name as bytes (a file name need not be UTF-8); messages show it lossily.
+    let name = command.to_string_lossy();
+    let cmd = name.as_ref();
     // Joined to a PATH entry, an empty name would be the directory itself.
-    if cmd.is_empty() {
+    if command.is_empty() {
         return Err(exec_error(cmd, libc::ENOENT));
     }
-    let candidates: Vec<std::path::PathBuf> = if cmd.contains('/') {
-        vec![cmd.into()]
+    let candidates: Vec<std::path::PathBuf> = if command.as_bytes().contains(&b'/') {
+        vec![command.into()]
     } else {
         std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).map(|d| d.join(cmd)).collect())
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(command)).collect())
             .unwrap_or_default()
     };
     let mut found_unexecutable = false;

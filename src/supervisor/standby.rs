@@ -114,7 +114,7 @@ impl Standby {
             watchdog,
             grace,
         } = self.0.take().expect("a standby is launched once");
-        let argv: Vec<OsString> = spec.command.iter().map(OsString::from).collect();
+        let argv: Vec<OsString> = spec.command.clone();
         let deadline = Order::Deadline {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
@@ -199,7 +199,7 @@ impl Standby {
             }
             Report::ExecFailed { errno } => {
                 job.reap_watchdog();
-                Err(exec_error(&spec.command[0], errno))
+                Err(exec_error(&spec.command[0].to_string_lossy(), errno))
             }
             Report::SetupFailed { message } => {
                 job.reap_watchdog();
