@@ -65,7 +65,7 @@ pub fn locate(binary: &str, package: &str) -> Result<PathBuf, String> {
             Ok(p)
         } else {
             Err(format!(
-                "`{binary}` not found in {ETCD_DIR_VAR}={}: fetch it with `bash .ci/fetch-etcd trixie`",
+                "`{binary}` not found in {ETCD_DIR_VAR}={}: fetch it with `bash .ci/fetch-etcd sid`",
                 Path::new(&dir).display()
             ))
         };
