@@ -181,6 +181,48 @@ fn explain(conn: &Conn, e: anyhow::Error) -> anyhow::Error {
     e
 }
 
+/// The etcd release `version` (as its status call gives it, "3.5.16") lacks a lease fix that
+/// the fail-closed argument relies on: which, if so. Before 3.4.31 and 3.5.13 a stalled old
+/// etcd leader could go on answering keepalives or revoke leases late (etcd#15247); before
+/// 3.4.38, 3.5.23 and 3.6.5 a renewal could be reported as successful on a revoked lease.
+pub fn lease_fix_missing(version: &str) -> Option<&'static str> {
+    const STALE_LEADER: &str =
+        "a stalled old etcd leader may answer keepalives (etcd#15247; fixed in 3.4.31 and 3.5.13)";
+    const REVOKED: &str = "a renewal may be reported as successful on a revoked lease (fixed in 3.4.38, 3.5.23 and 3.6.5)";
+    let mut parts = version.trim().split('.').map(|p| {
+        p.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+            .ok()
+    });
+    let (Some(Some(major)), Some(Some(minor)), Some(Some(patch))) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    match (major, minor) {
+        (3, 0..=3) => Some(STALE_LEADER),
+        (3, 4) if patch < 31 => Some(STALE_LEADER),
+        (3, 4) if patch < 38 => Some(REVOKED),
+        (3, 5) if patch < 13 => Some(STALE_LEADER),
+        (3, 5) if patch < 23 => Some(REVOKED),
+        (3, 6) if patch < 5 => Some(REVOKED),
+        (0..=2, _) => Some(STALE_LEADER),
+        _ => None,
+    }
+}
+
+/// The server's version, by the status call of the member the client is pinned to; `None` if
+/// it does not answer within `timeout`.
+pub async fn server_version(client: &Client, timeout: Duration) -> Option<String> {
+    let mut c = client.clone();
+    bounded(timeout, c.status())
+        .await
+        .ok()
+        .map(|s| s.version().to_string())
+}
+
 /// How long to wait before asking again a cluster that has no leader at start-up.
 const NO_LEADER_RETRY: Duration = Duration::from_millis(100);
 
@@ -279,4 +321,29 @@ pub fn classify(e: etcd_client::Error) -> anyhow::Error {
     };
     let msg = if msg.is_empty() { format!("{e}") } else { msg };
     fail(if auth { Exit::Auth } else { Exit::Unavailable }, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_without_the_lease_fixes_are_named() {
+        for v in ["3.4.23", "3.4.30", "3.5.12", "3.3.27", "2.3.8"] {
+            assert!(lease_fix_missing(v).unwrap().contains("etcd#15247"), "{v}");
+        }
+        for v in [
+            "3.4.31", "3.4.37", "3.5.13", "3.5.16", "3.5.22", "3.6.0", "3.6.4",
+        ] {
+            assert!(
+                lease_fix_missing(v).unwrap().contains("revoked lease"),
+                "{v}"
+            );
+        }
+        for v in [
+            "3.4.38", "3.5.23", "3.5.30", "3.6.5", "3.7.0", "4.0.0", "garbage", "",
+        ] {
+            assert_eq!(lease_fix_missing(v), None, "{v}");
+        }
+    }
 }

@@ -56,6 +56,7 @@ struct Metrics {
     /// The file's size at the last scrape: counted refusals.
     checks_seen: Mutex<u64>,
     info: prometheus::IntGaugeVec,
+    etcd_info: prometheus::IntGaugeVec,
     slots: IntGauge,
     lease_ttl: Gauge,
     grace: Gauge,
@@ -213,6 +214,16 @@ fn metrics() -> Metrics {
                     "Always 1: the worker's --id and lead-exec's version, to join on",
                 ),
                 &["id", "version"],
+            ),
+        ),
+        etcd_info: made(
+            r,
+            prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "lead_exec_etcd_server_info",
+                    "Always 1: the etcd server's version, and whether it has the lease fixes lead-exec's fail-closed argument needs (absent until read)",
+                ),
+                &["version", "lease_fixes"],
             ),
         ),
         slots: made(
@@ -425,6 +436,14 @@ pub fn describe(election: &str, id: &str, slots: u32, grace: Duration) {
         .set(1);
     METRICS.slots.set(i64::from(slots));
     METRICS.grace.set(grace.as_secs_f64());
+}
+
+/// The etcd server's version, as read at start.
+pub fn etcd_server(version: &str, lease_fixes: bool) {
+    METRICS
+        .etcd_info
+        .with_label_values(&[version, if lease_fixes { "yes" } else { "no" }])
+        .set(1);
 }
 
 /// Adds `name="value"` to every sample, keeping each sample's labels sorted by name as the

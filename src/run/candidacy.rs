@@ -94,6 +94,12 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         let (c, conn) = (ctx.client.clone(), cfg.conn.clone());
         tokio::spawn(async move { etcd::probe(&c, &conn).await })
     };
+    // The server's version, beside the probe: a member's own answer, no commit, so it costs
+    // no time on the way to the job.
+    let version = {
+        let (c, t) = (ctx.client.clone(), cfg.conn.dial_timeout);
+        tokio::spawn(async move { etcd::server_version(&c, t).await })
+    };
     // Without a health check or a run key to consult first, the first campaign's lease grant
     // goes out beside the probe, on the connection it opens.
     let grant_beside_probe = cfg.health.is_none() && cfg.run_key.is_none();
@@ -113,6 +119,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         notify::ready();
         None
     };
+    judge_version(version, &cfg).await;
     if let Some(done) = already_done(&ctx, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
@@ -451,6 +458,26 @@ impl Driver {
         }
     }
 }
+
+/// Says once, before the first campaign, when etcd lacks a lease fix the fail-closed
+/// argument needs, and shows the version in the metrics. Waits for the answer at most a
+/// moment past the probe's (a member answers its status at once).
+async fn judge_version(version: JoinHandle<Option<String>>, cfg: &RunConfig) {
+    let Ok(Ok(Some(v))) = tokio::time::timeout(VERSION_WAIT, version).await else {
+        return;
+    };
+    let missing = etcd::lease_fix_missing(&v);
+    metrics::etcd_server(&v, missing.is_none());
+    if let Some(why) = missing {
+        tracing::warn!(
+            election = cfg.election.name(),
+            "etcd {v} lacks a lease fix: {why}; upgrade to 3.6.5, 3.5.23 or 3.4.38 or later"
+        );
+    }
+}
+
+/// How long the version's answer is waited for once the probe has answered.
+const VERSION_WAIT: Duration = Duration::from_millis(200);
 
 /// A lease for one campaign, kept alive from now on.
 pub async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
