@@ -487,3 +487,93 @@ fn a_frozen_watchdog_with_hundreds_of_escapees_under_a_small_descriptor_limit_le
         a.log_text()
     );
 }
+
+/// As above, with lead-exec's cgroup out of task slots (its pids.max reached, as a job's
+/// zombies under a frozen watchdog can fill systemd's TasksMax): no thread can be made for
+/// the chase. lead-exec chases on its own thread instead of panicking (exit 101) and leaving
+/// the job's processes to run on.
+#[test]
+fn a_full_pids_cgroup_does_not_stop_lead_exec_from_chasing_the_job() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ep = etcd.endpoints();
+    // The pids controller: on this kind of host, cgroup v1's (the unified tree has none).
+    let own = PidsCgroup::new("full-pids");
+    let job = script(
+        d,
+        "trap 'exit 0' TERM; \
+         for i in $(seq 40); do setsid -f sh -c 'trap \"\" TERM; echo $$ >> $D/pids; exec sleep 1000'; done; \
+         while :; do sleep 0.05; done",
+    );
+    let run = run_args("full-pids", &ep, &["--cgroup", "off"], &job);
+    let line = format!(
+        "echo $$ > {}/cgroup.procs && exec {} \"$@\"",
+        own.0.display(),
+        bin()
+    );
+    let mut args = vec!["-c", line.as_str(), "sh"];
+    args.extend(run);
+    let mut a = spawn_program(Path::new("/bin/sh"), d, "a", &args, &[]);
+    assert!(wait_until(secs(30), || lines(&d.join("pids")).len() >= 40));
+    let watchdog = *children(a.pid()).first().expect("the watchdog");
+    let freezer = OtherCgroup::new("full-pids-watchdog");
+    std::fs::write(freezer.0.join("cgroup.procs"), watchdog.to_string()).unwrap();
+    std::fs::write(freezer.0.join("cgroup.freeze"), "1").unwrap();
+    // Not one more task in lead-exec's cgroup.
+    let current = std::fs::read_to_string(own.0.join("pids.current")).unwrap();
+    std::fs::write(own.0.join("pids.max"), current.trim()).unwrap();
+    a.signal(libc::SIGTERM);
+    let status = a.wait(secs(60));
+    let pids: Vec<i32> = lines(&d.join("pids"))
+        .iter()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &left {
+        signal(p, libc::SIGKILL);
+    }
+    let _ = std::fs::write(own.0.join("pids.max"), "max");
+    let _ = std::fs::write(freezer.0.join("cgroup.freeze"), "0");
+    assert_ne!(
+        status.code(),
+        Some(101),
+        "lead-exec panicked:\n{}",
+        a.log_text()
+    );
+    assert!(
+        left.is_empty(),
+        "{} outlived the term: {left:?}\n{}",
+        left.len(),
+        a.log_text()
+    );
+}
+
+/// A cgroup v1 pids group for one test; its tasks are killed and it is removed on drop.
+struct PidsCgroup(PathBuf);
+
+impl PidsCgroup {
+    fn new(name: &str) -> PidsCgroup {
+        let root = Path::new("/sys/fs/cgroup/pids");
+        assert!(
+            root.join("cgroup.procs").exists(),
+            "no cgroup v1 pids hierarchy at {} (the kernel's pids controller, run as root)",
+            root.display()
+        );
+        let dir = root.join(format!("test-{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
+        PidsCgroup(dir)
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("pids.max"), "max");
+        for p in lines(&self.0.join("cgroup.procs")) {
+            if let Ok(p) = p.parse() {
+                signal(p, libc::SIGKILL);
+            }
+        }
+        wait_until(secs(2), || std::fs::remove_dir(&self.0).is_ok());
+    }
+}

@@ -286,8 +286,15 @@ impl Job {
             self.reap_watchdog();
         } else {
             // It reported the group gone and only exits now: nothing waits on that.
+            // A thread of its own, not tokio's pool, which panics when no thread can be made
+            // (a full pids cgroup): then only a look now, and a zombie left for the exit.
             let pid = nix::unistd::Pid::from_raw(self.watchdog.id() as i32);
-            tokio::task::spawn_blocking(move || nix::sys::wait::waitpid(pid, None));
+            let waiter = std::thread::Builder::new()
+                .name("reap-watchdog".into())
+                .spawn(move || nix::sys::wait::waitpid(pid, None));
+            if waiter.is_err() {
+                let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+            }
         }
         ended
     }
@@ -364,10 +371,15 @@ impl Job {
     /// re-parents goes to it and stays in reach; once it is dead, to init, out of reach. Off
     /// lead-exec's thread, since a tree that keeps forking takes many walks; it takes as long
     /// as the job's processes live, which is the promise (the term does not end before).
-    fn chase_the_tree(&self, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    ///
+    /// The chase runs on a thread of its own; where none can be made (a full pids cgroup,
+    /// which a job's zombies under a frozen watchdog can fill), on this one, holding up the
+    /// rest of lead-exec until it is done, rather than giving up on the job's processes.
+    fn chase_the_tree(&self, stop: Arc<AtomicBool>) -> tokio::sync::oneshot::Receiver<()> {
         let (pid, cgroup, view) = (self.pid, self.cgroup.clone(), self.view);
         let wd = self.watchdog.id() as i32;
-        tokio::task::spawn_blocking(move || {
+        let (done, chased) = tokio::sync::oneshot::channel();
+        let chase = move || {
             let reach = group::Reach {
                 leader: nix::unistd::Pid::from_raw(pid),
                 cgroup: cgroup.as_deref(),
@@ -389,7 +401,28 @@ impl Job {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
-        })
+        };
+        // Handed over through a slot: a thread that could not be made leaves the work in it.
+        let slot = Arc::new(Mutex::new(Some((chase, done))));
+        let theirs = slot.clone();
+        let spawned = std::thread::Builder::new()
+            .name("chase".into())
+            .spawn(move || {
+                let work = theirs.lock().map(|mut w| w.take()).ok().flatten();
+                if let Some((chase, done)) = work {
+                    chase();
+                    let _ = done.send(());
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread for the chase ({e}); chasing the job's processes on lead-exec's own thread");
+            let work = slot.lock().map(|mut w| w.take()).ok().flatten();
+            if let Some((chase, done)) = work {
+                chase();
+                let _ = done.send(());
+            }
+        }
+        chased
     }
 
     /// Where the job's processes are: its group (the watchdog holds the group's leader
