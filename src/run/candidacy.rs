@@ -119,7 +119,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         notify::ready();
         None
     };
-    judge_version(version, &cfg).await;
+    let etcd_warning = judge_version(version).await;
     if let Some(done) = already_done(&ctx, &cfg).await? {
         tracing::info!(
             election = cfg.election.name(),
@@ -146,6 +146,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
         give_up_at,
         last_token: None,
         warned_uncontained: false,
+        etcd_warning,
         candidacy: None,
     };
     Ok(Ok((driver, StartUp { probe, first_lease })))
@@ -459,21 +460,20 @@ impl Driver {
     }
 }
 
-/// Says once, before the first campaign, when etcd lacks a lease fix the fail-closed
-/// argument needs, and shows the version in the metrics. Waits for the answer at most a
-/// moment past the probe's (a member answers its status at once).
-async fn judge_version(version: JoinHandle<Option<String>>, cfg: &RunConfig) {
+/// Shows etcd's version in the metrics, and returns the warning it is worth when it lacks a
+/// lease fix the fail-closed argument needs: said when the first job starts, where it
+/// matters, so that a refusal stays one line and a worker that loses the race stays silent.
+/// Waits for the answer at most a moment past the probe's (a member answers its status at
+/// once).
+async fn judge_version(version: JoinHandle<Option<String>>) -> Option<String> {
     let Ok(Ok(Some(v))) = tokio::time::timeout(VERSION_WAIT, version).await else {
-        return;
+        return None;
     };
     let missing = etcd::lease_fix_missing(&v);
     metrics::etcd_server(&v, missing.is_none());
-    if let Some(why) = missing {
-        tracing::warn!(
-            election = cfg.election.name(),
-            "etcd {v} lacks a lease fix: {why}; upgrade to 3.6.5, 3.5.23 or 3.4.38 or later"
-        );
-    }
+    missing.map(|why| {
+        format!("etcd {v} lacks a lease fix: {why}; upgrade to 3.6.5, 3.5.23 or 3.4.38 or later")
+    })
 }
 
 /// How long the version's answer is waited for once the probe has answered.

@@ -98,6 +98,8 @@ pub struct Driver {
     last_token: Option<i64>,
     /// A job ran without a cgroup of its own, and the log said so: once per process.
     warned_uncontained: bool,
+    /// What etcd's version is worth saying (it lacks a lease fix), until the first job starts.
+    etcd_warning: Option<String>,
     /// Our lease, while we have one: in line, or holding a term on it.
     candidacy: Option<Candidacy>,
 }

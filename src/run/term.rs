@@ -313,6 +313,9 @@ impl Driver {
                     pid = job.pid,
                     "leading: job started"
                 );
+                if let Some(w) = self.etcd_warning.take() {
+                    tracing::warn!(election, "{w}");
+                }
                 metrics::leading(true);
                 metrics::job_started();
                 notify::status(&format!("leading, token {token}"));
