@@ -218,11 +218,11 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             // is a place where the job's processes could not be seen (64).
             supervisor::preflight(&cfg.command[0])?;
             supervisor::preflight::proc_view()?;
-            let ended = run::run(cfg.clone()).await?;
-            if let Exit::NotAcquired(_) | Exit::Unhealthy = ended.exit {
-                ops::status::report_not_acquired(&cfg, ended.unhealthy).await;
+            let exit = run::run(cfg.clone()).await?;
+            if let Exit::NotAcquired(_) | Exit::Unhealthy = exit {
+                ops::status::report_not_acquired(&cfg, exit == Exit::Unhealthy).await;
             }
-            Ok(ended.exit)
+            Ok(exit)
         }
         Command::Status(a) => ops::status::run(a).await,
         Command::Watch(a) => ops::watch::run(a).await,

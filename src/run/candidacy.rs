@@ -22,7 +22,7 @@ use super::events::{HealthFailures, TermEvents, Timer};
 use super::health::{self, Health};
 use super::lifecycle::{BackoffEnd, CampaignEnd, Cause};
 use super::term::{already_done, Term};
-use super::{signals, token_regressed, Driver, Ended, Failure};
+use super::{signals, token_regressed, Driver, Failure};
 
 /// Our lease, in line or holding a term on it.
 pub struct Candidacy {
@@ -74,7 +74,7 @@ const CONNECT_POLLS: usize = 4;
 
 /// Connects, probes etcd and starts what the first campaign needs; `Err` is how the run
 /// ended already (its run key was done).
-pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>> {
+pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>> {
     metrics::describe(cfg.election.name(), &cfg.id, cfg.slots, cfg.grace);
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr).await?;
@@ -126,10 +126,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Ended>
             run_key = done,
             "run key already done; not running the job"
         );
-        return Ok(Err(Ended {
-            exit: Exit::Ok,
-            unhealthy: false,
-        }));
+        return Ok(Err(Exit::Ok));
     }
     let give_up_at = match cfg.wait {
         Wait::For(d) => Some(Instant::now() + d),

@@ -42,16 +42,7 @@ use crate::metrics;
 use candidacy::{Candidacy, StartUp};
 use events::{next_drain_event, Around, Timer};
 use health::Health;
-use lifecycle::{Action, CampaignEnd, Phase, Policy, StopReason};
-
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ended {
-    pub exit: Exit,
-    /// It gave up ([`Exit::NotAcquired`]) because its own health check kept failing, not
-    /// because someone else holds the election.
-    pub unhealthy: bool,
-}
+use lifecycle::{Action, Phase, Policy, StopReason};
 
 /// An etcd error on the way, with what was being done.
 pub struct Failure {
@@ -69,7 +60,7 @@ impl std::fmt::Debug for Failure {
 }
 
 /// Runs until the job is done (or leadership is given up) and returns how it ended.
-pub async fn run(cfg: RunConfig) -> Result<Ended> {
+pub async fn run(cfg: RunConfig) -> Result<Exit> {
     let (mut driver, startup) = match candidacy::start_up(cfg).await? {
         Ok(started) => started,
         Err(done) => return Ok(done),
@@ -105,23 +96,19 @@ pub struct Driver {
 }
 
 impl Driver {
-    async fn drive(&mut self, startup: StartUp) -> Result<Ended> {
+    async fn drive(&mut self, startup: StartUp) -> Result<Exit> {
         let policy = Policy {
             on_loss: self.cfg.on_loss,
             conflict_exit_code: self.cfg.conflict_exit_code,
             no_wait: self.cfg.wait == Wait::No,
         };
         let mut startup = Some(startup);
-        let mut unhealthy = false;
         let mut phase = Phase::Campaigning { attempt: 0 };
         loop {
             let (next, actions, seen) = match phase {
                 Phase::Campaigning { attempt } => {
                     let ev = self.campaign(startup.take()).await?;
                     let seen = ev.to_string();
-                    if let CampaignEnd::NotAcquired { unhealthy: u } = ev {
-                        unhealthy = u;
-                    }
                     let (next, actions) = lifecycle::campaigned(attempt, ev, &policy);
                     (next, actions, seen)
                 }
@@ -150,7 +137,7 @@ impl Driver {
                     let (next, actions) = lifecycle::draining(token, why, ev, &policy);
                     (next, actions, ev.to_string())
                 }
-                Phase::Done(exit) => return Ok(Ended { exit, unhealthy }),
+                Phase::Done(exit) => return Ok(exit),
             };
             if let (
                 Phase::Leading { .. },
