@@ -465,20 +465,10 @@ fn a_frozen_watchdog_with_hundreds_of_escapees_under_a_small_descriptor_limit_le
     let mut a = spawn_program(Path::new("/bin/sh"), d, "a", &args, &[]);
     let all = || lines(&d.join("pids")).len();
     assert!(wait_until(secs(30), || all() >= 201), "{} escapees", all());
-    let watchdog = *children(a.pid()).first().expect("the watchdog");
-    let freezer = OtherCgroup::new("frozen-watchdog");
-    std::fs::write(freezer.0.join("cgroup.procs"), watchdog.to_string()).unwrap();
-    std::fs::write(freezer.0.join("cgroup.freeze"), "1").unwrap();
+    let freezer = freeze_the_watchdog_of(&a, "frozen-watchdog");
     a.signal(libc::SIGTERM);
     a.wait(secs(60));
-    let pids: Vec<i32> = lines(&d.join("pids"))
-        .iter()
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
-    for &p in &left {
-        signal(p, libc::SIGKILL);
-    }
+    let left = kill_those_alive(&d.join("pids"));
     let _ = std::fs::write(freezer.0.join("cgroup.freeze"), "0");
     assert!(
         left.is_empty(),
@@ -486,6 +476,30 @@ fn a_frozen_watchdog_with_hundreds_of_escapees_under_a_small_descriptor_limit_le
         left.len(),
         a.log_text()
     );
+}
+
+/// Moves lead-exec `a`'s watchdog into a cgroup v2 of its own and freezes it there: SIGCONT
+/// cannot wake it, and it reaps nothing. Thawed and removed with the returned cgroup.
+fn freeze_the_watchdog_of(a: &Worker, name: &str) -> OtherCgroup {
+    let watchdog = *children(a.pid()).first().expect("the watchdog");
+    let freezer = OtherCgroup::new(name);
+    std::fs::write(freezer.0.join("cgroup.procs"), watchdog.to_string()).unwrap();
+    std::fs::write(freezer.0.join("cgroup.freeze"), "1").unwrap();
+    freezer
+}
+
+/// The processes listed in `pids_file` that are still alive, SIGKILLed once found (for the
+/// next test's sake).
+fn kill_those_alive(pids_file: &Path) -> Vec<i32> {
+    let left: Vec<i32> = lines(pids_file)
+        .iter()
+        .filter_map(|p| p.parse().ok())
+        .filter(|&p| alive(p))
+        .collect();
+    for &p in &left {
+        signal(p, libc::SIGKILL);
+    }
+    left
 }
 
 /// As above, with lead-exec's cgroup out of task slots (its pids.max reached, as a job's
@@ -516,23 +530,13 @@ fn a_full_pids_cgroup_does_not_stop_lead_exec_from_chasing_the_job() {
     args.extend(run);
     let mut a = spawn_program(Path::new("/bin/sh"), d, "a", &args, &[]);
     assert!(wait_until(secs(30), || lines(&d.join("pids")).len() >= 40));
-    let watchdog = *children(a.pid()).first().expect("the watchdog");
-    let freezer = OtherCgroup::new("full-pids-watchdog");
-    std::fs::write(freezer.0.join("cgroup.procs"), watchdog.to_string()).unwrap();
-    std::fs::write(freezer.0.join("cgroup.freeze"), "1").unwrap();
+    let freezer = freeze_the_watchdog_of(&a, "full-pids-watchdog");
     // Not one more task in lead-exec's cgroup.
     let current = std::fs::read_to_string(own.0.join("pids.current")).unwrap();
     std::fs::write(own.0.join("pids.max"), current.trim()).unwrap();
     a.signal(libc::SIGTERM);
     let status = a.wait(secs(60));
-    let pids: Vec<i32> = lines(&d.join("pids"))
-        .iter()
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
-    for &p in &left {
-        signal(p, libc::SIGKILL);
-    }
+    let left = kill_those_alive(&d.join("pids"));
     let _ = std::fs::write(own.0.join("pids.max"), "max");
     let _ = std::fs::write(freezer.0.join("cgroup.freeze"), "0");
     assert_ne!(
