@@ -1,4 +1,4 @@
-//! No process of the job outlives its term, wherever it moves: the README's escape table,
+//! No process of the job outlives its term, wherever it moves: lead-exec-safety(7)'s escape table,
 //! cell by cell. Each cell runs a job that starts a heartbeating escapee one way or another
 //! and exits; a second worker of the same election then runs. The escapee's heartbeats must
 //! stop before the second worker's job starts, and never resume.

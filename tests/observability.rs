@@ -804,7 +804,7 @@ fn named(doc: &str) -> std::collections::BTreeSet<String> {
     names
 }
 
-/// The README without its SQL blocks: the fencing SQL names a table and a function
+/// A page without its SQL blocks: the fencing SQL names a table and a function
 /// `lead_exec_fence`, which are no metrics.
 fn without_sql(doc: &str) -> String {
     let mut out = String::new();
@@ -819,16 +819,23 @@ fn without_sql(doc: &str) -> String {
 }
 
 const RULES: &str = include_str!("../contrib/prometheus/lead-exec.rules.yml");
-const README: &str = include_str!("../README.md");
+/// The pages that name metrics: the operations reference (its table and fleet queries), the
+/// safety reference and the README.
+const OPERATIONS: &str = include_str!("../man/lead-exec-operations.7.md");
+const DOCS: [&str; 3] = [
+    OPERATIONS,
+    include_str!("../man/lead-exec-safety.7.md"),
+    include_str!("../README.md"),
+];
 const RULES_TESTS: &str = include_str!("../contrib/prometheus/lead-exec.rules.test.yml");
 
-/// The README's fleet queries (its `promql` block), each on one line.
-fn readme_queries() -> Vec<String> {
-    let block = README
+/// lead-exec-operations(7)'s fleet queries (its `promql` block), each on one line.
+fn documented_queries() -> Vec<String> {
+    let block = OPERATIONS
         .split("```promql\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
-        .expect("the README has a promql block");
+        .expect("lead-exec-operations(7) has a promql block");
     let mut queries = Vec::new();
     let mut query = Vec::new();
     for line in block.lines().chain([""]) {
@@ -867,8 +874,8 @@ fn the_dashboards_panels_query_only_what_promtool_tests() {
 }
 
 #[test]
-fn the_readmes_fleet_queries_are_the_ones_promtool_tests() {
-    let queries = readme_queries();
+fn the_documented_fleet_queries_are_the_ones_promtool_tests() {
+    let queries = documented_queries();
     assert!(queries.len() >= 3, "{queries:?}");
     assert!(
         queries.contains(&"sum by (election) (lead_exec_is_leader)".to_string()),
@@ -883,7 +890,7 @@ fn the_readmes_fleet_queries_are_the_ones_promtool_tests() {
 }
 
 #[test]
-fn every_metric_the_alert_rules_and_readme_name_is_exported_by_leader_and_candidate() {
+fn every_metric_the_alert_rules_and_docs_name_is_exported_by_leader_and_candidate() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let ep = etcd.endpoints();
@@ -959,13 +966,15 @@ fn every_metric_the_alert_rules_and_readme_name_is_exported_by_leader_and_candid
             "{who}:\n{text}"
         );
     }
-    // The README's table and queries: every name is exported by one of them.
+    // The pages' tables and queries: every name is exported by one of them.
     let both = format!("{old_leader}\n{new_leader}");
-    assert_eq!(
-        missing(&both, &named(&without_sql(README))),
-        Vec::<String>::new(),
-        "{both}"
-    );
+    for doc in DOCS {
+        assert_eq!(
+            missing(&both, &named(&without_sql(doc))),
+            Vec::<String>::new(),
+            "{both}"
+        );
+    }
     drop((a, b));
 }
 

@@ -422,14 +422,14 @@ fn a_frozen_old_leader_that_wakes_up_is_refused_by_postgres() {
     drop(b);
 }
 
-/// The README's fencing contract shows the SQL that these tests run, word for word.
+/// lead-exec-safety(7)'s fencing contract shows the SQL that these tests run, word for word.
 #[test]
-fn the_readme_shows_the_tested_fencing_sql() {
-    let readme = include_str!("../README.md");
+fn the_safety_page_shows_the_tested_fencing_sql() {
+    let readme = include_str!("../man/lead-exec-safety.7.md");
     let start = "```sql\n-- A PostgreSQL table as a fenced resource";
-    let at = readme
-        .find(start)
-        .expect("the README's fencing contract has no block starting with the file's first line");
+    let at = readme.find(start).expect(
+        "lead-exec-safety(7)'s fencing contract has no block starting with the file's first line",
+    );
     let block = &readme[at + "```sql\n".len()..];
     let block = &block[..block.find("```").unwrap()];
     assert_eq!(block, FENCING_SQL);

@@ -7,7 +7,7 @@
 //! - `fail_closed`: etcd unreachable, lost key, expired candidates
 //! - `availability`: riding through routine etcd trouble (connections kept, `--wait` per wait)
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
-//! - `containment`: no process of the job outlives its term, wherever it moves (the README's
+//! - `containment`: no process of the job outlives its term, wherever it moves (lead-exec-safety(7)'s
 //!   escape table: setsid, setpgid, cgroup moves, daemons, PID namespaces; root and not)
 //! - `interop`: coexistence with `etcdctl elect`
 //! - `chaos`: named faults on a three-member etcd, checked over a fenced ledger and a history
@@ -17,7 +17,8 @@
 //! - `scheduling`: the scheduling controls (`--timeout`, `--slots`)
 //! - `security`: TLS with client certificates, user/password auth
 //! - `observability`: metrics, logs, systemd notify, completions
-//! - `docs`: the man pages match the clap definition
+//! - `docs`: the man pages match the clap definition and their Markdown; the pages name only
+//!   flags, tests and pages that exist; the README's recipes run as written
 //! - `postgres`: the fencing contract on a real PostgreSQL (`contrib/postgres/fencing.sql`):
 //!   terms writing through it, a frozen old leader refused, concurrent writers interleaved
 //! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes,

@@ -120,8 +120,17 @@ pub fn extra_sections(sub: &str) -> String {
             ));
         }
     }
+    out.push_str(".SH \"SEE ALSO\"\n");
+    out.push_str(&roff(SEE_ALSO));
+    out.push('\n');
     out
 }
+
+/// Every page ends by naming the others that an operator reads next.
+const SEE_ALSO: &str = "lead-exec(1), lead-exec-run(1), lead-exec-status(1), lead-exec-pause(1), \
+lead-exec-operations(7) (settings in detail, operator commands, cron, systemd, metrics), \
+lead-exec-safety(7) (why it is safe, the fencing contract, where it stops), \
+lead-exec-development(7) (tests, benchmarks, source layout)";
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod manual;
+pub mod markdown;
 
 /// Run a command on exactly one of many workers, under an etcd lease, with a fencing token.
 #[derive(Debug, Parser)]
@@ -597,7 +598,8 @@ pub fn command() -> clap::Command {
 }
 
 /// The man pages, as (file name, roff): `lead-exec.1` and one `lead-exec-SUB.1` per
-/// subcommand, rendered from this definition so they cannot drift from it.
+/// subcommand, rendered from this definition so they cannot drift from it, and the reference
+/// pages of section 7, rendered from their Markdown.
 pub fn man_pages() -> Vec<(String, Vec<u8>)> {
     // No `help` subcommand on the pages: lead-exec-help(1) would name a page that does not
     // exist (`lead-exec help run` still works).
@@ -627,8 +629,29 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
         buf.extend_from_slice(manual::extra_sections(&short).as_bytes());
         pages.push((format!("{name}.1"), buf));
     }
+    for (file, markdown) in REFERENCE {
+        let roff = markdown::to_roff(markdown, env!("CARGO_PKG_VERSION"))
+            .unwrap_or_else(|e| panic!("man/{file}.md: {e}"));
+        pages.push((file.to_string(), roff.into_bytes()));
+    }
     pages
 }
+
+/// The reference in section 7, written in Markdown beside the pages rendered from it.
+pub const REFERENCE: [(&str, &str); 3] = [
+    (
+        "lead-exec-safety.7",
+        include_str!("../../man/lead-exec-safety.7.md"),
+    ),
+    (
+        "lead-exec-operations.7",
+        include_str!("../../man/lead-exec-operations.7.md"),
+    ),
+    (
+        "lead-exec-development.7",
+        include_str!("../../man/lead-exec-development.7.md"),
+    ),
+];
 
 #[cfg(test)]
 mod tests {

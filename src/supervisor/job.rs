@@ -478,7 +478,7 @@ impl Job {
     /// Nobody holds the group's leader unreaped any more, so this is the one place a reused
     /// pgid could be hit, and only in the instant after the watchdog itself was killed. What
     /// left both the group and the cgroup went to init with the watchdog's death, out of
-    /// reach: the README's escape table says so.
+    /// reach: lead-exec-safety(7)'s escape table says so.
     fn kill_orphaned(&self) {
         if let Some(cg) = &self.cgroup {
             group::Cgroup::kill_orphaned(cg);
