@@ -13,15 +13,19 @@
 //! can carry a smaller one; a resource that fences per slot then rejects it, which fails
 //! closed.
 
+use std::path::Path;
+
 use crate::config::RunConfig;
 
-/// The variables set for the job.
+/// The variables set for the job. `refusals` is the file its `lead-exec check` counts
+/// refusals in, with `--metrics-addr`.
 pub fn job_env(
     cfg: &RunConfig,
     token: i64,
     slot: u32,
     key: &str,
     lease: i64,
+    refusals: Option<&Path>,
 ) -> Vec<(String, String)> {
     let mut env = vec![
         ("FENCING_TOKEN".to_string(), token.to_string()),
@@ -43,7 +47,7 @@ pub fn job_env(
     }
     // Empty without --metrics-addr: a lead-exec run inside a job must not count its own job's
     // refusals in the outer lead-exec's file.
-    let refusals = crate::metrics::check_refusals_path()
+    let refusals = refusals
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
     env.push((crate::metrics::CHECK_REFUSALS_VAR.to_string(), refusals));
@@ -63,7 +67,7 @@ mod tests {
             unreachable!()
         };
         let cfg = crate::config::RunConfig::from_args(&a).unwrap();
-        for (name, _) in super::job_env(&cfg, 2, 0, "k", 1) {
+        for (name, _) in super::job_env(&cfg, 2, 0, "k", 1, Some(std::path::Path::new("/run/x"))) {
             assert!(
                 crate::cli::manual::JOB_ENVIRONMENT
                     .iter()

@@ -50,10 +50,14 @@
 //!
 //! - [`mod@run`]: `lead-exec run`. [`run::lifecycle`] is the pure state machine: one event
 //!   type and one step function per phase, each matching every event of its phase and no
-//!   other. The driver in [`mod@run`] holds the run's state in scopes, one type per lifetime
-//!   ([`run::candidacy::Candidacy`] for a lease, [`run::term::Term`] for a won term,
-//!   [`run::events::RunningJob`] for a job), waits for the next event of the phase it is in
-//!   ([`run::events::TermEvents`] for a term's), and carries out the step's actions;
+//!   other. The driver in [`mod@run`] (`run/mod.rs`) holds the run as one state: its phase
+//!   with exactly the scopes of that phase, one type per lifetime, each in its own file with
+//!   its behaviour: `run/candidacy.rs` for a lease ([`run::candidacy::Candidacy`]: the
+//!   campaign makes it, the revoke ends it), `run/term.rs` for a won term
+//!   ([`run::term::Term`]: the job's start, the end record that ends it), `run/events.rs`
+//!   for a job ([`run::events::RunningJob`]) and a term's event sources
+//!   ([`run::events::TermEvents`]). The driver waits for the next event of its state, and
+//!   carries out the step's actions on what the state holds;
 //!   [`run::signals`] is lead-exec's own signal listener; [`run::health`] runs
 //!   `--health-cmd`, each check under a guard that kills it when lead-exec goes. A new
 //!   per-term control takes one field on the term (or one source of its events), one

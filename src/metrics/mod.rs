@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 mod refusals;
 mod serve;
 
-pub use refusals::{check_refusals_path, check_refused, CHECK_REFUSALS_VAR};
+pub use refusals::{check_refused, CHECK_REFUSALS_VAR};
 pub use serve::serve;
 
 struct Metrics {
@@ -46,8 +46,6 @@ struct Metrics {
     healthy_registered: std::sync::Once,
     /// The election this process runs, set once by [`describe`]: every series carries it.
     election: OnceLock<String>,
-    /// When the key this candidate waited behind was seen deleted; taken by the next job start.
-    predecessor_gone: Mutex<Option<std::time::Instant>>,
     /// The file this process counts its jobs' `check` refusals in: one byte per refusal,
     /// appended by `lead-exec check` (see [`check_refused`]). A file, not a pipe or a socket:
     /// it needs no listener in the run loop, survives the job closing its descriptors or
@@ -189,7 +187,6 @@ fn metrics() -> Metrics {
         ),
         healthy_registered: std::sync::Once::new(),
         election: OnceLock::new(),
-        predecessor_gone: Mutex::new(None),
         check_file: OnceLock::new(),
         checks_seen: Mutex::new(0),
         preemptions: made(
@@ -385,14 +382,11 @@ pub fn lost(reason: &str) {
     METRICS.lost.with_label_values(&[reason]).inc();
 }
 
-pub fn job_started() {
+/// A job started; `handover_from` is when the key its term waited behind was deleted, for a
+/// term won by waiting in line.
+pub fn job_started(handover_from: Option<std::time::Instant>) {
     METRICS.job_starts.inc();
-    if let Some(gone) = METRICS
-        .predecessor_gone
-        .lock()
-        .expect("not poisoned")
-        .take()
-    {
+    if let Some(gone) = handover_from {
         METRICS.handover.observe(gone.elapsed().as_secs_f64());
     }
 }
@@ -476,16 +470,6 @@ pub fn stopped_at_deadline() {
 
 pub fn keepalive_failed() {
     METRICS.keepalive_failures.inc();
-}
-
-/// A new place in line: a deletion seen in an earlier one says nothing about this wait.
-pub fn queued() {
-    *METRICS.predecessor_gone.lock().expect("not poisoned") = None;
-}
-
-/// The key (or slot key) this candidate waited behind was deleted: the holder ahead ended.
-pub fn predecessor_gone() {
-    *METRICS.predecessor_gone.lock().expect("not poisoned") = Some(std::time::Instant::now());
 }
 
 #[cfg(test)]

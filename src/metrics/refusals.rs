@@ -6,7 +6,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::METRICS;
 
@@ -20,16 +20,11 @@ pub(super) struct CheckFile {
     file: File,
 }
 
-/// The path for the job's [`CHECK_REFUSALS_VAR`], once [`super::serve`] has created the file.
-pub fn check_refusals_path() -> Option<&'static Path> {
-    METRICS.check_file.get().map(|c| c.path.as_path())
-}
-
 /// Creates the refusals file, readable and writable by this user only, in the service's
 /// runtime directory (systemd's `RuntimeDirectory=`, removed when the service stops, even
 /// after a SIGKILL), else the user's (a tmpfs cleared at logout or boot), else the temporary
-/// one; removed at exit.
-pub(super) fn create_check_file() -> std::io::Result<()> {
+/// one; removed at exit. Returns its path, for the job's [`CHECK_REFUSALS_VAR`].
+pub(super) fn create_check_file() -> std::io::Result<PathBuf> {
     // systemd lists several directories with ':'; the first is this service's own.
     let service = std::env::var_os("RUNTIME_DIRECTORY").and_then(|v| {
         let v = v.to_string_lossy().into_owned();
@@ -55,6 +50,7 @@ pub(super) fn create_check_file() -> std::io::Result<()> {
         .mode(0o600)
         .open(&path)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let named = path.clone();
     if METRICS.check_file.set(CheckFile { path, file }).is_ok() {
         extern "C" fn remove_check_file() {
             if let Some(c) = METRICS.check_file.get() {
@@ -64,7 +60,7 @@ pub(super) fn create_check_file() -> std::io::Result<()> {
         // SAFETY: registers a plain function with no captured state, run by exit().
         unsafe { libc::atexit(remove_check_file) };
     }
-    Ok(())
+    Ok(named)
 }
 
 /// Brings the counter up to the refusals the file holds. A file cut short (truncated) counts

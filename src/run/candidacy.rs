@@ -4,57 +4,102 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
-use crate::election::campaign::{Campaign, Outcome, Wait};
+use crate::election::campaign::{Campaign, Learned, Outcome, Wait};
 use crate::election::leader::LeaderWatch;
 use crate::election::lease::{Lease, LeaseState};
 use crate::election::{unix_ms, Candidate, Ctx};
 use crate::exit::Exit;
+use crate::records::history::{Start, TermEnd};
 use crate::supervisor::Standby;
 use crate::{etcd, metrics, notify};
 
 use super::events::{HealthFailures, TermEvents, Timer};
 use super::health::{self, Health};
 use super::lifecycle::{BackoffEnd, CampaignEnd, Cause};
-use super::term::{already_done, Term};
-use super::{signals, token_regressed, Driver, Failure};
+use super::term::{already_done, Launcher, Term};
+use super::{signals, token_regressed, Driver, Env, Failure, Held};
 
-/// Our lease, in line or holding a term on it.
+/// Our lease, in line or holding a term on it. Only [`Candidacy::revoke`] ends it.
 pub struct Candidacy {
     pub lease: Lease,
-    /// The term we hold on this lease, once elected.
-    pub term: Option<Term>,
+    /// What the end of its term did to the key the lease holds.
+    pub closing: Closing,
+}
+
+/// How a term's end left the lease it ran on, for the revoke that follows.
+pub enum Closing {
+    /// Our key is still in line (or there was no term).
+    Open,
     /// The end record also deleted our key: the lease holds nothing any more, so revoking
     /// it can wait in the background (or be left to expire when lead-exec exits).
-    pub key_already_deleted: bool,
+    KeyDeleted,
+    /// The end record could not close the term in one commit with the key: the revoke
+    /// deletes the key first, so that the next term does not wait for the record, and the
+    /// record follows, guarded by itself since the key that guarded it is gone.
+    RecordAfterRevoke(Box<EndAfterRevoke>),
+}
+
+/// A term's end record, to be written once its lease is revoked.
+pub struct EndAfterRevoke {
+    pub token: i64,
+    pub start: Option<Start>,
+    pub reason: TermEnd,
 }
 
 impl Candidacy {
     fn new(lease: Lease) -> Candidacy {
         Candidacy {
             lease,
-            term: None,
-            key_already_deleted: false,
+            closing: Closing::Open,
         }
     }
 
-    /// Revokes the lease: a second at most before campaigning again or exiting; after that
-    /// the revoke goes on in the background with whole command timeouts, which a slow link
-    /// needs (see [`Lease::revoke`]). A term's own end waits longer for it (see
-    /// `Driver::record_end`).
-    pub async fn revoke(self, command_timeout: Duration) {
+    /// Revokes the lease, which deletes our key (and slot key): the next candidate takes
+    /// over at once. A second at most before campaigning again or exiting; after that the
+    /// revoke goes on in the background with whole command timeouts, which a slow link needs
+    /// (see [`Lease::revoke`]). A term whose record waits for the revoke waits longer for it.
+    pub async fn revoke(self, env: &Env) {
+        let command_timeout = env.cfg.conn.command_timeout;
         let wait = command_timeout.min(Duration::from_secs(1));
-        if self.key_already_deleted {
+        match self.closing {
             // Our key is gone already: nothing waits on this lease. If lead-exec exits
             // first, it simply expires.
-            tokio::spawn(self.lease.revoke(wait, command_timeout));
-        } else {
-            self.lease.revoke(wait, command_timeout).await;
+            Closing::KeyDeleted => {
+                tokio::spawn(self.lease.revoke(wait, command_timeout));
+            }
+            Closing::Open => {
+                self.lease.revoke(wait, command_timeout).await;
+            }
+            Closing::RecordAfterRevoke(end) => {
+                let EndAfterRevoke {
+                    token,
+                    start,
+                    reason,
+                } = *end;
+                let timeout = env.ctx.timeout;
+                if !self.lease.revoke(timeout, timeout).await {
+                    // etcd took neither: a third wait for the record would only delay the exit.
+                    tracing::warn!(token, "term end not recorded: etcd did not answer");
+                    return;
+                }
+                let written = env
+                    .ctx
+                    .record_end_after_release(token, start.as_ref(), reason)
+                    .await;
+                match written {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::debug!(token, "term end not recorded: the record changed")
+                    }
+                    Err(e) => tracing::warn!("history: {e:#}"),
+                }
+            }
         }
     }
 }
@@ -76,9 +121,10 @@ const CONNECT_POLLS: usize = 4;
 /// ended already (its run key was done).
 pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>> {
     metrics::describe(cfg.election.name(), &cfg.id, cfg.slots, cfg.grace);
-    if let Some(addr) = cfg.metrics_addr {
-        metrics::serve(addr).await?;
-    }
+    let refusals = match cfg.metrics_addr {
+        Some(addr) => metrics::serve(addr).await?,
+        None => None,
+    };
     // The first check runs while we connect.
     let health = cfg.health.clone().map(health::start);
     // A stop takes the grace, then the end record and the release (each within
@@ -133,327 +179,348 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>>
         _ => None,
     };
     let driver = Driver {
-        cfg,
-        ctx,
-        candidate,
+        env: Env {
+            cfg,
+            ctx,
+            candidate,
+            refusals,
+        },
         health,
-        standby: None,
         signals,
-        job_control,
+        launcher: Launcher {
+            standby: None,
+            job_control,
+            warned_uncontained: false,
+        },
         give_up_at,
         last_token: None,
-        warned_uncontained: false,
         etcd_warning,
-        candidacy: None,
     };
     Ok(Ok((driver, StartUp { probe, first_lease })))
 }
 
-impl Driver {
-    /// Grants a fresh lease and campaigns on it, until elected, refused or interrupted. The
-    /// lease stays ours (`self.candidacy`) whatever the outcome: leaving the candidacy is a
-    /// decision of the step, carried out by revoking it.
-    pub(super) async fn campaign(
-        &mut self,
-        startup: Option<StartUp>,
-    ) -> Result<CampaignEnd<Failure>> {
-        let started = Instant::now();
-        if let Wait::For(d) = self.cfg.wait {
-            // `--wait` also bounds retries after etcd trouble; after a term it counts afresh.
-            let give_up_at = *self.give_up_at.get_or_insert(started + d);
-            if started >= give_up_at {
-                return Ok(CampaignEnd::NotAcquired { unhealthy: false });
-            }
+/// What a campaign uses of the process, lent for one campaign.
+pub struct Ask<'a> {
+    pub env: &'a Env,
+    pub signals: &'a mut mpsc::UnboundedReceiver<i32>,
+    pub health: &'a mut Option<watch::Receiver<Health>>,
+    /// When `--wait` gives up: set by the first campaign after a term.
+    pub give_up_at: &'a mut Option<Instant>,
+    /// The previous term's token, and after a won campaign, this one's.
+    pub last_token: &'a mut Option<i64>,
+    /// Where the watchdog for the next job is started ahead.
+    pub launcher: &'a mut Launcher,
+}
+
+/// Grants a fresh lease and campaigns on it, until elected, refused or interrupted. The lease
+/// stays ours (in what is returned) whatever the outcome: leaving the candidacy is a decision
+/// of the step, carried out by revoking it.
+pub async fn campaign(
+    ask: Ask<'_>,
+    startup: Option<StartUp>,
+) -> Result<(CampaignEnd<Failure>, Held)> {
+    let Ask {
+        env,
+        signals,
+        health,
+        give_up_at,
+        last_token,
+        launcher,
+    } = ask;
+    let cfg = &env.cfg;
+    let started = Instant::now();
+    if let Wait::For(d) = cfg.wait {
+        // `--wait` also bounds retries after etcd trouble; after a term it counts afresh.
+        let give_up = *give_up_at.get_or_insert(started + d);
+        if started >= give_up {
+            return Ok((CampaignEnd::NotAcquired { unhealthy: false }, Held::Nothing));
         }
-        if let Some(ev) = self.wait_healthy().await {
-            return Ok(ev);
+    }
+    if let Some(ev) = wait_healthy(env, signals, health, *give_up_at).await {
+        return Ok((ev, Held::Nothing));
+    }
+    // The watchdog starts while we campaign: a won term then pays only for the job's own fork
+    // and exec.
+    if launcher.standby.is_none() {
+        launcher.standby = start_watchdog_ahead(cfg);
+    }
+    let started = Instant::now();
+    let granted = match startup {
+        Some(s) => first_grant(env, s).await?,
+        None => grant(&env.ctx, cfg).await,
+    };
+    let lease = match granted {
+        Ok(l) => l,
+        Err(error) => {
+            let failed = CampaignEnd::Failed(Cause::Etcd(Failure {
+                what: "cannot grant a lease",
+                error,
+            }));
+            return Ok((failed, Held::Nothing));
         }
-        // The watchdog starts while we campaign: a won term then pays only for the job's own
-        // fork and exec.
-        if self.standby.is_none() {
-            self.standby = start_watchdog_ahead(&self.cfg);
-        }
-        let started = Instant::now();
-        let granted = match startup {
-            Some(s) => self.first_grant(s).await?,
-            None => grant(&self.ctx, &self.cfg).await,
+    };
+    let election = cfg.election.name().to_string();
+    let outcome = {
+        let camp = Campaign {
+            client: &env.ctx.client,
+            router: &env.ctx.router,
+            election: &cfg.election,
+            lease: &lease,
+            value: env.candidate.encode(),
+            wait: cfg.wait,
+            give_up_at: *give_up_at,
+            timeout: cfg.conn.command_timeout,
+            priority: cfg.priority,
+            slots: cfg.slots,
+            takeover_delay: cfg.takeover_delay,
         };
-        let lease = match granted {
-            Ok(l) => l,
-            Err(error) => {
-                return Ok(CampaignEnd::Failed(Cause::Etcd(Failure {
-                    what: "cannot grant a lease",
-                    error,
-                })))
-            }
-        };
-        let value = self.candidate.encode();
-        let election = self.cfg.election.name().to_string();
-        let (outcome, delay_turned_on) = {
-            let camp = Campaign {
-                client: &self.ctx.client,
-                router: &self.ctx.router,
-                election: &self.cfg.election,
-                lease: &lease,
-                value,
-                wait: self.cfg.wait,
-                give_up_at: self.give_up_at,
-                timeout: self.cfg.conn.command_timeout,
-                priority: self.cfg.priority,
-                slots: self.cfg.slots,
-                takeover_delay: self.cfg.takeover_delay,
-                delay_turned_on: Default::default(),
-            };
-            let mut last_wait = None;
-            let run = camp.run(|w| {
-                if last_wait.as_ref() != Some(w) {
-                    tracing::info!(election, "{w}");
-                    if let Some(status) = w.status() {
-                        notify::status(&status);
-                    }
-                    last_wait = Some(w.clone());
+        let mut last_wait = None;
+        let run = camp.run(|w| {
+            if last_wait.as_ref() != Some(w) {
+                tracing::info!(election, "{w}");
+                if let Some(status) = w.status() {
+                    notify::status(&status);
                 }
+                last_wait = Some(w.clone());
+            }
+        });
+        let mut failing = HealthFailures::new(health.clone());
+        tokio::select! {
+            out = run => Ok(out),
+            signal = stopping(signals) => Err(CampaignEnd::Interrupted { signal }),
+            _ = failing.failing() => {
+                tracing::warn!(election, "the health check is failing; leaving the line until it passes");
+                Err(CampaignEnd::Unhealthy)
+            }
+        }
+    };
+    // Ours until the step decides otherwise: the revoke takes our key out of the line.
+    let candidacy = Candidacy::new(lease);
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(ev) => return Ok((ev, Held::Lease(candidacy))),
+    };
+    let (token, key, slot, learned) = match outcome {
+        Ok((Outcome::Elected { token, key, slot }, learned)) => (token, key, slot, learned),
+        Ok((Outcome::NotAcquired, _)) => {
+            let ev = CampaignEnd::NotAcquired { unhealthy: false };
+            return Ok((ev, Held::Lease(candidacy)));
+        }
+        Ok((Outcome::Lost(r), _)) => {
+            tracing::warn!(election, "candidacy lost while queued: {}", r.as_str());
+            let ev = CampaignEnd::Failed(Cause::CandidacyLost(r));
+            return Ok((ev, Held::Lease(candidacy)));
+        }
+        // A refusal (a slot count the election does not run with) would only repeat.
+        Err(error) if crate::exit::exit_of(&error) == Exit::Usage => {
+            let ev = CampaignEnd::Refused(Failure {
+                what: "campaign refused",
+                error,
             });
-            let mut health = HealthFailures::new(self.health.clone());
-            let outcome = tokio::select! {
-                out = run => Ok(out),
-                signal = stopping(&mut self.signals) => Err(CampaignEnd::Interrupted { signal }),
-                _ = health.failing() => {
-                    tracing::warn!(election, "the health check is failing; leaving the line until it passes");
-                    Err(CampaignEnd::Unhealthy)
-                }
-            };
-            let turned_on = camp
-                .delay_turned_on
-                .load(std::sync::atomic::Ordering::Relaxed);
-            (outcome, turned_on)
-        };
-        // Ours until the step decides otherwise: the revoke takes our key out of the line.
-        let mut candidacy = Candidacy::new(lease);
-        let outcome = match outcome {
-            Ok(o) => o,
-            Err(ev) => {
-                self.candidacy = Some(candidacy);
-                return Ok(ev);
-            }
-        };
-        let ev = match outcome {
-            Ok(Outcome::Elected { token, key, slot }) => {
-                if token_regressed(self.last_token, token) {
-                    tracing::error!(
-                        election,
-                        previous = self.last_token,
-                        token,
-                        "the fencing token went backwards: etcd's revisions were reset (wiped or restored without --bump-revision); resources that check tokens will reject this term"
-                    );
-                    metrics::token_regressed();
-                }
-                self.last_token = Some(token);
-                metrics::elected(token, slot, started.elapsed());
-                // A new term's lease is fresh: the gauge must not read 0 until the first renewal.
-                if let LeaseState::Alive { deadline } = candidacy.lease.state() {
-                    metrics::ttl_remaining(deadline.remaining());
-                }
-                let watch = LeaderWatch::new(&self.ctx, &key, token);
-                let health = HealthFailures::new(self.health.clone());
-                let events = TermEvents::new(token, &candidacy.lease, watch, health);
-                let mut term = Term::new(token, key, slot, events);
-                let delay = self.takeover_delay_for(token, delay_turned_on).await;
-                if let Some((d, why)) = &delay {
-                    self.begin_takeover_delay(&candidacy.lease, &mut term, *d, why)
-                        .await;
-                }
-                candidacy.term = Some(term);
-                CampaignEnd::Elected {
-                    token,
-                    delay: delay.is_some(),
-                }
-            }
-            Ok(Outcome::NotAcquired) => CampaignEnd::NotAcquired { unhealthy: false },
-            Ok(Outcome::Lost(r)) => {
-                tracing::warn!(election, "candidacy lost while queued: {}", r.as_str());
-                CampaignEnd::Failed(Cause::CandidacyLost(r))
-            }
-            // A refusal (a slot count the election does not run with) would only repeat.
-            Err(e) if crate::exit::exit_of(&e) == Exit::Usage => {
-                let t = self.cfg.conn.command_timeout;
-                candidacy.lease.revoke(t, t).await;
-                return Err(e);
-            }
-            Err(error) => CampaignEnd::Failed(Cause::Etcd(Failure {
+            return Ok((ev, Held::Lease(candidacy)));
+        }
+        Err(error) => {
+            let ev = CampaignEnd::Failed(Cause::Etcd(Failure {
                 what: "campaign failed",
                 error,
-            })),
-        };
-        self.candidacy = Some(candidacy);
-        Ok(ev)
-    }
-
-    /// The first campaign's lease, granted at start-up beside the probe. What etcd says to
-    /// the probe still decides the start: unreachable or refusing us (exit 69 or 77; a lease
-    /// grant may succeed where reading our keys is not allowed), or, if it answers and the
-    /// grant did not (a leader election that the probe waited out), a grant again at once.
-    /// The candidate key is created only after both, so a worker that gives up at start may
-    /// leave an empty lease behind, never a key in line.
-    ///
-    /// Start-up is bounded by `--dial-timeout`, the probe's bound: a grant still in flight
-    /// when the probe gives up is abandoned (its lease, if the server grants it after all,
-    /// holds no key and expires), not waited for through `--command-timeout`.
-    async fn first_grant(&mut self, startup: StartUp) -> Result<Result<Lease>> {
-        let Some(first) = startup.first_lease else {
-            return Ok(grant(&self.ctx, &self.cfg).await);
-        };
-        let lease = match startup.probe {
-            None => first.await?,
-            Some(probe) => match probe.await? {
-                Ok(()) => first.await?,
-                // A granted lease proves a quorum that answers: a probe that only ran out of
-                // time waited for that grant's commit (slow disks make a linearizable read
-                // wait for the commits in flight).
-                Err(e) if crate::exit::exit_of(&e) == Exit::Unavailable && first.is_finished() => {
-                    match first.await? {
-                        Ok(l) => {
-                            tracing::debug!(
-                                "start-up probe: {e:#}; the lease was granted meanwhile"
-                            );
-                            Ok(l)
-                        }
-                        Err(_) => return Err(e),
-                    }
-                }
-                Err(e) => {
-                    first.abort();
-                    return Err(e);
-                }
-            },
-        };
-        notify::ready();
-        Ok(match lease {
-            Ok(l) => Ok(l),
-            Err(_) => grant(&self.ctx, &self.cfg).await,
-        })
-    }
-
-    /// The takeover delay a new term owes, with what was judged: `--takeover-delay` when the
-    /// term before it ended uncleanly, or when that cannot be read (waiting is the safe side).
-    async fn takeover_delay_for(&self, token: i64, turned_on: bool) -> Option<(Duration, String)> {
-        let d = self.cfg.takeover_delay;
-        if d.is_zero() {
-            return None;
+            }));
+            return Ok((ev, Held::Lease(candidacy)));
         }
-        if turned_on {
-            // Earlier terms ran without a delay, so without a start record before their jobs:
-            // the last record need not be the last term's. Only an election that never ran
-            // a term (no record at all) starts at once.
-            let ran = self.ctx.history(Some(1)).await;
-            if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
-                let why = "this election ran without --takeover-delay until now, so how its last term ended is unknown";
-                return Some((d, why.to_string()));
-            }
-        }
-        match self.ctx.previous_unclean(token).await {
-            Ok(None) => None,
-            Ok(Some(end)) => Some((d, format!("the previous term ended uncleanly ({end})"))),
-            Err(err) => Some((
-                d,
-                format!("how the previous term ended cannot be read ({err:#})"),
-            )),
-        }
-    }
-
-    /// Starts `--takeover-delay` for the term just won: its end is the delaying phase's
-    /// timer, and `status` shows when the job is due. `why` is what was judged.
-    async fn begin_takeover_delay(&self, lease: &Lease, term: &mut Term, d: Duration, why: &str) {
-        let token = term.token;
-        tracing::warn!(
-            election = self.cfg.election.name(),
+    };
+    if token_regressed(*last_token, token) {
+        tracing::error!(
+            election,
+            previous = *last_token,
             token,
-            "{why}: waiting --takeover-delay {} before starting the job",
-            crate::clock::human(d)
+            "the fencing token went backwards: etcd's revisions were reset (wiped or restored without --bump-revision); resources that check tokens will reject this term"
         );
-        metrics::takeover_delayed();
-        notify::status(&format!("takeover delay, token {token}"));
-        term.takeover_delay_waited = Some(d);
-        let value = Candidate {
-            takeover_until_ms: Some(unix_ms() + d.as_millis() as u64),
-            ..self.candidate.clone()
-        };
-        term.show_in_status(&self.ctx, lease, &value).await;
-        // Counted from here: never shorter than asked, whatever the status write took.
-        term.events.delay = Timer::after(d);
+        metrics::token_regressed();
     }
+    *last_token = Some(token);
+    metrics::elected(token, slot, started.elapsed());
+    // A new term's lease is fresh: the gauge must not read 0 until the first renewal.
+    if let LeaseState::Alive { deadline } = candidacy.lease.state() {
+        metrics::ttl_remaining(deadline.remaining());
+    }
+    let watch = LeaderWatch::new(&env.ctx, &key, token);
+    let events = TermEvents::new(&candidacy.lease, watch, HealthFailures::new(health.clone()));
+    let mut term = Term::new(token, key, slot, events, learned.predecessor_gone);
+    let delay = takeover_delay_for(env, token, learned).await;
+    if let Some((d, why)) = &delay {
+        begin_takeover_delay(env, &candidacy.lease, &mut term, *d, why).await;
+    }
+    let ev = CampaignEnd::Elected {
+        token,
+        delay: delay.is_some(),
+    };
+    Ok((ev, Held::Term(candidacy, term)))
+}
 
-    /// Before a campaign: waits until `--health-cmd` passes. `Some` is what ended the wait
-    /// instead (a stopping signal, or `--wait`/`--no-wait` giving up).
-    async fn wait_healthy(&mut self) -> Option<CampaignEnd<Failure>> {
-        let Driver {
-            health,
-            signals,
-            give_up_at,
-            cfg,
-            ctx,
-            candidate,
-            ..
-        } = self;
-        let rx = health.as_mut()?;
-        let first = tokio::select! {
-            h = health::settled(rx) => h,
-            signal = stopping(signals) => return Some(CampaignEnd::Interrupted { signal }),
-        };
-        if first == Health::Healthy {
-            return None;
-        }
-        let election = cfg.election.name();
-        let gave_up = CampaignEnd::NotAcquired { unhealthy: true };
-        if cfg.wait == Wait::No {
-            // The one line that says so is the run's last (see `report_not_acquired`).
-            return Some(gave_up);
-        }
-        tracing::warn!(election, "not campaigning until the health check passes");
-        notify::status("unhealthy: waiting for the health check to pass");
-        // Bounded tighter than a request: a pass or a signal must not wait on an etcd in trouble.
-        let bound = cfg.conn.command_timeout.min(Duration::from_secs(1));
-        let shown = tokio::time::timeout(bound, show_unhealthy(ctx, cfg, candidate))
-            .await
-            .ok()
-            .flatten();
-        let give_up = crate::clock::until(*give_up_at);
-        let out = tokio::select! {
-            passed = rx.wait_for(|h| *h == Health::Healthy) => {
-                if passed.is_err() {
-                    // The checks stopped running (a bug): no pass can come any more, but a
-                    // stop signal and --wait must still end the wait.
-                    tracing::error!(election, "the health check stopped running; waiting for a stop signal");
-                    tokio::select! {
-                        signal = stopping(signals) => Some(CampaignEnd::Interrupted { signal }),
-                        _ = crate::clock::until(*give_up_at) => Some(gave_up),
+/// The first campaign's lease, granted at start-up beside the probe. What etcd says to the
+/// probe still decides the start: unreachable or refusing us (exit 69 or 77; a lease grant may
+/// succeed where reading our keys is not allowed), or, if it answers and the grant did not (a
+/// leader election that the probe waited out), a grant again at once. The candidate key is
+/// created only after both, so a worker that gives up at start may leave an empty lease
+/// behind, never a key in line.
+///
+/// Start-up is bounded by `--dial-timeout`, the probe's bound: a grant still in flight when
+/// the probe gives up is abandoned (its lease, if the server grants it after all, holds no
+/// key and expires), not waited for through `--command-timeout`.
+async fn first_grant(env: &Env, startup: StartUp) -> Result<Result<Lease>> {
+    let Some(first) = startup.first_lease else {
+        return Ok(grant(&env.ctx, &env.cfg).await);
+    };
+    let lease = match startup.probe {
+        None => first.await?,
+        Some(probe) => match probe.await? {
+            Ok(()) => first.await?,
+            // A granted lease proves a quorum that answers: a probe that only ran out of
+            // time waited for that grant's commit (slow disks make a linearizable read wait
+            // for the commits in flight).
+            Err(e) if crate::exit::exit_of(&e) == Exit::Unavailable && first.is_finished() => {
+                match first.await? {
+                    Ok(l) => {
+                        tracing::debug!("start-up probe: {e:#}; the lease was granted meanwhile");
+                        Ok(l)
                     }
-                } else {
-                    tracing::info!(election, "the health check passes; campaigning");
-                    None
+                    Err(_) => return Err(e),
                 }
             }
-            signal = stopping(signals) => Some(CampaignEnd::Interrupted { signal }),
-            _ = give_up => Some(gave_up),
-        };
-        if let Some(lease) = shown {
-            let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
-            lease.revoke(timeout, cfg.conn.command_timeout).await;
-        }
-        out
-    }
+            Err(e) => {
+                first.abort();
+                return Err(e);
+            }
+        },
+    };
+    notify::ready();
+    Ok(match lease {
+        Ok(l) => Ok(l),
+        Err(_) => grant(&env.ctx, &env.cfg).await,
+    })
+}
 
-    pub(super) async fn backoff(&mut self, d: Duration) -> BackoffEnd {
-        // Jitter spreads the candidates of a cluster that came back at once.
-        let jitter = Duration::from_millis(BootInstant::now().as_nanos() % 250);
-        let mut until = Instant::now() + d + jitter;
-        if let Some(t) = self.give_up_at {
-            until = until.min(t);
+/// The takeover delay a new term owes, with what was judged: `--takeover-delay` when the term
+/// before it ended uncleanly, or when that cannot be read (waiting is the safe side).
+async fn takeover_delay_for(env: &Env, token: i64, learned: Learned) -> Option<(Duration, String)> {
+    let d = env.cfg.takeover_delay;
+    if d.is_zero() {
+        return None;
+    }
+    if learned.delay_turned_on {
+        // Earlier terms ran without a delay, so without a start record before their jobs:
+        // the last record need not be the last term's. Only an election that never ran a
+        // term (no record at all) starts at once.
+        let ran = env.ctx.history(Some(1)).await;
+        if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
+            let why = "this election ran without --takeover-delay until now, so how its last term ended is unknown";
+            return Some((d, why.to_string()));
         }
-        tokio::select! {
-            _ = tokio::time::sleep_until(until) => BackoffEnd::Done,
-            signal = stopping(&mut self.signals) => BackoffEnd::Interrupted { signal },
+    }
+    match env.ctx.previous_unclean(token).await {
+        Ok(None) => None,
+        Ok(Some(end)) => Some((d, format!("the previous term ended uncleanly ({end})"))),
+        Err(err) => Some((
+            d,
+            format!("how the previous term ended cannot be read ({err:#})"),
+        )),
+    }
+}
+
+/// Starts `--takeover-delay` for the term just won: its end is the delaying phase's timer, and
+/// `status` shows when the job is due. `why` is what was judged.
+async fn begin_takeover_delay(env: &Env, lease: &Lease, term: &mut Term, d: Duration, why: &str) {
+    let token = term.token;
+    tracing::warn!(
+        election = env.cfg.election.name(),
+        token,
+        "{why}: waiting --takeover-delay {} before starting the job",
+        crate::clock::human(d)
+    );
+    metrics::takeover_delayed();
+    notify::status(&format!("takeover delay, token {token}"));
+    term.takeover_delay_waited = Some(d);
+    let value = Candidate {
+        takeover_until_ms: Some(unix_ms() + d.as_millis() as u64),
+        ..env.candidate.clone()
+    };
+    term.show_in_status(&env.ctx, lease, &value).await;
+    // Counted from here: never shorter than asked, whatever the status write took.
+    term.events.delay = Timer::after(d);
+}
+
+/// Before a campaign: waits until `--health-cmd` passes. `Some` is what ended the wait instead
+/// (a stopping signal, or `--wait`/`--no-wait` giving up).
+async fn wait_healthy(
+    env: &Env,
+    signals: &mut mpsc::UnboundedReceiver<i32>,
+    health: &mut Option<watch::Receiver<Health>>,
+    give_up_at: Option<Instant>,
+) -> Option<CampaignEnd<Failure>> {
+    let cfg = &env.cfg;
+    let rx = health.as_mut()?;
+    let first = tokio::select! {
+        h = health::settled(rx) => h,
+        signal = stopping(signals) => return Some(CampaignEnd::Interrupted { signal }),
+    };
+    if first == Health::Healthy {
+        return None;
+    }
+    let election = cfg.election.name();
+    let gave_up = CampaignEnd::NotAcquired { unhealthy: true };
+    if cfg.wait == Wait::No {
+        // The one line that says so is the run's last (see `report_not_acquired`).
+        return Some(gave_up);
+    }
+    tracing::warn!(election, "not campaigning until the health check passes");
+    notify::status("unhealthy: waiting for the health check to pass");
+    // Bounded tighter than a request: a pass or a signal must not wait on an etcd in trouble.
+    let bound = cfg.conn.command_timeout.min(Duration::from_secs(1));
+    let shown = tokio::time::timeout(bound, show_unhealthy(&env.ctx, cfg, &env.candidate))
+        .await
+        .ok()
+        .flatten();
+    let give_up = crate::clock::until(give_up_at);
+    let out = tokio::select! {
+        passed = rx.wait_for(|h| *h == Health::Healthy) => {
+            if passed.is_err() {
+                // The checks stopped running (a bug): no pass can come any more, but a stop
+                // signal and --wait must still end the wait.
+                tracing::error!(election, "the health check stopped running; waiting for a stop signal");
+                tokio::select! {
+                    signal = stopping(signals) => Some(CampaignEnd::Interrupted { signal }),
+                    _ = crate::clock::until(give_up_at) => Some(gave_up),
+                }
+            } else {
+                tracing::info!(election, "the health check passes; campaigning");
+                None
+            }
         }
+        signal = stopping(signals) => Some(CampaignEnd::Interrupted { signal }),
+        _ = give_up => Some(gave_up),
+    };
+    if let Some(lease) = shown {
+        let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
+        lease.revoke(timeout, cfg.conn.command_timeout).await;
+    }
+    out
+}
+
+/// Waits out the backoff between two campaigns (with jitter, and never past `--wait`), or a
+/// stopping signal.
+pub async fn backoff(
+    d: Duration,
+    give_up_at: Option<Instant>,
+    signals: &mut mpsc::UnboundedReceiver<i32>,
+) -> BackoffEnd {
+    // Jitter spreads the candidates of a cluster that came back at once.
+    let jitter = Duration::from_millis(BootInstant::now().as_nanos() % 250);
+    let mut until = Instant::now() + d + jitter;
+    if let Some(t) = give_up_at {
+        until = until.min(t);
+    }
+    tokio::select! {
+        _ = tokio::time::sleep_until(until) => BackoffEnd::Done,
+        signal = stopping(signals) => BackoffEnd::Interrupted { signal },
     }
 }
 
@@ -483,7 +550,7 @@ pub async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
 
 /// A watchdog for the next job, or none if it cannot start now (the start is tried again
 /// when the job is due, and fails there with its reason).
-pub fn start_watchdog_ahead(cfg: &RunConfig) -> Option<Standby> {
+fn start_watchdog_ahead(cfg: &RunConfig) -> Option<Standby> {
     Standby::start(cfg.grace, cfg.cgroup)
         .inspect_err(|e| tracing::debug!("watchdog not started ahead: {e:#}"))
         .ok()

@@ -24,7 +24,7 @@ use crate::supervisor::Job;
 
 use super::health::{self, Health};
 use super::lifecycle::{DelayEnd, DrainEvent, TermEvent};
-use super::signals;
+use super::{signals, Env};
 
 /// A deadline that may not be set; unset, it never fires.
 #[derive(Debug, Default, Clone, Copy)]
@@ -110,18 +110,14 @@ impl RunningJob {
     }
 }
 
-/// The job's end, and its `--timeout`; neither comes without a job.
-async fn job_event(job: &mut Option<RunningJob>, cfg: &RunConfig) -> TermEvent {
-    let Some(running) = job.as_mut() else {
-        return std::future::pending().await;
-    };
+/// The job's end, and its `--timeout`. After `JobEnded`, the job is gone: its owner drops it.
+async fn job_event(running: &mut RunningJob, cfg: &RunConfig) -> TermEvent {
     let ended = tokio::select! {
         _ = running.timeout.fired() => None,
         ended = running.job.wait() => Some(ended),
     };
     match ended {
         Some(ended) => {
-            *job = None;
             let (exit, by_watchdog) = job_ended(ended, cfg);
             TermEvent::JobEnded { exit, by_watchdog }
         }
@@ -182,15 +178,13 @@ fn job_ended(ended: crate::supervisor::JobEnd, cfg: &RunConfig) -> (Exit, bool) 
 
 /// What a term's sources need from around it, lent for one wait.
 pub struct Around<'a> {
-    pub ctx: &'a Ctx,
-    pub cfg: &'a RunConfig,
+    pub env: &'a Env,
     pub lease: &'a Lease,
     pub signals: &'a mut mpsc::UnboundedReceiver<i32>,
 }
 
 /// The sources of one term's events.
 pub struct TermEvents {
-    token: i64,
     lease: LeaseUpdates,
     watch: LeaderWatch,
     health: HealthFailures,
@@ -209,14 +203,8 @@ impl TermEvents {
             .map(|(priority, id)| crate::records::history::Preemptor { id, priority })
     }
 
-    pub fn new(
-        token: i64,
-        lease: &Lease,
-        watch: LeaderWatch,
-        health: HealthFailures,
-    ) -> TermEvents {
+    pub fn new(lease: &Lease, watch: LeaderWatch, health: HealthFailures) -> TermEvents {
         TermEvents {
-            token,
             lease: LeaseUpdates(lease.subscribe()),
             watch,
             health,
@@ -225,9 +213,9 @@ impl TermEvents {
         }
     }
 
-    /// The next event while `--takeover-delay` runs. Signals that do not stop the run have no
-    /// job to go to yet.
-    pub async fn next_while_delaying(&mut self, a: Around<'_>) -> DelayEnd {
+    /// The next event of term `token` while `--takeover-delay` runs. Signals that do not stop
+    /// the run have no job to go to yet.
+    pub async fn next_while_delaying(&mut self, token: i64, a: Around<'_>) -> DelayEnd {
         loop {
             tokio::select! {
                 _ = self.delay.fired() => return DelayEnd::Done,
@@ -244,7 +232,7 @@ impl TermEvents {
                 },
                 _ = self.handover.fired() => {
                     self.handover.clear();
-                    return DelayEnd::Outranked(outranked(a.ctx, a.cfg, self.token).await);
+                    return DelayEnd::Outranked(outranked(&a.env.ctx, &a.env.cfg, token).await);
                 }
                 Some(signal) = a.signals.recv() => {
                     if signals::is_stopping(signal) {
@@ -256,22 +244,22 @@ impl TermEvents {
         }
     }
 
-    /// The next event while the job runs. Renewals go on to the job's watchdog on the way.
+    /// The next event of term `token` while its job runs. Renewals go on to the job's
+    /// watchdog on the way.
     pub async fn next_term_event(
         &mut self,
-        job: &mut Option<RunningJob>,
+        token: i64,
+        job: &mut RunningJob,
         a: Around<'_>,
     ) -> TermEvent {
-        let cfg = a.cfg;
+        let cfg = &a.env.cfg;
         let (election, id) = (cfg.election.name(), &cfg.id);
         loop {
             tokio::select! {
                 ev = job_event(job, cfg) => return ev,
                 update = self.lease.next() => match update {
                     LeaseUpdate::Renewed(deadline) => {
-                        if let Some(j) = job.as_mut() {
-                            j.job.extend(deadline, cfg.grace);
-                        }
+                        job.job.extend(deadline, cfg.grace);
                         metrics::ttl_remaining(deadline.remaining());
                     }
                     LeaseUpdate::Lost(r) => return TermEvent::Lost(r),
@@ -288,8 +276,7 @@ impl TermEvents {
                     LeaderEvent::Paused => TermEvent::Paused,
                     LeaderEvent::ResignRequested => TermEvent::ResignRequested,
                     LeaderEvent::Preempted => {
-                        let started = job.as_ref().map(|j| j.started_at).unwrap_or_else(Instant::now);
-                        let min_term_left = (started + cfg.min_term).saturating_duration_since(Instant::now());
+                        let min_term_left = (job.started_at + cfg.min_term).saturating_duration_since(Instant::now());
                         tracing::info!(
                             election,
                             id,
@@ -305,7 +292,7 @@ impl TermEvents {
                 },
                 _ = self.handover.fired() => {
                     self.handover.clear();
-                    let outranked = outranked(a.ctx, cfg, self.token).await;
+                    let outranked = outranked(&a.env.ctx, cfg, token).await;
                     if outranked == Some(true) {
                         tracing::info!(
                             election,
@@ -334,7 +321,7 @@ impl TermEvents {
 /// The next event while the job is being stopped: only its end and signals count now; the
 /// watchdog's deadline holds whatever etcd says meanwhile.
 pub async fn next_drain_event(
-    job: &mut Option<RunningJob>,
+    job: &mut RunningJob,
     cfg: &RunConfig,
     signals: &mut mpsc::UnboundedReceiver<i32>,
 ) -> DrainEvent {
@@ -345,12 +332,8 @@ pub async fn next_drain_event(
 }
 
 /// The job's end alone (its `--timeout` no longer counts once it is being stopped).
-async fn job_event_end(job: &mut Option<RunningJob>, cfg: &RunConfig) -> DrainEvent {
-    let Some(running) = job.as_mut() else {
-        return std::future::pending().await;
-    };
+async fn job_event_end(running: &mut RunningJob, cfg: &RunConfig) -> DrainEvent {
     let ended = running.job.wait().await;
-    *job = None;
     let (exit, by_watchdog) = job_ended(ended, cfg);
     DrainEvent::JobEnded { exit, by_watchdog }
 }

@@ -1,19 +1,23 @@
 //! `lead-exec run`: the driver that carries out [`lifecycle`]'s decisions.
 //!
-//! The state of a run is held in scopes, one type per lifetime, each inside the one it cannot
-//! outlive:
+//! The run is one [`State`]: its phase, holding exactly the scopes that phase has. A scope is
+//! one lifetime and what lives as long as it does:
 //!
-//! | scope | lives | holds |
-//! |---|---|---|
-//! | [`Driver`] | the process | config, etcd scope, signals, health verdicts, the watchdog started ahead, the last token |
-//! | [`candidacy::Candidacy`] | one lease | the lease, and whether our key is already gone |
-//! | [`term::Term`] | one won election | token, key, slot, the term's [`events::TermEvents`], its start record |
-//! | [`events::RunningJob`] | one job | the job under its watchdog, its start time and `--timeout` |
+//! | scope | lives | holds | its behaviour |
+//! |---|---|---|---|
+//! | [`Driver`] | the process | [`Env`] (config, etcd scope, our key's value), signals, health verdicts, the [`term::Launcher`], the last token | the loop: wait, step, act |
+//! | [`candidacy::Candidacy`] | one lease | the lease, and how its term was closed | the campaign, which makes it; the revoke, which ends it |
+//! | [`term::Term`] | one won election | token, key, slot, its [`events::TermEvents`], its start record | the job's start; the end record, which ends it |
+//! | [`events::RunningJob`] | one job | the job under its watchdog, its start, its `--timeout` | its end |
 //!
-//! Ending a scope is dropping it: a revoked lease takes its term and job with it. The driver
-//! waits for the next event of the phase it is in (the phase says which sources exist), asks
-//! the phase's step function what that means, and carries out the actions, in order. All I/O
-//! of a run lives in this folder; the decisions are [`lifecycle`]'s.
+//! A job without its term, or a term without its lease, cannot be written: `State::Leading`
+//! holds all three, `State::Campaigning` none. The driver waits for the next event of its
+//! state (the state has the sources), asks the phase's step function what the event means,
+//! and carries out the actions in order on what the state held ([`Held`]). Actions move
+//! scopes out: the end record consumes the term, and only [`Action::RevokeLease`] gives up
+//! the lease. What is left then makes the next state; a step that left scopes its next
+//! phase cannot hold is a bug, and fails closed. All I/O of a run lives in this folder; the
+//! decisions are [`lifecycle`]'s.
 //!
 //! - [`candidacy`]: start-up, the campaign and its lease, the health gate, the backoff.
 //! - [`term`]: a won term's start (the job under its watchdog) and its end records.
@@ -30,6 +34,9 @@ pub mod lifecycle;
 pub mod signals;
 pub mod term;
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use anyhow::Result;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -37,12 +44,13 @@ use tokio::time::Instant;
 use crate::config::RunConfig;
 use crate::election::campaign::Wait;
 use crate::election::{Candidate, Ctx};
-use crate::exit::Exit;
+use crate::exit::{fail, Exit};
 use crate::metrics;
 use candidacy::{Candidacy, StartUp};
-use events::{next_drain_event, Around, Timer};
+use events::{Around, RunningJob, Timer};
 use health::Health;
-use lifecycle::{Action, Phase, Policy, StopReason};
+use lifecycle::{Action, DrainEvent, Phase, Policy, StopReason, TermEvent};
+use term::{Launcher, Term};
 
 /// An etcd error on the way, with what was being done.
 pub struct Failure {
@@ -68,76 +76,198 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     driver.drive(startup).await
 }
 
+/// What every scope may read of the run, lent to its behaviour for one call.
+pub struct Env {
+    pub cfg: RunConfig,
+    /// The etcd scope: client, router, election, command timeout.
+    pub ctx: Ctx,
+    /// Our candidate key's value.
+    pub candidate: Candidate,
+    /// The file a job's `lead-exec check` counts its refusals in (`--metrics-addr`).
+    pub refusals: Option<PathBuf>,
+}
+
 /// The process's side of a run: what lives as long as lead-exec does.
 pub struct Driver {
-    cfg: RunConfig,
-    /// The etcd scope: client, router, election, command timeout.
-    ctx: Ctx,
-    /// Our candidate key's value.
-    candidate: Candidate,
+    env: Env,
     /// What `--health-cmd` says, if given.
     health: Option<watch::Receiver<Health>>,
-    /// A watchdog started ahead of the next job.
-    standby: Option<crate::supervisor::Standby>,
     signals: mpsc::UnboundedReceiver<i32>,
-    /// Where the signal thread's Ctrl-Z reaches the running job.
-    job_control: crate::supervisor::JobControl,
+    /// What starts the jobs: the watchdog started ahead, job control.
+    launcher: Launcher,
     /// When `--wait` gives up. A term that ran a job clears it: `--wait` bounds a wait in
     /// line, not the life of the process, so the next campaign counts afresh.
     give_up_at: Option<Instant>,
     /// The token of this process's previous term.
     last_token: Option<i64>,
-    /// A job ran without a cgroup of its own, and the log said so: once per process.
-    warned_uncontained: bool,
     /// What etcd's version is worth saying (it lacks a lease fix), until the first job starts.
     etcd_warning: Option<String>,
-    /// Our lease, while we have one: in line, or holding a term on it.
-    candidacy: Option<Candidacy>,
+}
+
+/// The run between two steps: its phase, with exactly the scopes of that phase.
+enum State {
+    /// No lease yet: the campaign grants one.
+    Campaigning {
+        attempt: u32,
+    },
+    /// No lease: it was given up after a failed campaign.
+    BackingOff {
+        attempt: u32,
+        wait: Duration,
+    },
+    /// Elected after an unclean end, waiting out `--takeover-delay`.
+    Delaying(Candidacy, Term),
+    /// Elected and confirmed; the job is to be started.
+    Elected(Candidacy, Term),
+    Leading(Candidacy, Term, RunningJob),
+    Draining(Candidacy, Term, RunningJob, StopReason),
+    Done(Exit),
+}
+
+impl State {
+    /// The phase, as [`lifecycle`] knows it: the token is the term's own.
+    fn phase(&self) -> Phase {
+        match self {
+            State::Campaigning { attempt } => Phase::Campaigning { attempt: *attempt },
+            State::BackingOff { attempt, wait } => Phase::BackingOff {
+                attempt: *attempt,
+                wait: *wait,
+            },
+            State::Delaying(_, t) => Phase::Delaying { token: t.token },
+            State::Elected(_, t) => Phase::Elected { token: t.token },
+            State::Leading(_, t, _) => Phase::Leading { token: t.token },
+            State::Draining(_, t, _, why) => Phase::Draining {
+                token: t.token,
+                why: *why,
+            },
+            State::Done(exit) => Phase::Done(*exit),
+        }
+    }
+
+    /// The state of phase `next`, made of what the step's actions left; `Err` when those are
+    /// not what `next` holds.
+    // One run holds one of these at a time, moved once per step: boxing would buy nothing.
+    #[allow(clippy::result_large_err)]
+    fn enter(next: Phase, held: Held) -> Result<State, (Phase, Held)> {
+        Ok(match (next, held) {
+            (Phase::Campaigning { attempt }, Held::Nothing) => State::Campaigning { attempt },
+            (Phase::BackingOff { attempt, wait }, Held::Nothing) => {
+                State::BackingOff { attempt, wait }
+            }
+            (Phase::Done(exit), Held::Nothing) => State::Done(exit),
+            (Phase::Delaying { .. }, Held::Term(c, t)) => State::Delaying(c, t),
+            (Phase::Elected { .. }, Held::Term(c, t)) => State::Elected(c, t),
+            (Phase::Leading { .. }, Held::Job(c, t, j)) => State::Leading(c, t, j),
+            (Phase::Draining { why, .. }, Held::Job(c, t, j)) => State::Draining(c, t, j, why),
+            (next, held) => return Err((next, held)),
+        })
+    }
+}
+
+/// What a state held, while a step's actions work on it.
+// One at a time, moved once per action: boxing the scopes would buy nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Held {
+    Nothing,
+    /// Our lease, with no term on it: in line, or its term just ended.
+    Lease(Candidacy),
+    Term(Candidacy, Term),
+    Job(Candidacy, Term, RunningJob),
+}
+
+impl Held {
+    fn name(&self) -> &'static str {
+        match self {
+            Held::Nothing => "nothing",
+            Held::Lease(_) => "a lease",
+            Held::Term(..) => "a term",
+            Held::Job(..) => "a job",
+        }
+    }
 }
 
 impl Driver {
     async fn drive(&mut self, startup: StartUp) -> Result<Exit> {
         let policy = Policy {
-            on_loss: self.cfg.on_loss,
-            conflict_exit_code: self.cfg.conflict_exit_code,
-            no_wait: self.cfg.wait == Wait::No,
+            on_loss: self.env.cfg.on_loss,
+            conflict_exit_code: self.env.cfg.conflict_exit_code,
+            no_wait: self.env.cfg.wait == Wait::No,
         };
         let mut startup = Some(startup);
-        let mut phase = Phase::Campaigning { attempt: 0 };
+        let mut state = State::Campaigning { attempt: 0 };
         loop {
-            let (next, actions, seen) = match phase {
-                Phase::Campaigning { attempt } => {
-                    let ev = self.campaign(startup.take()).await?;
+            let phase = state.phase();
+            let (held, (next, actions), seen) = match state {
+                State::Campaigning { attempt } => {
+                    let ask = candidacy::Ask {
+                        env: &self.env,
+                        signals: &mut self.signals,
+                        health: &mut self.health,
+                        give_up_at: &mut self.give_up_at,
+                        last_token: &mut self.last_token,
+                        launcher: &mut self.launcher,
+                    };
+                    let (ev, held) = candidacy::campaign(ask, startup.take()).await?;
                     let seen = ev.to_string();
-                    let (next, actions) = lifecycle::campaigned(attempt, ev, &policy);
-                    (next, actions, seen)
+                    (held, lifecycle::campaigned(attempt, ev, &policy), seen)
                 }
-                Phase::BackingOff { attempt, wait } => {
-                    let ev = self.backoff(wait).await;
-                    let (next, actions) = lifecycle::backed_off(attempt, ev);
-                    (next, actions, ev.to_string())
+                State::BackingOff { attempt, wait } => {
+                    let ev = candidacy::backoff(wait, self.give_up_at, &mut self.signals).await;
+                    let step = lifecycle::backed_off(attempt, ev);
+                    (Held::Nothing, step, ev.to_string())
                 }
-                Phase::Delaying { token } => {
-                    let ev = self.next_while_delaying().await;
-                    let (next, actions) = lifecycle::delaying(token, ev, &policy);
-                    (next, actions, ev.to_string())
+                State::Delaying(c, mut t) => {
+                    let around = Around {
+                        env: &self.env,
+                        lease: &c.lease,
+                        signals: &mut self.signals,
+                    };
+                    let ev = t.events.next_while_delaying(t.token, around).await;
+                    let step = lifecycle::delaying(t.token, ev, &policy);
+                    (Held::Term(c, t), step, ev.to_string())
                 }
-                Phase::Elected { token } => {
-                    let ev = self.start().await?;
-                    let (next, actions) = lifecycle::started(token, ev, &policy);
-                    (next, actions, ev.to_string())
+                State::Elected(c, mut t) => {
+                    let health = self.health.as_ref();
+                    let (ev, job) = t
+                        .start(&self.env, &c.lease, &mut self.launcher, health)
+                        .await;
+                    let seen = ev.to_string();
+                    let step = lifecycle::started(t.token, ev, &policy);
+                    let held = match job {
+                        Some(j) => {
+                            self.job_started();
+                            Held::Job(c, t, j)
+                        }
+                        None => Held::Term(c, t),
+                    };
+                    (held, step, seen)
                 }
-                Phase::Leading { token } => {
-                    let ev = self.next_term_event().await;
-                    let (next, actions) = lifecycle::leading(token, ev, &policy);
-                    (next, actions, ev.to_string())
+                State::Leading(c, mut t, mut j) => {
+                    let around = Around {
+                        env: &self.env,
+                        lease: &c.lease,
+                        signals: &mut self.signals,
+                    };
+                    let ev = t.events.next_term_event(t.token, &mut j, around).await;
+                    let step = lifecycle::leading(t.token, ev, &policy);
+                    // An ended job's group is gone: the term goes on without it.
+                    let held = match ev {
+                        TermEvent::JobEnded { .. } => Held::Term(c, t),
+                        _ => Held::Job(c, t, j),
+                    };
+                    (held, step, ev.to_string())
                 }
-                Phase::Draining { token, why } => {
-                    let ev = self.next_drain_event().await;
-                    let (next, actions) = lifecycle::draining(token, why, ev, &policy);
-                    (next, actions, ev.to_string())
+                State::Draining(c, t, mut j, why) => {
+                    let ev =
+                        events::next_drain_event(&mut j, &self.env.cfg, &mut self.signals).await;
+                    let step = lifecycle::draining(t.token, why, ev, &policy);
+                    let held = match ev {
+                        DrainEvent::JobEnded { .. } => Held::Term(c, t),
+                        DrainEvent::Signal(_) => Held::Job(c, t, j),
+                    };
+                    (held, step, ev.to_string())
                 }
-                Phase::Done(exit) => return Ok(exit),
+                State::Done(exit) => return Ok(exit),
             };
             if let (
                 Phase::Leading { .. },
@@ -163,123 +293,121 @@ impl Driver {
             // started and how it ended (the term's own lines), not every step on the way.
             if next != phase || !quiet {
                 tracing::debug!(
-                    election = self.cfg.election.name(),
-                    id = self.cfg.id,
+                    election = self.env.cfg.election.name(),
+                    id = self.env.cfg.id,
                     token = next.token().or(phase.token()),
                     "{} -> {} on {seen}",
                     phase.name(),
                     next.name()
                 );
             }
+            let mut held = held;
             for action in actions {
-                self.perform(action).await?;
+                held = self.perform(held, action).await?;
             }
-            phase = next;
+            state = match State::enter(next, held) {
+                Ok(s) => s,
+                // A step's actions left what its next phase cannot hold. Dropping it fails
+                // closed: a lease no longer renewed runs out, and a job's watchdog, its pipe
+                // closed, kills the job at once.
+                Err((next, held)) => {
+                    return Err(fail(
+                        Exit::Software,
+                        format!(
+                            "internal error: the {} phase was left holding {}",
+                            next.name(),
+                            held.name()
+                        ),
+                    ))
+                }
+            };
         }
     }
 
-    /// Carries out one action of a step.
-    async fn perform(&mut self, action: Action<Failure>) -> Result<()> {
-        let grace = self.cfg.grace;
-        let term = self.candidacy.as_mut().and_then(|c| c.term.as_mut());
-        match action {
-            Action::StopJob { signal } => {
-                if let Some(j) = term.and_then(|t| t.job.as_mut()) {
-                    j.job.stop(signal, grace);
-                }
+    /// Carries out one action of a step on what the state holds, and returns what is left.
+    async fn perform(&mut self, held: Held, action: Action<Failure>) -> Result<Held> {
+        let grace = self.env.cfg.grace;
+        match (action, held) {
+            (Action::StopJob { signal }, Held::Job(c, t, mut j)) => {
+                j.job.stop(signal, grace);
+                Ok(Held::Job(c, t, j))
             }
-            Action::KillJob => {
-                if let Some(j) = term.and_then(|t| t.job.as_mut()) {
-                    j.job.kill();
-                }
+            (Action::KillJob, Held::Job(c, t, mut j)) => {
+                j.job.kill();
+                Ok(Held::Job(c, t, j))
             }
-            Action::Forward(sig) => {
-                if let Some(j) = term.and_then(|t| t.job.as_mut()) {
-                    j.job.forward(sig);
-                }
+            (Action::Forward(sig), Held::Job(c, t, mut j)) => {
+                j.job.forward(sig);
+                Ok(Held::Job(c, t, j))
             }
-            Action::HandOverIn(d) => {
-                if let Some(t) = term {
+            (Action::HandOverIn(d), held) => Ok(match held {
+                Held::Term(c, mut t) => {
                     t.events.handover = Timer::after(d);
+                    Held::Term(c, t)
                 }
-            }
-            Action::KeepTerm => {
-                if let Some(t) = term {
+                Held::Job(c, mut t, j) => {
+                    t.events.handover = Timer::after(d);
+                    Held::Job(c, t, j)
+                }
+                other => unheld("a handover", other)?,
+            }),
+            (Action::KeepTerm, held) => Ok(match held {
+                Held::Term(c, mut t) => {
                     t.events.handover.clear();
+                    Held::Term(c, t)
                 }
+                Held::Job(c, mut t, j) => {
+                    t.events.handover.clear();
+                    Held::Job(c, t, j)
+                }
+                other => unheld("keeping the term", other)?,
+            }),
+            // The term ends here: its record closes it, and what is left is its lease.
+            (Action::RecordEnd(reason), Held::Term(mut c, t)) => {
+                t.end(&self.env, &mut c, reason).await;
+                Ok(Held::Lease(c))
             }
-            Action::RecordEnd(reason) => self.record_end(reason).await,
-            Action::RevokeLease => self.revoke_lease().await,
-            Action::Report(f) => {
+            (Action::RevokeLease, held) => {
+                metrics::leading(false);
+                match held {
+                    Held::Nothing => {}
+                    // A term given up before its job ran needs no end record.
+                    Held::Lease(c) | Held::Term(c, _) => c.revoke(&self.env).await,
+                    job @ Held::Job(..) => return unheld("giving the lease up", job),
+                }
+                Ok(Held::Nothing)
+            }
+            (Action::Report(f), held) => {
                 tracing::warn!(
-                    election = self.cfg.election.name(),
+                    election = self.env.cfg.election.name(),
                     "{}: {:#}",
                     f.what,
                     f.error
-                )
+                );
+                Ok(held)
             }
-            Action::Fail(f) => return Err(f.error),
-        }
-        Ok(())
-    }
-
-    /// The term's sources and what they need around them, while a term is held.
-    fn term_parts(&mut self) -> Option<(&mut term::Term, Around<'_>)> {
-        let Driver {
-            ctx,
-            cfg,
-            signals,
-            candidacy,
-            ..
-        } = self;
-        let c = candidacy.as_mut()?;
-        let term = c.term.as_mut()?;
-        let around = Around {
-            ctx,
-            cfg,
-            lease: &c.lease,
-            signals,
-        };
-        Some((term, around))
-    }
-
-    // A term phase finds its term in place: the campaign that won it made it, and only the
-    // lease's revoke ends it, which leaves the term's phases. Were it missing, the lease
-    // would be as good as gone, and that is what these say.
-
-    async fn next_while_delaying(&mut self) -> lifecycle::DelayEnd {
-        match self.term_parts() {
-            Some((term, around)) => term.events.next_while_delaying(around).await,
-            None => lifecycle::DelayEnd::LeaseTaskEnded,
+            (Action::Fail(f), _) => Err(f.error),
+            (action, held) => unheld(&format!("{action:?}"), held),
         }
     }
 
-    async fn next_term_event(&mut self) -> lifecycle::TermEvent {
-        match self.term_parts() {
-            Some((term, around)) => term.events.next_term_event(&mut term.job, around).await,
-            None => lifecycle::TermEvent::LeaseTaskEnded,
+    /// A job started: what the process says and resets once its first job runs.
+    fn job_started(&mut self) {
+        if let Some(w) = self.etcd_warning.take() {
+            tracing::warn!(election = self.env.cfg.election.name(), "{w}");
         }
+        // A term ran: `--wait` counts afresh from the next campaign.
+        self.give_up_at = None;
     }
+}
 
-    async fn next_drain_event(&mut self) -> lifecycle::DrainEvent {
-        match self.candidacy.as_mut().and_then(|c| c.term.as_mut()) {
-            Some(term) => next_drain_event(&mut term.job, &self.cfg, &mut self.signals).await,
-            None => lifecycle::DrainEvent::JobEnded {
-                exit: Exit::LeadershipLost,
-                by_watchdog: true,
-            },
-        }
-    }
-
-    /// Ends the candidacy: revokes the lease, which deletes our key (and slot key), so the
-    /// next candidate takes over at once; its term and job end with it.
-    async fn revoke_lease(&mut self) {
-        metrics::leading(false);
-        let Some(c) = self.candidacy.take() else {
-            return;
-        };
-        c.revoke(self.cfg.conn.command_timeout).await;
-    }
+/// An action that found the state without what it acts on: a bug in a step. It fails closed,
+/// as a state that cannot be entered does.
+fn unheld(what: &str, held: Held) -> Result<Held> {
+    Err(fail(
+        Exit::Software,
+        format!("internal error: {what} while holding {}", held.name()),
+    ))
 }
 
 /// Whether a new term's token is not above the previous one's: etcd's revisions went back

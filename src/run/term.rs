@@ -11,13 +11,24 @@ use crate::election::lease::{Lease, LeaseState, MIN_RENEWAL_TIMEOUT};
 use crate::election::{Candidate, Ctx};
 use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd};
 use crate::records::Writer;
-use crate::supervisor::{JobSpec, Launch, Standby};
+use crate::supervisor::{JobControl, JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
 
+use super::candidacy::{Candidacy, Closing, EndAfterRevoke};
 use super::events::{RunningJob, TermEvents};
 use super::health::Health;
 use super::lifecycle::StartEnd;
-use super::Driver;
+use super::{Env, Failure};
+
+/// What starts the jobs, for the life of the process.
+pub struct Launcher {
+    /// A watchdog started ahead of the next job.
+    pub standby: Option<Standby>,
+    /// Where the signal thread's Ctrl-Z reaches the running job.
+    pub job_control: JobControl,
+    /// A job ran without a cgroup of its own, and the log said so: once per process.
+    pub warned_uncontained: bool,
+}
 
 /// Between two sends of the commit that closes a term, after one failed at once.
 const CLOSE_PAUSE: Duration = Duration::from_millis(100);
@@ -28,27 +39,33 @@ pub struct Term {
     pub key: String,
     /// `LEAD_EXEC_SLOT`; its key exists only with `--slots` above 1.
     pub slot: u32,
-    /// Where the term's events come from.
-    pub events: TermEvents,
+    /// Where the term's events come from (large: its watch streams live here).
+    pub events: Box<TermEvents>,
     /// The term's start record: written before the job, or being written beside it (see
     /// `Driver::start`).
     pub start_record: Option<StartRecord>,
     /// The `--takeover-delay` this term waited out before its job, for its start record.
     pub takeover_delay_waited: Option<Duration>,
-    /// The job, once started; gone once its group is.
-    pub job: Option<RunningJob>,
+    /// When the key this term waited behind was deleted: its handover is timed from there.
+    predecessor_gone: Option<std::time::Instant>,
 }
 
 impl Term {
-    pub fn new(token: i64, key: String, slot: u32, events: TermEvents) -> Term {
+    pub fn new(
+        token: i64,
+        key: String,
+        slot: u32,
+        events: TermEvents,
+        predecessor_gone: Option<std::time::Instant>,
+    ) -> Term {
         Term {
             token,
             key,
             slot,
-            events,
+            events: Box::new(events),
             start_record: None,
             takeover_delay_waited: None,
-            job: None,
+            predecessor_gone,
         }
     }
 
@@ -80,11 +97,12 @@ impl Term {
         }
     }
 
-    /// A start record for the term, as the term knows it now, started now.
-    fn fresh_start_record(&self, cfg: &RunConfig) -> Record {
+    /// A start record for the term, as the term knows it now, started now. `job_cgroup` is
+    /// whether its job runs in a cgroup of its own, once it runs.
+    fn fresh_start_record(&self, cfg: &RunConfig, job_cgroup: Option<bool>) -> Record {
         let facts = StartFacts {
             takeover_delay: self.takeover_delay_waited,
-            job_cgroup: self.job.as_ref().map(|j| j.job.contained),
+            job_cgroup,
             job_timeout: cfg.timeout,
         };
         Record::start(self.writer(cfg), facts)
@@ -92,7 +110,7 @@ impl Term {
 
     /// Writes the term's start record before its job, once: `None` if it was not written.
     async fn write_start_record(&self, ctx: &Ctx, cfg: &RunConfig) -> Option<Started> {
-        let record = self.fresh_start_record(cfg);
+        let record = self.fresh_start_record(cfg, None);
         match ctx
             .record_start(self.writer(cfg), cfg.history_keep, &record)
             .await
@@ -112,10 +130,10 @@ impl Term {
     /// Writes the term's start record beside its job, in a task of its own, trying again after
     /// each failure (see [`history::start_retry_pause`]) until it lands, etcd says our key is
     /// gone, or the term's end stops it (see [`Writing::settle`]).
-    fn start_record_task(&self, ctx: &Ctx, cfg: &RunConfig) -> Writing {
+    fn start_record_task(&self, ctx: &Ctx, cfg: &RunConfig, job_cgroup: bool) -> Writing {
         // Made once, here: every attempt, and the term's end if none is seen to land, writes
         // the same record, started when the job did.
-        let record = self.fresh_start_record(cfg);
+        let record = self.fresh_start_record(cfg, Some(job_cgroup));
         let (ctx, cfg, rec) = (ctx.clone(), cfg.clone(), record.clone());
         let (token, key) = (self.token, self.key.clone());
         let (stop, mut stopped) = watch::channel(false);
@@ -200,36 +218,45 @@ impl Drop for Writing {
     }
 }
 
-impl Driver {
-    /// Starts the job for the confirmed term.
-    pub(super) async fn start(&mut self) -> Result<StartEnd> {
-        let lost = StartEnd::NotStarted;
-        let Some(c) = self.candidacy.as_mut() else {
-            return Ok(lost);
-        };
-        let Some(term) = c.term.as_mut() else {
-            return Ok(lost);
-        };
-        let (cfg, ctx, lease) = (&self.cfg, &self.ctx, &c.lease);
-        let (election, token) = (cfg.election.name(), term.token);
+impl Term {
+    /// Starts the job for the confirmed term: `Spawned` comes with the running job. A worker
+    /// that `health` finds unhealthy (its check failed `--health-failures` times since the
+    /// election) gives the term up instead.
+    pub async fn start(
+        &mut self,
+        env: &Env,
+        lease: &Lease,
+        launcher: &mut Launcher,
+        health: Option<&watch::Receiver<Health>>,
+    ) -> (StartEnd<Failure>, Option<RunningJob>) {
+        let lost = (StartEnd::NotStarted, None);
+        let (cfg, ctx) = (&env.cfg, &env.ctx);
+        let (election, token) = (cfg.election.name(), self.token);
         if !matches!(lease.state(), LeaseState::Alive { deadline } if !deadline.has_passed()) {
-            return Ok(lost);
+            return lost;
         }
         // Another worker may have finished this run key while we queued.
-        if let Some(k) = already_done(ctx, cfg).await? {
-            tracing::info!(
-                election,
-                run_key = k,
-                "run key already done; not running the job"
-            );
-            return Ok(StartEnd::AlreadyDone);
+        match already_done(ctx, cfg).await {
+            Ok(None) => {}
+            Ok(Some(k)) => {
+                tracing::info!(
+                    election,
+                    run_key = k,
+                    "run key already done; not running the job"
+                );
+                return (StartEnd::AlreadyDone, None);
+            }
+            Err(error) => {
+                let what = "cannot read the run key";
+                return (StartEnd::Failed(Failure { what, error }), None);
+            }
         }
         // With --takeover-delay, the next leader decides by this term's record, so it must
         // exist before the job does: a term that ran a job always has one.
         let recorded = if cfg.takeover_delay.is_zero() {
             None
         } else {
-            match term.write_start_record(ctx, cfg).await {
+            match self.write_start_record(ctx, cfg).await {
                 Some(s) => Some(s),
                 None => {
                     tracing::warn!(
@@ -237,7 +264,7 @@ impl Driver {
                         token,
                         "not starting the job: its history record, which --takeover-delay needs first, could not be written"
                     );
-                    return Ok(lost);
+                    return lost;
                 }
             }
         };
@@ -252,16 +279,13 @@ impl Driver {
                 token,
                 "not starting the job: the lease could not be renewed in time to leave it --grace plus one keepalive interval"
             );
-            return Ok(lost);
+            return lost;
         };
         // The campaign left the line on a failing check, but the check may have failed since
         // (while the previous term was judged, a run key or the start record written): a
-        // worker found unhealthy gives the term up rather than start a job it would stop.
-        if self
-            .health
-            .as_ref()
-            .is_some_and(|h| *h.borrow() == Health::Unhealthy)
-        {
+        // worker found unhealthy gives the term up rather than start a job it would stop. Read
+        // only now, after those waits.
+        if health.is_some_and(|h| *h.borrow() == Health::Unhealthy) {
             tracing::warn!(
                 election,
                 token,
@@ -269,76 +293,34 @@ impl Driver {
                 cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
             );
             // A start record already written is closed as this term's end.
-            term.start_record = recorded.map(StartRecord::Written);
-            return Ok(StartEnd::Unhealthy);
+            self.start_record = recorded.map(StartRecord::Written);
+            return (StartEnd::Unhealthy, None);
         }
         let spec = JobSpec {
             command: cfg.command.clone(),
-            env: fencing::job_env(cfg, token, term.slot, &term.key, lease.id),
+            env: fencing::job_env(
+                cfg,
+                token,
+                self.slot,
+                &self.key,
+                lease.id,
+                env.refusals.as_deref(),
+            ),
             grace: cfg.grace,
             cgroup: cfg.cgroup,
         };
-        let answer_within = cfg.conn.command_timeout;
-        let launched = match self.standby.take() {
-            Some(s) => match s
-                .launch(&spec, deadline, answer_within, &mut self.warned_uncontained)
-                .await
-            {
-                // Killed while it waited: a fresh one takes its place, as if none had been
-                // started ahead.
-                Ok(Launch::Gone) => {
-                    tracing::warn!("the watchdog started ahead is gone; starting another");
-                    None
-                }
-                other => Some(other),
-            },
-            None => None,
-        };
-        let launched = match launched {
-            Some(l) => l,
-            None => match Standby::start(spec.grace, spec.cgroup) {
-                Ok(s) => {
-                    s.launch(&spec, deadline, answer_within, &mut self.warned_uncontained)
-                        .await
-                }
-                Err(e) => Err(e),
-            },
-        };
-        match launched {
-            Ok(Launch::Started(job)) => {
-                tracing::info!(
-                    election,
-                    id = cfg.id,
-                    token,
-                    pid = job.pid,
-                    "leading: job started"
-                );
-                if let Some(w) = self.etcd_warning.take() {
-                    tracing::warn!(election, "{w}");
-                }
-                metrics::leading(true);
-                metrics::job_started();
-                notify::status(&format!("leading, token {token}"));
-                let mut job = job;
-                job.under_job_control(&self.job_control);
-                term.job = Some(RunningJob::new(*job, cfg.timeout));
-                // Beside the job, not before it or in the driver's path: the audit record must
-                // neither delay the job nor hold up the deadlines forwarded to the watchdog.
-                term.start_record = Some(match recorded {
-                    Some(s) => StartRecord::Written(s),
-                    None => StartRecord::Writing(term.start_record_task(ctx, cfg)),
-                });
-                // A term ran: `--wait` counts afresh from the next campaign.
-                self.give_up_at = None;
-                Ok(StartEnd::Spawned)
-            }
+        let job = match launcher
+            .launch(&spec, deadline, cfg.conn.command_timeout)
+            .await
+        {
+            Ok(Launch::Started(job)) => job,
             Ok(Launch::TooLate) => {
                 tracing::warn!(
                     election,
                     token,
                     "not starting the job: the lease deadline was spent when the watchdog was about to start it"
                 );
-                Ok(lost)
+                return lost;
             }
             Ok(Launch::Gone | Launch::NoAnswer) => {
                 tracing::warn!(
@@ -346,37 +328,53 @@ impl Driver {
                     token,
                     "not starting the job: its watchdog did not answer within --command-timeout; giving up this term"
                 );
-                Ok(lost)
+                return lost;
             }
-            Err(e) => {
-                self.revoke_lease().await;
-                Err(e)
+            Err(error) => {
+                let what = "cannot start the job";
+                return (StartEnd::Failed(Failure { what, error }), None);
             }
-        }
+        };
+        tracing::info!(
+            election,
+            id = cfg.id,
+            token,
+            pid = job.pid,
+            "leading: job started"
+        );
+        metrics::leading(true);
+        metrics::job_started(self.predecessor_gone);
+        notify::status(&format!("leading, token {token}"));
+        let mut job = *job;
+        job.under_job_control(&launcher.job_control);
+        let contained = job.contained;
+        // Beside the job, not before it or in the driver's path: the audit record must neither
+        // delay the job nor hold up the deadlines forwarded to the watchdog.
+        self.start_record = Some(match recorded {
+            Some(s) => StartRecord::Written(s),
+            None => StartRecord::Writing(self.start_record_task(ctx, cfg, contained)),
+        });
+        (StartEnd::Spawned, Some(RunningJob::new(job, cfg.timeout)))
     }
 
     /// Writes how the term ended, while our key still guards the write; also the run key.
-    pub(super) async fn record_end(&mut self, reason: TermEnd) {
-        let Some(c) = self.candidacy.as_mut() else {
-            return;
-        };
-        let Some(term) = c.term.as_mut() else {
-            return;
-        };
+    /// This ends the term: what is left is its lease, whose revoke follows (`closing` says
+    /// what that revoke must do).
+    pub async fn end(mut self, env: &Env, candidacy: &mut Candidacy, reason: TermEnd) {
         // The end record goes after the start record, or in its place: one still being written
         // is stopped, and goes in whole with the end.
-        let mut start = match term.start_record.take() {
+        let mut start = match self.start_record.take() {
             Some(StartRecord::Written(s)) => Some(Start::Written(s)),
             Some(StartRecord::Writing(w)) => Some(w.settle().await),
             None => None,
         };
         if let (TermEnd::Preempted, Some(s)) = (reason, start.as_mut()) {
-            s.record_mut().preempted_by = term.events.preemptor();
+            s.record_mut().preempted_by = self.events.preemptor();
         }
-        let (cfg, ctx) = (&self.cfg, &self.ctx);
+        let (cfg, ctx) = (&env.cfg, &env.ctx);
         let timeout = ctx.timeout;
-        let slot = (cfg.slots > 1).then_some(term.slot);
-        let id = term.writer(cfg);
+        let slot = (cfg.slots > 1).then_some(self.slot);
+        let id = self.writer(cfg);
         // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = ctx.mark_run_key_done(id, k, cfg.run_key_ttl).await {
@@ -414,7 +412,7 @@ impl Driver {
         };
         match (released, &start) {
             (Ok(true), _) => {
-                c.key_already_deleted = true;
+                candidacy.closing = Closing::KeyDeleted;
                 return;
             }
             // Our key is gone or the record changed: nothing of ours to close; the revoke
@@ -424,39 +422,54 @@ impl Driver {
             // closed. Its start record goes in as that (open, read as a lost lease) if none of
             // its attempts landed, so that history shows the term ran; the revoke follows.
             (Ok(false), Some(Start::Unconfirmed(rec))) => {
-                match ctx.record_if_absent(term.token, rec).await {
+                match ctx.record_if_absent(self.token, rec).await {
                     Ok(true) => {}
                     Ok(false) => tracing::debug!("history: the start record had landed"),
                     Err(e) => tracing::warn!("history: {e:#}"),
                 }
                 return;
             }
+            // No start record to close: the record is written whole, after the revoke.
             (Ok(false), None) => {}
             (Err(e), _) => tracing::warn!(
                 "could not close the term and hand over in one commit: {e:#}; revoking the lease first"
             ),
         }
-        // The key goes first, so that the next term does not wait for the record: revoking
-        // the lease deletes it (and our slot key), and ends the candidacy here. The record
-        // follows, as a record guarded by itself, since the key that guarded it is gone.
-        let token = term.token;
-        let Some(c) = self.candidacy.take() else {
-            return;
-        };
-        if !c.lease.revoke(timeout, timeout).await {
-            // etcd took neither: a third wait for the record would only delay the exit.
-            tracing::warn!(token, "term end not recorded: etcd did not answer");
-            return;
+        // The key goes first, so that the next term does not wait for the record: the revoke
+        // deletes it (and our slot key), and the record follows it.
+        candidacy.closing = Closing::RecordAfterRevoke(Box::new(EndAfterRevoke {
+            token: self.token,
+            start,
+            reason,
+        }));
+    }
+}
+
+impl Launcher {
+    /// Starts the job under the watchdog started ahead, or under a fresh one if none was
+    /// started or that one is gone.
+    async fn launch(
+        &mut self,
+        spec: &JobSpec,
+        deadline: crate::clock::BootInstant,
+        answer_within: Duration,
+    ) -> Result<Launch> {
+        if let Some(s) = self.standby.take() {
+            match s
+                .launch(spec, deadline, answer_within, &mut self.warned_uncontained)
+                .await
+            {
+                // Killed while it waited: a fresh one takes its place, as if none had been
+                // started ahead.
+                Ok(Launch::Gone) => {
+                    tracing::warn!("the watchdog started ahead is gone; starting another");
+                }
+                other => return other,
+            }
         }
-        let written = self
-            .ctx
-            .record_end_after_release(token, start.as_ref(), reason)
-            .await;
-        match written {
-            Ok(true) => {}
-            Ok(false) => tracing::debug!(token, "term end not recorded: the record changed"),
-            Err(e) => tracing::warn!("history: {e:#}"),
-        }
+        Standby::start(spec.grace, spec.cgroup)?
+            .launch(spec, deadline, answer_within, &mut self.warned_uncontained)
+            .await
     }
 }
 

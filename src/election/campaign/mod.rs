@@ -72,10 +72,18 @@ pub struct Campaign<'a> {
     pub priority: u32,
     /// `--takeover-delay` (only with one slot); every candidate must agree on it.
     pub takeover_delay: Duration,
-    /// Set when this candidate turned a takeover delay on, for an election whose earlier
-    /// terms ran without one: their workers wrote no start record before their jobs, so the
-    /// history cannot say how the last of them ended.
-    pub delay_turned_on: std::sync::atomic::AtomicBool,
+}
+
+/// What a campaign learned on its way to the outcome, for the term it may win.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Learned {
+    /// This candidate turned a takeover delay on, for an election whose earlier terms ran
+    /// without one: their workers wrote no start record before their jobs, so the history
+    /// cannot say how the last of them ended.
+    pub delay_turned_on: bool,
+    /// When the key we last waited behind was deleted (the previous holder's end, or its
+    /// lease running out): a handover is timed from here to the job's start.
+    pub predecessor_gone: Option<std::time::Instant>,
 }
 
 /// Why we are still waiting. Its `Display` is the log line; [`InLine::status`] the shorter
@@ -132,10 +140,11 @@ impl InLine {
 }
 
 impl Campaign<'_> {
-    pub async fn run(&self, mut on_wait: impl FnMut(&InLine)) -> Result<Outcome> {
+    pub async fn run(&self, mut on_wait: impl FnMut(&InLine)) -> Result<(Outcome, Learned)> {
+        let mut learned = Learned::default();
         loop {
-            match self.queue_once(&mut on_wait).await? {
-                Some(outcome) => return Ok(outcome),
+            match self.queue_once(&mut on_wait, &mut learned).await? {
+                Some(outcome) => return Ok((outcome, learned)),
                 None => on_wait(&InLine::Yielding),
             }
         }
@@ -143,16 +152,21 @@ impl Campaign<'_> {
 
     /// One place in line: from creating our key to an outcome, or (`None`) to letting a
     /// higher-priority candidate pass.
-    async fn queue_once(&self, on_wait: &mut impl FnMut(&InLine)) -> Result<Option<Outcome>> {
+    async fn queue_once(
+        &self,
+        on_wait: &mut impl FnMut(&InLine),
+        learned: &mut Learned,
+    ) -> Result<Option<Outcome>> {
         let mut client = self.client.clone();
         let key = self.election.candidate_key(self.lease.id);
-        let (created, my_rev) = self.create(&mut client, &key).await?;
-        crate::metrics::queued();
+        let (created, my_rev) = self.create(&mut client, &key, learned).await?;
+        // A new place in line: only a key ahead of this one times our handover.
+        learned.predecessor_gone = None;
         tracing::debug!(key, my_rev, "candidate key created");
         let mut lease_rx = self.lease.subscribe();
         if created.is_some_and(|ops| holds_unpaused(&ops, my_rev)) {
             return self
-                .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait)
+                .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait, learned)
                 .await
                 .map(Some);
         }
@@ -189,7 +203,7 @@ impl Campaign<'_> {
                 let (why, watched, prefix) = self.ahead_of_us(older);
                 on_wait(&why);
                 match self
-                    .wait_for_delete(&mut client, watched, prefix, rev, &mut lease_rx)
+                    .wait_for_delete(&mut client, watched, prefix, rev, &mut lease_rx, learned)
                     .await?
                 {
                     Some(outcome) => return Ok(Some(outcome)),
@@ -204,7 +218,7 @@ impl Campaign<'_> {
             }
             if resp.succeeded() {
                 return self
-                    .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait)
+                    .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait, learned)
                     .await
                     .map(Some);
             }
@@ -224,6 +238,7 @@ impl Campaign<'_> {
                     false,
                     rev,
                     &mut lease_rx,
+                    learned,
                 )
                 .await?
             {

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::settings::{agree, disagree, disagree_delay, same};
-use super::{Campaign, Outcome};
+use super::{Campaign, Learned, Outcome};
 use crate::election::lease::{LeaseState, Loss};
 use crate::election::Candidate;
 use crate::etcd::{bounded, classify};
@@ -27,6 +27,7 @@ impl Campaign<'_> {
         &self,
         client: &mut Client,
         key: &str,
+        learned: &mut Learned,
     ) -> Result<(Option<Vec<TxnOpResponse>>, i64)> {
         let e = self.election;
         let head = GetOptions::new()
@@ -103,8 +104,7 @@ impl Campaign<'_> {
             let ops = resp.op_responses();
             if resp.succeeded() {
                 if !had_delay && agreed.delay.is_some() {
-                    self.delay_turned_on
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    learned.delay_turned_on = true;
                 }
                 tracing::info!(
                     election = e.name(),
@@ -212,6 +212,7 @@ impl Campaign<'_> {
         prefix: bool,
         rev: i64,
         lease_rx: &mut watch::Receiver<LeaseState>,
+        learned: &mut Learned,
     ) -> Result<Option<Outcome>> {
         // Subscribed before the watch opens: a pin move while it opens would leave the watch
         // on the endpoint just left, with nothing to tell us.
@@ -250,7 +251,7 @@ impl Campaign<'_> {
                         }
                         if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
                             if holder {
-                                crate::metrics::predecessor_gone();
+                                learned.predecessor_gone = Some(std::time::Instant::now());
                             }
                             return Ok(None);
                         }

@@ -17,7 +17,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, 
 use tokio::sync::watch;
 
 use super::protocol::existing_create_revision;
-use super::{Campaign, InLine, Outcome, Wait};
+use super::{Campaign, InLine, Learned, Outcome, Wait};
 use crate::election::lease::{LeaseState, Loss};
 use crate::etcd::bounded;
 
@@ -51,6 +51,7 @@ impl Campaign<'_> {
         token: i64,
         lease_rx: &mut watch::Receiver<LeaseState>,
         on_wait: &mut impl FnMut(&InLine),
+        learned: &mut Learned,
     ) -> Result<Outcome> {
         if self.slots == 1 {
             return Ok(Outcome::Elected {
@@ -86,7 +87,7 @@ impl Campaign<'_> {
                 on_wait(&InLine::SlotKeysTaken);
                 let watched = prefix.into_bytes();
                 match self
-                    .wait_for_delete(client, watched, true, rev, lease_rx)
+                    .wait_for_delete(client, watched, true, rev, lease_rx, learned)
                     .await?
                 {
                     Some(outcome) => return Ok(outcome),

@@ -67,6 +67,7 @@ impl<E: fmt::Debug> fmt::Display for CampaignEnd<E> {
             CampaignEnd::Failed(Cause::CandidacyLost(l)) => {
                 write!(f, "the candidacy lost: {}", l.as_str())
             }
+            CampaignEnd::Refused(e) => write!(f, "a refusal: {e:?}"),
             CampaignEnd::Interrupted { signal } => write!(f, "{}", SignalName(*signal)),
         }
     }
@@ -97,14 +98,15 @@ impl fmt::Display for DelayEnd {
     }
 }
 
-impl fmt::Display for StartEnd {
+impl<E: fmt::Debug> fmt::Display for StartEnd<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            StartEnd::Spawned => "the job's start",
-            StartEnd::NotStarted => "a job that could not start",
-            StartEnd::AlreadyDone => "a run key already done",
-            StartEnd::Unhealthy => "a failing health check",
-        })
+        match self {
+            StartEnd::Spawned => f.write_str("the job's start"),
+            StartEnd::NotStarted => f.write_str("a job that could not start"),
+            StartEnd::AlreadyDone => f.write_str("a run key already done"),
+            StartEnd::Unhealthy => f.write_str("a failing health check"),
+            StartEnd::Failed(e) => write!(f, "a failed start: {e:?}"),
+        }
     }
 }
 

@@ -163,6 +163,9 @@ pub enum CampaignEnd<E> {
         unhealthy: bool,
     },
     Failed(Cause<E>),
+    /// Refused in a way that a retry would only repeat (a `--slots` the election does not run
+    /// with): the run ends with it.
+    Refused(E),
     /// A stopping signal reached lead-exec.
     Interrupted {
         signal: i32,
@@ -198,7 +201,7 @@ pub enum DelayEnd {
 
 /// How the start of the job went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartEnd {
+pub enum StartEnd<E> {
     Spawned,
     /// Not started: the term's lease was lost, or left it too little time, or its watchdog
     /// did not answer.
@@ -207,6 +210,9 @@ pub enum StartEnd {
     AlreadyDone,
     /// Not started: the health check failed since the election.
     Unhealthy,
+    /// Not started, and the run ends with this error: the command cannot run (not found, not
+    /// executable), or etcd failed the check of the run key.
+    Failed(E),
 }
 
 /// What ends or disturbs a term while its job runs.
@@ -350,6 +356,10 @@ pub fn campaigned<E>(attempt: u32, ev: CampaignEnd<E>, p: &Policy) -> Step<E> {
             let attempt = attempt + 1;
             (Phase::BackingOff { attempt, wait }, actions)
         }
+        C::Refused(e) => (
+            Phase::Done(Exit::Usage),
+            vec![Action::RevokeLease, Action::Fail(e)],
+        ),
         C::Interrupted { signal } => done(None, Exit::Signal(signal)),
     }
 }
@@ -378,7 +388,7 @@ pub fn delaying<E>(token: i64, ev: DelayEnd, p: &Policy) -> Step<E> {
     }
 }
 
-pub fn started<E>(token: i64, ev: StartEnd, p: &Policy) -> Step<E> {
+pub fn started<E>(token: i64, ev: StartEnd<E>, p: &Policy) -> Step<E> {
     match ev {
         StartEnd::Spawned => (Phase::Leading { token }, vec![]),
         // Lost between the confirmation and the start: never run on an unconfirmed term.
@@ -387,6 +397,11 @@ pub fn started<E>(token: i64, ev: StartEnd, p: &Policy) -> Step<E> {
         // The check failed N times in a row between the election and the start: give the term
         // up without starting the job (closing a start record already written, as clean).
         StartEnd::Unhealthy => requeue(Some(TermEnd::Unhealthy)),
+        // The error names the exit (126, 127, 69); the next candidate takes over at once.
+        StartEnd::Failed(e) => (
+            Phase::Done(Exit::Software),
+            vec![Action::RevokeLease, Action::Fail(e)],
+        ),
     }
 }
 

@@ -415,3 +415,19 @@ fn an_unhealthy_candidate_leaves_the_line() {
         (campaigning(), vec![REVOKE])
     );
 }
+
+#[test]
+fn a_job_that_cannot_start_gives_the_lease_up_then_fails_the_run() {
+    for policy in [CAMPAIGN, EXIT, NO_WAIT] {
+        let (_, actions) = started(TOKEN, StartEnd::Failed("not found"), &policy);
+        assert_eq!(actions, vec![REVOKE, Action::Fail("not found")]);
+    }
+}
+
+#[test]
+fn a_refused_campaign_gives_the_lease_up_then_fails_the_run() {
+    for policy in [CAMPAIGN, EXIT, NO_WAIT] {
+        let (_, actions) = campaigned(0, CampaignEnd::Refused("other --slots"), &policy);
+        assert_eq!(actions, vec![REVOKE, Action::Fail("other --slots")]);
+    }
+}

@@ -31,6 +31,8 @@ fn all_events() -> Vec<Any> {
         Any::Start(StartEnd::NotStarted),
         Any::Start(StartEnd::AlreadyDone),
         Any::Start(StartEnd::Unhealthy),
+        Any::Start(StartEnd::Failed("cannot execute")),
+        Any::Campaign(CampaignEnd::Refused("other --slots")),
         Any::Term(TermEvent::LeaseTaskEnded),
         Any::Term(TermEvent::Paused),
         Any::Term(TermEvent::ResignRequested),

@@ -46,7 +46,7 @@ enum Any {
     Campaign(CampaignEnd<E>),
     Backoff(BackoffEnd),
     Delay(DelayEnd),
-    Start(StartEnd),
+    Start(StartEnd<E>),
     Term(TermEvent),
     Drain(DrainEvent),
 }
