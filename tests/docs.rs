@@ -106,6 +106,19 @@ fn man_pages_name_only_pages_that_exist_and_have_exit_status_and_examples() {
         }
     }
     assert!(named > 20, "only {named} page names found");
+    // Every page ends by naming the others, and not itself.
+    for (name, text) in &pages {
+        let text = String::from_utf8_lossy(text).replace("\\-", "-");
+        let see_also = text
+            .split(".SH \"SEE ALSO\"\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name} has no SEE ALSO"));
+        let (page, section) = name.rsplit_once('.').unwrap();
+        assert!(
+            !see_also.contains(&format!("{page}({section})")),
+            "{name} names itself in SEE ALSO"
+        );
+    }
     for (name, text) in pages.iter().filter(|(n, _)| n.ends_with(".1")) {
         let text = String::from_utf8_lossy(text);
         for section in [".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {

@@ -9,7 +9,7 @@ pub const EXIT_STATUS: [(&str, &str); 17] = [
     ("3", "status, resign: the election has no leader (none, or paused)"),
     ("4", "check, resign --token: the token is not the leader's"),
     ("64", "usage: bad flags, durations, names or unsafe settings"),
-    ("69", "etcd unavailable, or no answer within --dial-timeout or --command-timeout"),
+    ("69", "etcd unavailable, or no answer within --dial-timeout or --command-timeout; also resign or pause whose leader did not stop its job within --timeout"),
     ("70", "internal error (also: --cgroup on without cgroup v2)"),
     ("74", "an operator command could not write its output (stdout closed at start, a full disk)"),
     ("75", "not acquired: someone else leads and --no-wait or --wait gave up (--conflict-exit-code)"),
@@ -121,16 +121,43 @@ pub fn extra_sections(sub: &str) -> String {
         }
     }
     out.push_str(".SH \"SEE ALSO\"\n");
-    out.push_str(&roff(SEE_ALSO));
+    out.push_str(&roff(&see_also(sub)));
     out.push('\n');
     out
 }
 
-/// Every page ends by naming the others that an operator reads next.
-const SEE_ALSO: &str = "lead-exec(1), lead-exec-run(1), lead-exec-status(1), lead-exec-pause(1), \
-lead-exec-operations(7) (settings in detail, operator commands, cron, systemd, metrics), \
-lead-exec-safety(7) (why it is safe, the fencing contract, where it stops), \
-lead-exec-development(7) (tests, benchmarks, source layout)";
+/// The command pages, by subcommand ("" for lead-exec(1)).
+const COMMAND_PAGES: [&str; 10] = [
+    "",
+    "run",
+    "status",
+    "watch",
+    "resign",
+    "pause",
+    "resume",
+    "history",
+    "check",
+    "completions",
+];
+
+/// Every page ends by naming the others: the command pages but its own, then the reference.
+fn see_also(sub: &str) -> String {
+    let mut pages: Vec<String> = COMMAND_PAGES
+        .iter()
+        .filter(|p| **p != sub)
+        .map(|p| match *p {
+            "" => "lead-exec(1)".to_string(),
+            p => format!("lead-exec-{p}(1)"),
+        })
+        .collect();
+    pages.push(
+        "lead-exec-operations(7) (settings in detail, operator commands, cron, systemd, metrics)"
+            .into(),
+    );
+    pages.push("lead-exec-safety(7) (why it is safe, the fencing contract, where it stops)".into());
+    pages.push("lead-exec-development(7) (tests, benchmarks, source layout)".into());
+    pages.join(", ")
+}
 
 #[cfg(test)]
 mod tests {

@@ -19,7 +19,7 @@ pub fn to_roff(markdown: &str, version: &str) -> Result<String, String> {
         .and_then(|n| n.split_once('('))
         .ok_or("the title does not name a page as NAME(SECTION)")?;
     let mut out = format!(
-        ".TH {name} {section} \"\" \"lead-exec {version}\"\n.SH NAME\n{} \\- {}\n",
+        ".TH {name} {section} \"\" \"lead-exec {version}\"\n.nh\n.SH NAME\n{} \\- {}\n",
         escape(name),
         inline(summary)
     );
@@ -28,9 +28,9 @@ pub fn to_roff(markdown: &str, version: &str) -> Result<String, String> {
             continue;
         }
         if let Some(h) = line.strip_prefix("## ") {
-            out.push_str(&format!(".SH \"{}\"\n", escape(&h.to_uppercase())));
+            out.push_str(&format!(".SH \"{}\"\n", escape(&plain(h).to_uppercase())));
         } else if let Some(h) = line.strip_prefix("### ") {
-            out.push_str(&format!(".SS \"{}\"\n", escape(h)));
+            out.push_str(&format!(".SS \"{}\"\n", escape(&plain(h))));
         } else if line.starts_with("```") {
             out.push_str(".PP\n.RS 4\n.nf\n");
             for code in lines.by_ref() {
@@ -185,9 +185,24 @@ fn link(text: &str) -> Option<(&str, &str, usize)> {
     (!label.contains('[')).then(|| (label, &text[close + 2..end], end + 1))
 }
 
-/// Backslashes and hyphens as roff wants them in text.
+/// A heading's text without its marks: headings are set in their own font.
+fn plain(text: &str) -> String {
+    text.replace(['`', '*'], "")
+}
+
+/// Backslashes and hyphens as roff wants them in text, and every other character than ASCII
+/// as its Unicode escape, so that the page needs no input encoding (preconv) to render.
 fn escape(text: &str) -> String {
-    text.replace('\\', "\\e").replace('-', "\\-")
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\e"),
+            '-' => out.push_str("\\-"),
+            c if c.is_ascii() => out.push(c),
+            c => out.push_str(&format!("\\[u{:04X}]", c as u32)),
+        }
+    }
+    out
 }
 
 /// No output line may start a roff request.
@@ -210,7 +225,7 @@ mod tests {
     #[test]
     fn the_title_names_the_page_and_its_section() {
         let r = to_roff("# lead-exec-x(7) - what it is\n", "1.0").unwrap();
-        assert!(r.starts_with(".TH lead-exec-x 7 \"\" \"lead-exec 1.0\"\n.SH NAME\nlead\\-exec\\-x \\- what it is\n"), "{r}");
+        assert!(r.starts_with(".TH lead-exec-x 7 \"\" \"lead-exec 1.0\"\n.nh\n.SH NAME\nlead\\-exec\\-x \\- what it is\n"), "{r}");
         assert!(to_roff("no title", "1").is_err());
         assert!(to_roff("# x - no section", "1").is_err());
     }
@@ -248,6 +263,14 @@ mod tests {
         let two = render("| code | meaning |\n|---|---|\n| 64 | usage |\n| `a\\|b` | c |\n");
         assert!(two.contains(".TP\n\\fB\\fBa|b\\fR\\fR\nc\n"), "{two}");
         assert!(two.contains(".TP\n\\fB64\\fR\nusage\n"), "{two}");
+    }
+
+    #[test]
+    fn headings_lose_their_marks_and_text_is_ascii() {
+        let r = render("## `run` flags\n\nTTL − 1 s → D\n");
+        assert!(r.contains(".SH \"RUN FLAGS\"\n"), "{r}");
+        assert!(r.contains("TTL \\[u2212] 1 s \\[u2192] D\n"), "{r}");
+        assert!(r.is_ascii(), "{r}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ const CONNECTION_LIFE: Duration = Duration::from_secs(10);
 /// Each connection is a task of its own, so a slow or abusive client holds only that task,
 /// never the run loop; headers must arrive within 5 s, a connection lives at most 10 s, and at
 /// most 32 connections are served at once. Returns the file the jobs' `lead-exec check`
-/// counts its refusals in, if it could be made (see [`super::refusals`]).
+/// counts its refusals in, if it could be made (see `metrics::refusals`).
 pub async fn serve(addr: SocketAddr) -> Result<Option<std::path::PathBuf>> {
     let refusals = create_check_file()
         .inspect_err(|e| tracing::warn!("cannot count the job's `lead-exec check` refusals: {e}"))

@@ -1,6 +1,6 @@
 //! `lead-exec run`: the driver that carries out [`lifecycle`]'s decisions.
 //!
-//! The run is one [`State`]: its phase, holding exactly the scopes that phase has. A scope is
+//! The run is one `State`: its phase, holding exactly the scopes that phase has. A scope is
 //! one lifetime and what lives as long as it does:
 //!
 //! | scope | lives | holds | its behaviour |
