@@ -52,4 +52,26 @@ impl Ctx {
     ) -> Result<T> {
         etcd::bounded_by(etcd::Bound::Command(self.timeout), "etcd", fut).await
     }
+
+    /// Puts `value` in candidate key `key` on `lease`, only while the key is still the one
+    /// created at revision `token` (our term's): what `status` shows of a leader, never
+    /// written over a key that is no longer ours.
+    pub async fn update_candidate(
+        &self,
+        key: &str,
+        token: i64,
+        lease: i64,
+        value: &super::Candidate,
+    ) -> Result<()> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, token)])
+            .and_then([TxnOp::put(
+                key,
+                value.encode(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let mut c = self.client.clone();
+        self.bounded(c.txn(txn)).await.map(drop)
+    }
 }

@@ -80,19 +80,10 @@ impl Term {
     /// Puts `value` in our candidate key while it is still this term's, for `status`. Best
     /// effort: what it shows holds whether or not this lands.
     pub async fn show_in_status(&self, ctx: &Ctx, lease: &Lease, value: &Candidate) {
-        let txn = etcd_client::Txn::new()
-            .when([etcd_client::Compare::create_revision(
-                self.key.clone(),
-                etcd_client::CompareOp::Equal,
-                self.token,
-            )])
-            .and_then([etcd_client::TxnOp::put(
-                self.key.clone(),
-                value.encode(),
-                Some(etcd_client::PutOptions::new().with_lease(lease.id)),
-            )]);
-        let mut c = ctx.client.clone();
-        if let Err(e) = ctx.bounded(c.txn(txn)).await {
+        if let Err(e) = ctx
+            .update_candidate(&self.key, self.token, lease.id, value)
+            .await
+        {
             tracing::debug!("not shown in status: {e:#}");
         }
     }
