@@ -134,16 +134,64 @@ struct Holder<'a> {
     job_cgroup: Option<bool>,
 }
 
-pub async fn run(a: StatusArgs) -> Result<Exit> {
-    let ctx = Ctx::from_args(&a.election).await?;
+/// What etcd says of the election, read once: the I/O of `status`.
+struct Gathered {
+    election: String,
+    line: super::Holders,
+    recent: Vec<crate::records::history::Record>,
+    unhealthy: Vec<crate::records::unhealthy::Unhealthy>,
+    request: Option<Request>,
+    /// What is left of each holder's lease, in the order of `line.holders()`.
+    ttl_left: Vec<Option<i64>>,
+}
+
+async fn gather(ctx: &Ctx) -> Result<Gathered> {
     let line = ctx.holders().await?;
     let recent = ctx.history(Some(5)).await?;
     let unhealthy = ctx.unhealthy().await?;
+    let request = handover_request(ctx).await?;
+    let mut ttl_left = Vec::new();
+    for h in line.holders() {
+        ttl_left.push(match h.lease {
+            0 => None,
+            lease => {
+                let mut c = ctx.client.clone();
+                ctx.bounded(c.lease_time_to_live(lease, None))
+                    .await
+                    .ok()
+                    .map(|r| r.ttl())
+            }
+        });
+    }
+    Ok(Gathered {
+        election: ctx.election.name().to_string(),
+        line,
+        recent,
+        unhealthy,
+        request,
+        ttl_left,
+    })
+}
+
+/// The election as `status` shows it, judged from what was read: pure.
+struct View<'a> {
+    g: &'a Gathered,
+    holders: Vec<Holder<'a>>,
+    /// A pending handover, if it still stands.
+    request: Option<&'a Request>,
+    /// Terms whose key is still in line but no longer holds (a pause took the job away) and
+    /// whose record is open: their jobs are being stopped. They are not waiting in line.
+    stopping: Vec<&'a crate::records::history::Record>,
+    waiting: Vec<&'a Entry>,
+}
+
+fn view(g: &Gathered) -> View<'_> {
+    let line = &g.line;
     // A request from a higher-priority candidate lapses with it: the leader hands over only
     // if such a candidate is still in line once its --min-term is over, and keeps the term
     // (the request left in place) otherwise. A requester that crashed or gave up is no
     // pending handover.
-    let request = handover_request(&ctx).await?.filter(|r| {
+    let request = g.request.as_ref().filter(|r| {
         r.priority.is_none()
             || line.holders().iter().any(|h| {
                 h.token == r.token
@@ -153,51 +201,23 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
                         .any(|w| w.candidate.priority > h.candidate.priority)
             })
     });
-    let mut holders = Vec::new();
-    for h in line.holders() {
-        let ttl_left = match h.lease {
-            0 => None,
-            lease => {
-                let mut c = ctx.client.clone();
-                ctx.bounded(c.lease_time_to_live(lease, None))
-                    .await
-                    .ok()
-                    .map(|r| r.ttl())
+    let holders: Vec<Holder> = line
+        .holders()
+        .iter()
+        .zip(&g.ttl_left)
+        .map(|(h, ttl_left)| {
+            let record = g.recent.iter().find(|r| r.token == h.token);
+            Holder {
+                entry: h,
+                since: record.map(|r| r.started_ms),
+                timeout: record.and_then(|r| r.timeout_ms),
+                ttl_left: *ttl_left,
+                job_cgroup: record.and_then(|r| r.job_cgroup),
             }
-        };
-        let record = recent.iter().find(|r| r.token == h.token);
-        holders.push(Holder {
-            entry: h,
-            since: record.map(|r| r.started_ms),
-            timeout: record.and_then(|r| r.timeout_ms),
-            ttl_left,
-            job_cgroup: record.and_then(|r| r.job_cgroup),
-        });
-    }
-    let view = |h: &Holder| {
-        let Holder {
-            entry: h,
-            since,
-            timeout,
-            ttl_left,
-            job_cgroup,
-        } = h;
-        json!({
-            "id": h.candidate.id, "host": h.candidate.host, "pid": h.candidate.pid,
-            "token": h.token, "key": h.key, "slot": h.slot, "since_ms": since,
-            "lease_ttl_left_s": ttl_left, "priority": h.candidate.priority,
-            "takeover_until_ms": takeover_due(&h.candidate),
-            "job_cgroup": job_cgroup,
-            "timeout_ms": timeout,
-            "handover_requested": request.as_ref().filter(|r| r.token == h.token).map(|r| json!({
-                "by": r.by, "priority": r.priority,
-            })),
-            "timeout_at_ms": since.zip(*timeout).map(|(s, t)| s + t),
         })
-    };
-    // Terms whose key is still in line but no longer holds (a pause took the job away) and
-    // whose record is open: their jobs are being stopped. They are not waiting in line.
-    let stopping: Vec<&crate::records::history::Record> = recent
+        .collect();
+    let stopping: Vec<&crate::records::history::Record> = g
+        .recent
         .iter()
         .filter(|r| {
             r.end.is_none()
@@ -210,168 +230,228 @@ pub async fn run(a: StatusArgs) -> Result<Exit> {
         .iter()
         .filter(|w| !stopping.iter().any(|r| r.token == w.token))
         .collect();
-    let paused = &line.paused;
+    View {
+        g,
+        holders,
+        request,
+        stopping,
+        waiting,
+    }
+}
+
+pub async fn run(a: StatusArgs) -> Result<Exit> {
+    let ctx = Ctx::from_args(&a.election).await?;
+    let gathered = gather(&ctx).await?;
+    let v = view(&gathered);
     match a.output {
-        Output::Json => {
-            let v = json!({
-                "election": ctx.election.name(),
-                "slots": line.slots,
-                "leader": holders.first().map(view),
-                "holders": holders.iter().map(view).collect::<Vec<_>>(),
-                "waiting": waiting,
-                "draining": line.draining,
-                "stopping": stopping.iter().map(|r| json!({
-                    "id": r.id, "host": r.host, "pid": r.pid, "token": r.token,
-                    "since_ms": r.started_ms,
-                })).collect::<Vec<_>>(),
-                "unhealthy": unhealthy,
-                // A bool, as `watch -o json` has it; who paused, why and since when apart.
-                "paused": paused.is_some(),
-                "pause": paused,
-                "recent_terms": recent,
-            });
-            outln!("{}", serde_json::to_string_pretty(&v)?);
+        Output::Json => render_json(&v)?,
+        Output::Text => render_text(&v)?,
+    }
+    Ok(if v.holders.is_empty() {
+        Exit::NoLeader
+    } else {
+        Exit::Ok
+    })
+}
+
+/// A holder in JSON.
+fn holder_json(h: &Holder, request: Option<&Request>) -> serde_json::Value {
+    let Holder {
+        entry: h,
+        since,
+        timeout,
+        ttl_left,
+        job_cgroup,
+    } = h;
+    json!({
+        "id": h.candidate.id, "host": h.candidate.host, "pid": h.candidate.pid,
+        "token": h.token, "key": h.key, "slot": h.slot, "since_ms": since,
+        "lease_ttl_left_s": ttl_left, "priority": h.candidate.priority,
+        "takeover_until_ms": takeover_due(&h.candidate),
+        "job_cgroup": job_cgroup,
+        "timeout_ms": timeout,
+        "handover_requested": request.filter(|r| r.token == h.token).map(|r| json!({
+            "by": r.by, "priority": r.priority,
+        })),
+        "timeout_at_ms": since.zip(*timeout).map(|(s, t)| s + t),
+    })
+}
+
+fn render_json(v: &View) -> Result<()> {
+    let View {
+        g,
+        holders,
+        request,
+        stopping,
+        waiting,
+    } = v;
+    let view = |h: &Holder| holder_json(h, *request);
+    let line = &g.line;
+    let paused = &line.paused;
+    let out = json!({
+        "election": g.election,
+        "slots": line.slots,
+        "leader": holders.first().map(view),
+        "holders": holders.iter().map(view).collect::<Vec<_>>(),
+        "waiting": waiting,
+        "draining": line.draining,
+        "stopping": stopping.iter().map(|r| json!({
+            "id": r.id, "host": r.host, "pid": r.pid, "token": r.token,
+            "since_ms": r.started_ms,
+        })).collect::<Vec<_>>(),
+        "unhealthy": g.unhealthy,
+        // A bool, as `watch -o json` has it; who paused, why and since when apart.
+        "paused": paused.is_some(),
+        "pause": paused,
+        "recent_terms": g.recent,
+    });
+    outln!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+fn render_text(v: &View) -> Result<()> {
+    let View {
+        g,
+        holders,
+        request,
+        stopping,
+        waiting,
+    } = v;
+    let (line, recent, unhealthy) = (&g.line, &g.recent, &g.unhealthy);
+    let paused = &line.paused;
+    outln!("election:  {}", g.election);
+    if line.slots > 1 {
+        outln!("slots:     {}", line.slots);
+        outln!("holders:   {}", holders.len());
+    }
+    for Holder {
+        entry: h,
+        since,
+        timeout,
+        ttl_left: ttl,
+        job_cgroup: cgroup,
+    } in holders
+    {
+        if line.slots > 1 {
+            out!("  slot {}: ", slot_name(h.slot));
+        } else {
+            out!("leader:    ");
         }
-        Output::Text => {
-            outln!("election:  {}", ctx.election.name());
-            if line.slots > 1 {
-                outln!("slots:     {}", line.slots);
-                outln!("holders:   {}", holders.len());
-            }
-            for Holder {
-                entry: h,
-                since,
-                timeout,
-                ttl_left: ttl,
-                job_cgroup: cgroup,
-            } in &holders
-            {
-                if line.slots > 1 {
-                    out!("  slot {}: ", slot_name(h.slot));
-                } else {
-                    out!("leader:    ");
-                }
-                outln!(
-                    "{} (host {}, pid {}{}), token {}",
-                    escape(&h.candidate.id),
-                    escape(&h.candidate.host),
-                    h.candidate.pid,
-                    priority_text(&h.candidate),
-                    h.token
-                );
-                let indent = if line.slots > 1 { "    " } else { "" };
-                if let Some(s) = since {
-                    outln!("{indent}since:     {}", fmt_ms(*s));
-                }
-                if let Some(t) = ttl {
-                    outln!("{indent}lease:     {t}s left");
-                }
-                if *cgroup == Some(false) {
-                    outln!("{indent}job:       no cgroup (process group and tree)");
-                }
-                if let (Some(s), Some(t)) = (since, timeout) {
-                    outln!(
-                        "{indent}timeout:   {}, stops the job at {}",
-                        crate::clock::human(std::time::Duration::from_millis(*t)),
-                        fmt_ms(s + t)
-                    );
-                }
-                if let Some(r) = request.as_ref().filter(|r| r.token == h.token) {
-                    match (&r.by, r.priority) {
+        outln!(
+            "{} (host {}, pid {}{}), token {}",
+            escape(&h.candidate.id),
+            escape(&h.candidate.host),
+            h.candidate.pid,
+            priority_text(&h.candidate),
+            h.token
+        );
+        let indent = if line.slots > 1 { "    " } else { "" };
+        if let Some(s) = since {
+            outln!("{indent}since:     {}", fmt_ms(*s));
+        }
+        if let Some(t) = ttl {
+            outln!("{indent}lease:     {t}s left");
+        }
+        if *cgroup == Some(false) {
+            outln!("{indent}job:       no cgroup (process group and tree)");
+        }
+        if let (Some(s), Some(t)) = (since, timeout) {
+            outln!(
+                "{indent}timeout:   {}, stops the job at {}",
+                crate::clock::human(std::time::Duration::from_millis(*t)),
+                fmt_ms(s + t)
+            );
+        }
+        if let Some(r) = request.filter(|r| r.token == h.token) {
+            match (&r.by, r.priority) {
                         (Some(by), Some(p)) => outln!(
                             "{indent}handover:  requested by {} (priority {p}); once this term's --min-term is over",
                             escape(by)
                         ),
                         _ => outln!("{indent}handover:  resign requested"),
                     };
-                }
-                if let Some(due) = takeover_due(&h.candidate) {
-                    outln!(
-                        "{indent}job:       not started: takeover delay after an unclean end, until {}",
-                        fmt_ms(due)
-                    );
-                }
-            }
-            for d in &line.draining {
-                outln!(
+        }
+        if let Some(due) = takeover_due(&h.candidate) {
+            outln!(
+                "{indent}job:       not started: takeover delay after an unclean end, until {}",
+                fmt_ms(due)
+            );
+        }
+    }
+    for d in &line.draining {
+        outln!(
                     "  slot {}: a draining job, token {} (its key is gone; the slot frees when the job ends)",
                     d.slot, d.token
                 );
-            }
-            let unknown = line.entries.is_empty()
-                && recent.is_empty()
-                && paused.is_none()
-                && unhealthy.is_empty()
-                && line.draining.is_empty();
-            if unknown {
-                // A misspelled name reads like an election without a leader: say which.
-                outln!("leader:    none (no candidates and no recorded terms: none has run yet, or the name is misspelled)");
-            } else if holders.is_empty() && line.slots == 1 {
-                outln!("leader:    none");
-            }
-            for r in &stopping {
-                outln!(
-                    "stopping:  {} (host {}, pid {}), token {}: its job is being stopped",
-                    escape(&r.id),
-                    escape(&r.host),
-                    r.pid,
-                    r.token
-                );
-            }
-            if let Some(p) = paused {
-                outln!(
-                    "paused:    yes, since {} by {}: {}",
-                    fmt_ms(p.since_ms),
-                    escape(&p.by),
-                    escape(&p.reason)
-                );
-            } else {
-                outln!("paused:    no");
-            }
-            outln!("waiting:   {}", waiting.len());
-            for (i, w) in waiting.iter().enumerate() {
-                outln!(
-                    "  {}. {} (host {}, pid {}{})",
-                    i + 1,
-                    escape(&w.candidate.id),
-                    escape(&w.candidate.host),
-                    w.candidate.pid,
-                    priority_text(&w.candidate)
-                );
-            }
-            if !unhealthy.is_empty() {
-                outln!(
-                    "unhealthy: {} (out of line until their health check passes)",
-                    unhealthy.len()
-                );
-                for u in &unhealthy {
-                    outln!(
-                        "  - {} (host {}, pid {}), since {}",
-                        escape(&u.candidate.id),
-                        escape(&u.candidate.host),
-                        u.candidate.pid,
-                        fmt_ms(u.unhealthy_since_ms)
-                    );
-                }
-            }
-            if !recent.is_empty() {
-                outln!("recent terms:");
-                for r in recent.iter().rev() {
-                    outln!(
-                        "  token {:<8} {:<24} {} .. {}  {}",
-                        r.token,
-                        escape(&r.id),
-                        fmt_ms(r.started_ms),
-                        super::history::ended_text(r).unwrap_or_else(|| "now".into()),
-                        escape(&super::history::end_text(r))
-                    );
-                }
-            }
+    }
+    let unknown = line.entries.is_empty()
+        && recent.is_empty()
+        && paused.is_none()
+        && unhealthy.is_empty()
+        && line.draining.is_empty();
+    if unknown {
+        // A misspelled name reads like an election without a leader: say which.
+        outln!("leader:    none (no candidates and no recorded terms: none has run yet, or the name is misspelled)");
+    } else if holders.is_empty() && line.slots == 1 {
+        outln!("leader:    none");
+    }
+    for r in stopping {
+        outln!(
+            "stopping:  {} (host {}, pid {}), token {}: its job is being stopped",
+            escape(&r.id),
+            escape(&r.host),
+            r.pid,
+            r.token
+        );
+    }
+    if let Some(p) = paused {
+        outln!(
+            "paused:    yes, since {} by {}: {}",
+            fmt_ms(p.since_ms),
+            escape(&p.by),
+            escape(&p.reason)
+        );
+    } else {
+        outln!("paused:    no");
+    }
+    outln!("waiting:   {}", waiting.len());
+    for (i, w) in waiting.iter().enumerate() {
+        outln!(
+            "  {}. {} (host {}, pid {}{})",
+            i + 1,
+            escape(&w.candidate.id),
+            escape(&w.candidate.host),
+            w.candidate.pid,
+            priority_text(&w.candidate)
+        );
+    }
+    if !unhealthy.is_empty() {
+        outln!(
+            "unhealthy: {} (out of line until their health check passes)",
+            unhealthy.len()
+        );
+        for u in unhealthy.iter() {
+            outln!(
+                "  - {} (host {}, pid {}), since {}",
+                escape(&u.candidate.id),
+                escape(&u.candidate.host),
+                u.candidate.pid,
+                fmt_ms(u.unhealthy_since_ms)
+            );
         }
     }
-    Ok(if holders.is_empty() {
-        Exit::NoLeader
-    } else {
-        Exit::Ok
-    })
+    if !recent.is_empty() {
+        outln!("recent terms:");
+        for r in recent.iter().rev() {
+            outln!(
+                "  token {:<8} {:<24} {} .. {}  {}",
+                r.token,
+                escape(&r.id),
+                fmt_ms(r.started_ms),
+                super::history::ended_text(r).unwrap_or_else(|| "now".into()),
+                escape(&super::history::end_text(r))
+            );
+        }
+    }
+    Ok(())
 }
