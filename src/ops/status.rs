@@ -278,24 +278,17 @@ fn holder_json(h: &Holder, request: Option<&Request>) -> serde_json::Value {
 }
 
 fn render_json(v: &View) -> Result<()> {
-    let View {
-        g,
-        holders,
-        request,
-        stopping,
-        waiting,
-    } = v;
-    let view = |h: &Holder| holder_json(h, *request);
-    let line = &g.line;
+    let view = |h: &Holder| holder_json(h, v.request);
+    let (g, line) = (v.g, &v.g.line);
     let paused = &line.paused;
     let out = json!({
         "election": g.election,
         "slots": line.slots,
-        "leader": holders.first().map(view),
-        "holders": holders.iter().map(view).collect::<Vec<_>>(),
-        "waiting": waiting,
+        "leader": v.holders.first().map(view),
+        "holders": v.holders.iter().map(view).collect::<Vec<_>>(),
+        "waiting": v.waiting,
         "draining": line.draining,
-        "stopping": stopping.iter().map(|r| json!({
+        "stopping": v.stopping.iter().map(|r| json!({
             "id": r.id, "host": r.host, "pid": r.pid, "token": r.token,
             "since_ms": r.started_ms,
         })).collect::<Vec<_>>(),
