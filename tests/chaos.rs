@@ -192,6 +192,9 @@ fn quorum_loss_fails_closed_and_elects_nobody_until_it_returns() {
     assert_eq!(c.last_token(), t, "a term started without a quorum");
     c.etcd.members[0].cont();
     c.etcd.members[1].cont();
+    // The quorum is back once the members have elected a leader and commit again, which a
+    // loaded machine can take seconds for after SIGCONT: liveness counts from there.
+    c.etcd.wait_healthy(secs(30));
     c.heal(m);
     let (_, t2) = c.wait_term_after(t, TTL + secs(10));
     assert!(t2 > t);
