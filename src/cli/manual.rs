@@ -94,7 +94,7 @@ fn table(out: &mut String, rows: &[(&str, &str)]) {
 }
 
 /// The sections that follow clap_mangen's for the page of `sub` ("" for lead-exec(1)).
-pub fn extra_sections(sub: &str) -> String {
+pub fn extra_sections(sub: &str, subs: &[&str]) -> String {
     let mut out = String::new();
     out.push_str(".SH \"EXIT STATUS\"\n");
     table(&mut out, &EXIT_STATUS);
@@ -121,31 +121,18 @@ pub fn extra_sections(sub: &str) -> String {
         }
     }
     out.push_str(".SH \"SEE ALSO\"\n");
-    out.push_str(&roff(&see_also(sub)));
+    out.push_str(&roff(&see_also(sub, subs)));
     out.push('\n');
     out
 }
 
-/// The command pages, by subcommand ("" for lead-exec(1)).
-const COMMAND_PAGES: [&str; 10] = [
-    "",
-    "run",
-    "status",
-    "watch",
-    "resign",
-    "pause",
-    "resume",
-    "history",
-    "check",
-    "completions",
-];
-
-/// Every page ends by naming the others: the command pages but its own, then the reference.
-fn see_also(sub: &str) -> String {
-    let mut pages: Vec<String> = COMMAND_PAGES
-        .iter()
-        .filter(|p| **p != sub)
-        .map(|p| match *p {
+/// Every page ends by naming the others: the command pages but its own (`subs`: every
+/// subcommand with a page), then the reference.
+fn see_also(sub: &str, subs: &[&str]) -> String {
+    let mut pages: Vec<String> = std::iter::once("")
+        .chain(subs.iter().copied())
+        .filter(|p| *p != sub)
+        .map(|p| match p {
             "" => "lead-exec(1)".to_string(),
             p => format!("lead-exec-{p}(1)"),
         })

@@ -605,17 +605,20 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
     // exist (`lead-exec help run` still works).
     let mut cmd = command().disable_help_subcommand(true);
     cmd.build();
+    let shown = || {
+        cmd.get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    };
+    // Each page's SEE ALSO names the others, from this same list.
+    let subs: Vec<&str> = shown().map(|s| s.get_name()).collect();
     let mut pages = Vec::new();
     let mut top = Vec::new();
     clap_mangen::Man::new(cmd.clone())
         .render(&mut top)
         .expect("rendering to memory cannot fail");
-    top.extend_from_slice(manual::extra_sections("").as_bytes());
+    top.extend_from_slice(manual::extra_sections("", &subs).as_bytes());
     pages.push(("lead-exec.1".to_string(), top));
-    for sub in cmd
-        .get_subcommands()
-        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
-    {
+    for sub in shown() {
         let short = sub.get_name().to_string();
         let name = format!("lead-exec-{short}");
         let sub = sub
@@ -626,7 +629,7 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
         clap_mangen::Man::new(sub)
             .render(&mut buf)
             .expect("rendering to memory cannot fail");
-        buf.extend_from_slice(manual::extra_sections(&short).as_bytes());
+        buf.extend_from_slice(manual::extra_sections(&short, &subs).as_bytes());
         pages.push((format!("{name}.1"), buf));
     }
     for (file, markdown) in REFERENCE {
