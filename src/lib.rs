@@ -68,7 +68,8 @@
 //! - [`config`]: checks the flags into a safe [`config::RunConfig`] of the crate's own types
 //!   ([`config::conn`] the etcd connection, [`config::values`] single values,
 //!   [`config::exec`] the command against execve's limits); [`logging`] sets up tracing from
-//!   them, and `main` keeps the [`logging::Log`] it returns until exit, when its drop flushes
+//!   them (a run's lines get its election and id from one span, opened by [`run::run`]), and
+//!   `main` keeps the [`logging::Log`] it returns until exit, when its drop flushes
 //!   the queue of log lines.
 //! - [`cli`]: the flags as typed; clap stays here, and the man pages are rendered from it,
 //!   with [`cli::manual`]'s exit status, environment, signals and examples.
@@ -83,20 +84,21 @@
 //!   [`election::scope`] (the etcd scope every request goes through: client, endpoint router,
 //!   election and command timeout, one value passed in, not process-global state).
 //! - [`etcd`]: connecting, bounding every request by a timeout, endpoint failover.
-//! - [`supervisor`]: the job under its watchdog. lead-exec's side: [`supervisor::standby`]
-//!   starts the job through a watchdog started ahead, [`supervisor::job`] is the handle on the
-//!   running job (deadlines, signals, stop and kill, and lead-exec's own enforcement of D).
-//!   The watchdog's side: [`supervisor::enforcer`] decides, without I/O, what the group gets
-//!   and when; [`supervisor::watchdog`] is the process that carries it out, started by
-//!   [`supervisor::detach`]; [`supervisor::group`] the process group and cgroup, and
-//!   [`supervisor::tree`] the tree of the watchdog's descendants: together, everything a stop
-//!   reaches and the term waits for.
+//! - [`supervisor`]: the job under its watchdog, a folder for each process and one for the
+//!   wire. lead-exec's side, [`supervisor::handle`]: [`supervisor::handle::standby`] starts
+//!   the job through a watchdog started ahead, [`supervisor::handle::job`] is the handle on
+//!   the running job (deadlines, signals, stop and kill, and lead-exec's own enforcement of D).
+//!   The watchdog's side, [`supervisor::watchdog`]: [`supervisor::watchdog::enforcer`]
+//!   decides, without I/O, what the group gets and when, and the watchdog's main loop carries
+//!   it out. [`supervisor::wire`] is what the two pipes carry. Both sides reach the job's
+//!   processes through [`supervisor::procs`]: the process group and cgroup, and the tree of
+//!   the watchdog's descendants, everything a stop reaches and the term waits for.
 //!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
 //! - [`exit`], [`clock`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
 //!   CLOCK_BOOTTIME, Prometheus, systemd, values made safe to print.
 //!
 //! The safety decisions are pure functions with unit and property tests:
-//! the step functions of [`run::lifecycle`], [`supervisor::enforcer::Enforcer`],
+//! the step functions of [`run::lifecycle`], [`supervisor::watchdog::enforcer::Enforcer`],
 //! [`election::schedule::Schedule`] (the keepalive schedule), and the renewal arithmetic in
 //! [`election::lease::renewal`].
 
@@ -221,7 +223,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             // A command that cannot run is refused (127, 126) before anything starts, and so
             // is a place where the job's processes could not be seen (64).
             supervisor::preflight(&cfg.command[0])?;
-            supervisor::preflight::proc_view()?;
+            supervisor::handle::preflight::proc_view()?;
             let exit = run::run(cfg.clone()).await?;
             if let Exit::NotAcquired(_) | Exit::Unhealthy = exit {
                 ops::status::report_not_acquired(&cfg, exit == Exit::Unhealthy).await;

@@ -24,7 +24,12 @@ use std::os::fd::AsFd;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use tracing_subscriber::fmt::MakeWriter;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogArgs, LogFormat};
@@ -69,11 +74,134 @@ pub fn init(args: &LogArgs) -> Log {
         .log_internal_errors(false)
         .with_target(false);
     let res = match args.log_format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.with_ansi(ansi).try_init(),
+        LogFormat::Json => builder
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .try_init(),
+        LogFormat::Text => builder.with_ansi(ansi).event_format(SpansLast).try_init(),
     };
     let _ = res;
     log
+}
+
+/// Text lines as tracing's default format has them (time, level, message, fields), with the
+/// fields of the event's spans after its own: `election=… id=…` from the run's span end every
+/// line of a run, where lines had them before there was a span, and the line still starts
+/// with what happened.
+struct SpansLast;
+
+impl<S, N> FormatEvent<S, N> for SpansLast
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        SystemTime.format_time(&mut writer)?;
+        let level = *event.metadata().level();
+        let name = format!("{:>5}", level.as_str());
+        if writer.has_ansi_escapes() {
+            let colour = match level {
+                tracing::Level::ERROR => 31,
+                tracing::Level::WARN => 33,
+                tracing::Level::INFO => 32,
+                tracing::Level::DEBUG => 34,
+                tracing::Level::TRACE => 35,
+            };
+            write!(writer, " \x1b[{colour}m{name}\x1b[0m ")?;
+        } else {
+            write!(writer, " {name} ")?;
+        }
+        ctx.format_fields(writer.by_ref(), event)?;
+        for fields in span_fields(ctx) {
+            write!(writer, " {fields}")?;
+        }
+        writeln!(writer)
+    }
+}
+
+/// JSON lines with the fields of the event and of its spans side by side at the top level:
+/// `election` and `id`, which the run's span carries, sit beside `message` and `token` on every
+/// line of a run, as log pipelines index them, not nested under a `span` object.
+struct FlatJson;
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let mut line = serde_json::Map::new();
+        let mut at = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut at))?;
+        line.insert("timestamp".into(), at.into());
+        line.insert("level".into(), event.metadata().level().as_str().into());
+        // Outermost span first: an inner one's field of the same name wins, as the event's
+        // own fields win over every span's.
+        for fields in span_fields(ctx) {
+            if let Ok(serde_json::Value::Object(m)) = serde_json::from_str(&fields) {
+                line.extend(m);
+            }
+        }
+        event.record(&mut JsonVisitor(&mut line));
+        writeln!(writer, "{}", serde_json::Value::Object(line))
+    }
+}
+
+/// The fields of the event's spans as the field formatter wrote them, outermost span first.
+fn span_fields<S, N>(ctx: &FmtContext<'_, S, N>) -> Vec<String>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    let Some(scope) = ctx.event_scope() else {
+        return Vec::new();
+    };
+    scope
+        .from_root()
+        .filter_map(|span| {
+            let ext = span.extensions();
+            let fields = ext.get::<FormattedFields<N>>()?;
+            (!fields.is_empty()).then(|| fields.fields.clone())
+        })
+        .collect()
+}
+
+/// An event's fields as JSON values.
+struct JsonVisitor<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl Visit for JsonVisitor<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.0.insert(field.name().into(), value.to_string().into());
+    }
 }
 
 impl Log {

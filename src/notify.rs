@@ -5,6 +5,7 @@
 
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
+use tracing::Instrument;
 
 fn send(msg: &str) {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
@@ -38,12 +39,15 @@ pub fn ready() {
         .is_none_or(|p| p == std::process::id());
     if let (Some(usec), true) = (usec, pid_ok) {
         let every = Duration::from_micros(usec) / 2;
-        tokio::spawn(async move {
-            loop {
-                send("WATCHDOG=1");
-                tokio::time::sleep(every).await;
+        tokio::spawn(
+            async move {
+                loop {
+                    send("WATCHDOG=1");
+                    tokio::time::sleep(every).await;
+                }
             }
-        });
+            .in_current_span(),
+        );
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::time::Duration;
+use tracing::Instrument;
 
 use anyhow::Result;
 
@@ -38,27 +39,30 @@ pub async fn serve(addr: SocketAddr) -> Result<Option<std::path::PathBuf>> {
         tracing::info!("metrics at http://{bound}/metrics");
     }
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::spawn(async move {
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let Ok((sock, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(
-                        hyper_util::rt::TokioIo::new(sock),
-                        hyper::service::service_fn(answer),
-                    );
-                let _ = tokio::time::timeout(CONNECTION_LIFE, conn).await;
-                drop(permit);
-            });
+    tokio::spawn(
+        async move {
+            loop {
+                let Ok(permit) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let Ok((sock, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(sock),
+                            hyper::service::service_fn(answer),
+                        );
+                    let _ = tokio::time::timeout(CONNECTION_LIFE, conn).await;
+                    drop(permit);
+                });
+            }
         }
-    });
+        .in_current_span(),
+    );
     Ok(refusals)
 }
 

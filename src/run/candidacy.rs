@@ -2,6 +2,7 @@
 //! (start-up) and between two (the health gate, the backoff).
 
 use std::time::Duration;
+use tracing::Instrument;
 
 use anyhow::Result;
 use tokio::sync::{mpsc, watch};
@@ -19,9 +20,10 @@ use crate::records::history::{Start, TermEnd};
 use crate::supervisor::Standby;
 use crate::{etcd, metrics, notify};
 
-use super::events::{HealthFailures, TermEvents, Timer};
+use super::events::{HealthFailures, Settings, TermEvents, Timer};
 use super::health::{self, Health};
 use super::lifecycle::{BackoffEnd, CampaignEnd, Cause};
+use super::signals::Arrived;
 use super::term::{already_done, Launcher, Term};
 use super::{signals, token_regressed, Driver, Env, Failure, Held};
 
@@ -71,7 +73,7 @@ impl Candidacy {
             // Our key is gone already: nothing waits on this lease. If lead-exec exits
             // first, it simply expires.
             Closing::KeyDeleted => {
-                tokio::spawn(self.lease.revoke(wait, command_timeout));
+                tokio::spawn(self.lease.revoke(wait, command_timeout).in_current_span());
             }
             Closing::Open => {
                 self.lease.revoke(wait, command_timeout).await;
@@ -138,20 +140,20 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>>
     let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
     let probe = {
         let (c, conn) = (ctx.client.clone(), cfg.conn.clone());
-        tokio::spawn(async move { etcd::probe(&c, &conn).await })
+        tokio::spawn(async move { etcd::probe(&c, &conn).await }.in_current_span())
     };
     // The server's version, beside the probe: a member's own answer, no commit, so it costs
     // no time on the way to the job.
     let version = {
         let (c, t) = (ctx.client.clone(), cfg.conn.dial_timeout);
-        tokio::spawn(async move { etcd::server_version(&c, t).await })
+        tokio::spawn(async move { etcd::server_version(&c, t).await }.in_current_span())
     };
     // Without a health check or a run key to consult first, the first campaign's lease grant
     // goes out beside the probe, on the connection it opens.
     let grant_beside_probe = cfg.health.is_none() && cfg.run_key.is_none();
     let first_lease = grant_beside_probe.then(|| {
         let (c, ttl, grace, margin) = (ctx.clone(), cfg.ttl, cfg.grace, cfg.safety_margin);
-        tokio::spawn(async move { Lease::grant(&c, ttl, grace, margin).await })
+        tokio::spawn(async move { Lease::grant(&c, ttl, grace, margin).await }.in_current_span())
     });
     // The requests go out first: the watchdog the first campaign starts ahead (see
     // `Driver::campaign`) then overlaps their round trips instead of preceding them.
@@ -167,11 +169,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>>
     };
     let etcd_warning = judge_version(version).await;
     if let Some(done) = already_done(&ctx, &cfg).await? {
-        tracing::info!(
-            election = cfg.election.name(),
-            run_key = done,
-            "run key already done; not running the job"
-        );
+        tracing::info!(run_key = done, "run key already done; not running the job");
         return Ok(Err(Exit::Ok));
     }
     let give_up_at = match cfg.wait {
@@ -202,7 +200,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>>
 /// What a campaign uses of the process, lent for one campaign.
 pub struct Ask<'a> {
     pub env: &'a Env,
-    pub signals: &'a mut mpsc::UnboundedReceiver<i32>,
+    pub signals: &'a mut mpsc::UnboundedReceiver<Arrived>,
     pub health: &'a mut Option<watch::Receiver<Health>>,
     /// When `--wait` gives up: set by the first campaign after a term.
     pub give_up_at: &'a mut Option<Instant>,
@@ -259,7 +257,6 @@ pub async fn campaign(
             return Ok((failed, Held::Nothing));
         }
     };
-    let election = cfg.election.name().to_string();
     let outcome = {
         let camp = Campaign {
             client: &env.ctx.client,
@@ -277,7 +274,7 @@ pub async fn campaign(
         let mut last_wait = None;
         let run = camp.run(|w| {
             if last_wait.as_ref() != Some(w) {
-                tracing::info!(election, "{w}");
+                tracing::info!("{w}");
                 if let Some(status) = w.status() {
                     notify::status(&status);
                 }
@@ -289,7 +286,7 @@ pub async fn campaign(
             out = run => Ok(out),
             signal = stopping(signals) => Err(CampaignEnd::Interrupted { signal }),
             _ = failing.failing() => {
-                tracing::warn!(election, "the health check is failing; leaving the line until it passes");
+                tracing::warn!("the health check is failing; leaving the line until it passes");
                 Err(CampaignEnd::Unhealthy)
             }
         }
@@ -307,7 +304,7 @@ pub async fn campaign(
             return Ok((ev, Held::Lease(candidacy)));
         }
         Ok((Outcome::Lost(r), _)) => {
-            tracing::warn!(election, "candidacy lost while queued: {}", r.as_str());
+            tracing::warn!("candidacy lost while queued: {}", r.as_str());
             let ev = CampaignEnd::Failed(Cause::CandidacyLost(r));
             return Ok((ev, Held::Lease(candidacy)));
         }
@@ -329,7 +326,6 @@ pub async fn campaign(
     };
     if token_regressed(*last_token, token) {
         tracing::error!(
-            election,
             previous = *last_token,
             token,
             "the fencing token went backwards: etcd's revisions were reset (wiped or restored without --bump-revision); resources that check tokens will reject this term"
@@ -343,7 +339,13 @@ pub async fn campaign(
         metrics::ttl_remaining(deadline.remaining());
     }
     let watch = LeaderWatch::new(&env.ctx, &key, token);
-    let events = TermEvents::new(&candidacy.lease, watch, HealthFailures::new(health.clone()));
+    let settings = Settings::of(&env.cfg);
+    let events = TermEvents::new(
+        settings,
+        &candidacy.lease,
+        watch,
+        HealthFailures::new(health.clone()),
+    );
     let mut term = Term::new(token, key, slot, events, learned.predecessor_gone);
     let delay = takeover_delay_for(env, token, learned).await;
     if let Some((d, why)) = &delay {
@@ -431,7 +433,6 @@ async fn takeover_delay_for(env: &Env, token: i64, learned: Learned) -> Option<(
 async fn begin_takeover_delay(env: &Env, lease: &Lease, term: &mut Term, d: Duration, why: &str) {
     let token = term.token;
     tracing::warn!(
-        election = env.cfg.election.name(),
         token,
         "{why}: waiting --takeover-delay {} before starting the job",
         crate::clock::human(d)
@@ -452,7 +453,7 @@ async fn begin_takeover_delay(env: &Env, lease: &Lease, term: &mut Term, d: Dura
 /// (a stopping signal, or `--wait`/`--no-wait` giving up).
 async fn wait_healthy(
     env: &Env,
-    signals: &mut mpsc::UnboundedReceiver<i32>,
+    signals: &mut mpsc::UnboundedReceiver<Arrived>,
     health: &mut Option<watch::Receiver<Health>>,
     give_up_at: Option<Instant>,
 ) -> Option<CampaignEnd<Failure>> {
@@ -465,13 +466,12 @@ async fn wait_healthy(
     if first == Health::Healthy {
         return None;
     }
-    let election = cfg.election.name();
     let gave_up = CampaignEnd::NotAcquired { unhealthy: true };
     if cfg.wait == Wait::No {
         // The one line that says so is the run's last (see `report_not_acquired`).
         return Some(gave_up);
     }
-    tracing::warn!(election, "not campaigning until the health check passes");
+    tracing::warn!("not campaigning until the health check passes");
     notify::status("unhealthy: waiting for the health check to pass");
     // Bounded tighter than a request: a pass or a signal must not wait on an etcd in trouble.
     let bound = cfg.conn.command_timeout.min(Duration::from_secs(1));
@@ -485,13 +485,13 @@ async fn wait_healthy(
             if passed.is_err() {
                 // The checks stopped running (a bug): no pass can come any more, but a stop
                 // signal and --wait must still end the wait.
-                tracing::error!(election, "the health check stopped running; waiting for a stop signal");
+                tracing::error!("the health check stopped running; waiting for a stop signal");
                 tokio::select! {
                     signal = stopping(signals) => Some(CampaignEnd::Interrupted { signal }),
                     _ = crate::clock::until(give_up_at) => Some(gave_up),
                 }
             } else {
-                tracing::info!(election, "the health check passes; campaigning");
+                tracing::info!("the health check passes; campaigning");
                 None
             }
         }
@@ -510,7 +510,7 @@ async fn wait_healthy(
 pub async fn backoff(
     d: Duration,
     give_up_at: Option<Instant>,
-    signals: &mut mpsc::UnboundedReceiver<i32>,
+    signals: &mut mpsc::UnboundedReceiver<Arrived>,
 ) -> BackoffEnd {
     // Jitter spreads the candidates of a cluster that came back at once.
     let jitter = Duration::from_millis(BootInstant::now().as_nanos() % 250);
@@ -569,12 +569,16 @@ async fn show_unhealthy(ctx: &Ctx, cfg: &RunConfig, candidate: &Candidate) -> Op
     Some(lease)
 }
 
-/// Waits for a signal that stops the run; others (USR1, USR2) have no job to go to.
-async fn stopping(signals: &mut mpsc::UnboundedReceiver<i32>) -> i32 {
+/// Waits for a signal that stops the run. One for the job (USR1, USR2) is dropped while
+/// campaigning or backing off: there is no job to pass it to, and no term (a delaying term
+/// decides the same in its step, [`super::lifecycle::delaying`]).
+async fn stopping(signals: &mut mpsc::UnboundedReceiver<Arrived>) -> i32 {
     loop {
         match signals.recv().await {
-            Some(signal) if signals::is_stopping(signal) => return signal,
-            Some(_) => {}
+            Some(Arrived::Stop(signal)) => return signal,
+            Some(Arrived::Forward(signal)) => {
+                tracing::debug!(signal, "no job runs: a signal for the job is dropped");
+            }
             None => std::future::pending::<()>().await,
         }
     }

@@ -3,10 +3,12 @@
 //!
 //! Each source is a small type that waits forever when it is absent (no health check, no
 //! `--timeout`, no handover asked for, no job yet), so a phase waits on all of its sources in
-//! one `select!` without asking which exist. What the sources see on the way is I/O and stays
-//! here: renewals go on to the job's watchdog as they land, a deleted key is checked against
-//! the lease, a handover that is due is checked against the line. What to do about an event
-//! is [`super::lifecycle`]'s.
+//! one `select!` without asking which exist. The `select!` arms only yield what arrived (a
+//! [`Raw`] value); what the sources see on the way is handled after it, in one place: renewals
+//! go on to the job's watchdog as they land, a deleted key is checked against the lease, a
+//! handover that is due is checked against the line. What to do about an event is
+//! [`super::lifecycle`]'s. The sources get the few settings they use ([`Settings`]), not the
+//! run's config.
 
 use std::time::Duration;
 
@@ -19,12 +21,13 @@ use crate::election::lease::{Lease, LeaseState, Loss};
 use crate::election::Ctx;
 use crate::exit::Exit;
 use crate::metrics;
-use crate::supervisor::protocol::GroupEnd;
+use crate::supervisor::wire::GroupEnd;
 use crate::supervisor::Job;
+use crate::supervisor::JobEnd;
 
 use super::health::{self, Health};
 use super::lifecycle::{DelayEnd, DrainEvent, TermEvent};
-use super::{signals, Env};
+use super::signals::Arrived;
 
 /// A deadline that may not be set; unset, it never fires.
 #[derive(Debug, Default, Clone, Copy)]
@@ -49,6 +52,79 @@ impl Timer {
             None => std::future::pending().await,
         }
     }
+}
+
+/// What a term's event sources use of the run's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// `--grace`: renewals move the job's deadline to D, SIGTERM this long before.
+    pub grace: Duration,
+    /// `--min-term`: how long a job is safe from a handover to a higher priority.
+    pub min_term: Duration,
+    /// `--priority`: ours, to ask whether a higher one still waits.
+    pub priority: u32,
+    /// `--timeout`: how long the job may run.
+    pub job_timeout: Option<Duration>,
+    /// `--health-failures`, to say how many failures ended the term.
+    pub health_failures: u32,
+    /// How long a question to etcd on the way may take: the command timeout, at most a
+    /// second, since the leader forwards no deadline while it waits.
+    pub ask_within: Duration,
+}
+
+impl Settings {
+    pub fn of(cfg: &RunConfig) -> Settings {
+        Settings {
+            grace: cfg.grace,
+            min_term: cfg.min_term,
+            priority: cfg.priority,
+            job_timeout: cfg.timeout,
+            health_failures: cfg.health.as_ref().map(|h| h.failures).unwrap_or(0),
+            ask_within: cfg.conn.command_timeout.min(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// What one wait on a term's sources yields, before anything is made of it: what every phase
+/// of a term waits for ([`Shared`]), or what only this phase does (`O`).
+enum Raw<O> {
+    Lease(LeaseUpdate),
+    Leader(LeaderEvent),
+    HandoverDue,
+    Signal(Arrived),
+    Unhealthy,
+    Own(O),
+}
+
+/// The sources every phase of a term waits on.
+struct Shared {
+    lease: LeaseUpdates,
+    watch: LeaderWatch,
+    health: HealthFailures,
+    /// When to ask whether a higher-priority candidate still waits.
+    handover: Timer,
+}
+
+impl Shared {
+    /// The next of their events. Cancel-safe, as each source is.
+    async fn next<O>(&mut self, signals: &mut mpsc::UnboundedReceiver<Arrived>) -> Raw<O> {
+        tokio::select! {
+            update = self.lease.next() => Raw::Lease(update),
+            ev = self.watch.next() => Raw::Leader(ev),
+            _ = self.handover.fired() => Raw::HandoverDue,
+            Some(signal) = signals.recv() => Raw::Signal(signal),
+            _ = self.health.failing() => Raw::Unhealthy,
+        }
+    }
+}
+
+/// The end of `--takeover-delay`: what only a delaying term waits for.
+struct DelayOver;
+
+/// What only a term with a job waits for.
+enum JobNews {
+    Ended(JobEnd),
+    TimedOut,
 }
 
 /// The lease's renewals and its loss, seen from a term.
@@ -108,46 +184,26 @@ impl RunningJob {
             timeout: timeout.map(Timer::after).unwrap_or_default(),
         }
     }
-}
 
-/// The job's end, and its `--timeout`. After `JobEnded`, the job is gone: its owner drops it.
-async fn job_event(running: &mut RunningJob, cfg: &RunConfig) -> TermEvent {
-    let ended = tokio::select! {
-        _ = running.timeout.fired() => None,
-        ended = running.job.wait() => Some(ended),
-    };
-    match ended {
-        Some(ended) => {
-            let (exit, by_watchdog) = job_ended(ended, cfg);
-            TermEvent::JobEnded { exit, by_watchdog }
-        }
-        None => {
-            running.timeout.clear();
-            tracing::warn!(
-                election = cfg.election.name(),
-                id = cfg.id,
-                "the job ran for --timeout {}; stopping it",
-                crate::clock::human(cfg.timeout.unwrap_or_default())
-            );
-            metrics::job_timed_out();
-            TermEvent::TimedOut
+    /// The job's end, or its `--timeout`.
+    async fn next(&mut self) -> JobNews {
+        tokio::select! {
+            _ = self.timeout.fired() => JobNews::TimedOut,
+            ended = self.job.wait() => JobNews::Ended(ended),
         }
     }
 }
 
 /// Logs and counts how the job's group ended; what lead-exec exits with for it, and whether
 /// the watchdog killed it on its own.
-fn job_ended(ended: crate::supervisor::JobEnd, cfg: &RunConfig) -> (Exit, bool) {
+fn job_ended(ended: JobEnd) -> (Exit, bool) {
     let exit = Exit::from_job(ended.status);
     metrics::leading(false);
     metrics::job_exited(exit.code(), ended.slack_ms);
-    let (election, id) = (cfg.election.name(), &cfg.id);
     let by_watchdog = match ended.cause {
         GroupEnd::Deadline => {
             metrics::stopped_at_deadline();
             tracing::error!(
-                election,
-                id,
                 slack_ms = ended.slack_ms,
                 "the watchdog stopped the job at the lease deadline ({}): lead-exec could not renew in time",
                 ended.status
@@ -155,21 +211,11 @@ fn job_ended(ended: crate::supervisor::JobEnd, cfg: &RunConfig) -> (Exit, bool) 
             true
         }
         GroupEnd::WatchdogLost | GroupEnd::Orphaned => {
-            tracing::error!(
-                election,
-                id,
-                "the job was killed because its watchdog died; giving up this term"
-            );
+            tracing::error!("the job was killed because its watchdog died; giving up this term");
             true
         }
         GroupEnd::SelfExit | GroupEnd::Stop => {
-            tracing::info!(
-                election,
-                id,
-                slack_ms = ended.slack_ms,
-                "job ended: {}",
-                ended.status
-            );
+            tracing::info!(slack_ms = ended.slack_ms, "job ended: {}", ended.status);
             false
         }
     };
@@ -178,69 +224,81 @@ fn job_ended(ended: crate::supervisor::JobEnd, cfg: &RunConfig) -> (Exit, bool) 
 
 /// What a term's sources need from around it, lent for one wait.
 pub struct Around<'a> {
-    pub env: &'a Env,
+    pub ctx: &'a Ctx,
     pub lease: &'a Lease,
-    pub signals: &'a mut mpsc::UnboundedReceiver<i32>,
+    pub signals: &'a mut mpsc::UnboundedReceiver<Arrived>,
 }
 
 /// The sources of one term's events.
 pub struct TermEvents {
-    lease: LeaseUpdates,
-    watch: LeaderWatch,
-    health: HealthFailures,
+    settings: Settings,
+    shared: Shared,
     /// The end of `--takeover-delay`.
     pub delay: Timer,
-    /// When to ask whether a higher-priority candidate still waits.
-    pub handover: Timer,
 }
 
 impl TermEvents {
     /// The candidate that asked for this term, if one of higher `--priority` did: for the
     /// end record of a term handed over to it.
     pub fn preemptor(&self) -> Option<crate::records::history::Preemptor> {
-        self.watch
+        self.shared
+            .watch
             .preemptor()
             .map(|(priority, id)| crate::records::history::Preemptor { id, priority })
     }
 
-    pub fn new(lease: &Lease, watch: LeaderWatch, health: HealthFailures) -> TermEvents {
+    pub fn new(
+        settings: Settings,
+        lease: &Lease,
+        watch: LeaderWatch,
+        health: HealthFailures,
+    ) -> TermEvents {
         TermEvents {
-            lease: LeaseUpdates(lease.subscribe()),
-            watch,
-            health,
+            settings,
+            shared: Shared {
+                lease: LeaseUpdates(lease.subscribe()),
+                watch,
+                health,
+                handover: Timer::default(),
+            },
             delay: Timer::default(),
-            handover: Timer::default(),
         }
     }
 
-    /// The next event of term `token` while `--takeover-delay` runs. Signals that do not stop
-    /// the run have no job to go to yet.
+    /// Asks, once `d` from now, whether a higher-priority candidate still waits.
+    pub fn judge_handover_in(&mut self, d: Duration) {
+        self.shared.handover = Timer::after(d);
+    }
+
+    /// No handover to judge: the request was judged, or the term is kept.
+    pub fn no_handover(&mut self) {
+        self.shared.handover.clear();
+    }
+
+    /// The next event of term `token` while `--takeover-delay` runs.
     pub async fn next_while_delaying(&mut self, token: i64, a: Around<'_>) -> DelayEnd {
         loop {
-            tokio::select! {
-                _ = self.delay.fired() => return DelayEnd::Done,
-                update = self.lease.next() => match update {
-                    LeaseUpdate::Renewed(_) => {}
-                    LeaseUpdate::Lost(r) => return DelayEnd::Lost(r),
-                    LeaseUpdate::Silent => return DelayEnd::LeaseTaskEnded,
-                },
-                ev = self.watch.next() => return match ev {
-                    LeaderEvent::KeyDeleted => DelayEnd::Lost(Loss::KeyDeleted),
-                    LeaderEvent::Paused => DelayEnd::Paused,
-                    LeaderEvent::ResignRequested => DelayEnd::ResignRequested,
-                    LeaderEvent::Preempted => DelayEnd::HandoverAsked,
-                },
-                _ = self.handover.fired() => {
-                    self.handover.clear();
-                    return DelayEnd::Outranked(outranked(&a.env.ctx, &a.env.cfg, token).await);
+            let raw = tokio::select! {
+                _ = self.delay.fired() => Raw::Own(DelayOver),
+                raw = self.shared.next(a.signals) => raw,
+            };
+            return match raw {
+                Raw::Own(DelayOver) => DelayEnd::Done,
+                Raw::Lease(LeaseUpdate::Renewed(_)) => continue,
+                Raw::Lease(LeaseUpdate::Lost(r)) => DelayEnd::Lost(r),
+                Raw::Lease(LeaseUpdate::Silent) => DelayEnd::LeaseTaskEnded,
+                Raw::Leader(LeaderEvent::KeyDeleted) => DelayEnd::Lost(Loss::KeyDeleted),
+                Raw::Leader(LeaderEvent::Paused) => DelayEnd::Paused,
+                Raw::Leader(LeaderEvent::ResignRequested) => DelayEnd::ResignRequested,
+                Raw::Leader(LeaderEvent::Preempted) => DelayEnd::HandoverAsked,
+                Raw::HandoverDue => {
+                    self.shared.handover.clear();
+                    DelayEnd::Outranked(self.outranked(a.ctx, token).await)
                 }
-                Some(signal) = a.signals.recv() => {
-                    if signals::is_stopping(signal) {
-                        return DelayEnd::Interrupted { signal };
-                    }
-                }
-                _ = self.health.failing() => return DelayEnd::Unhealthy,
-            }
+                Raw::Signal(Arrived::Stop(signal)) => DelayEnd::Interrupted { signal },
+                Raw::Signal(Arrived::Forward(signal)) => DelayEnd::Forwarded(signal),
+                Raw::Unhealthy => DelayEnd::Unhealthy,
+            };
         }
     }
 
@@ -252,115 +310,117 @@ impl TermEvents {
         job: &mut RunningJob,
         a: Around<'_>,
     ) -> TermEvent {
-        let cfg = &a.env.cfg;
-        let (election, id) = (cfg.election.name(), &cfg.id);
+        let s = self.settings;
         loop {
-            tokio::select! {
-                ev = job_event(job, cfg) => return ev,
-                update = self.lease.next() => match update {
-                    LeaseUpdate::Renewed(deadline) => {
-                        job.job.extend(deadline, cfg.grace);
-                        metrics::ttl_remaining(deadline.remaining());
-                    }
-                    LeaseUpdate::Lost(r) => return TermEvent::Lost(r),
-                    LeaseUpdate::Silent => return TermEvent::LeaseTaskEnded,
-                },
-                ev = self.watch.next() => return match ev {
-                    LeaderEvent::KeyDeleted => {
-                        // A revoked or expired lease deletes the key too, and then the next
-                        // leader may already run: ask, so the job gets SIGKILL at once.
-                        let timeout = cfg.conn.command_timeout.min(Duration::from_secs(1));
-                        let gone = a.lease.is_gone(timeout).await;
-                        TermEvent::Lost(if gone { Loss::Expired } else { Loss::KeyDeleted })
-                    }
-                    LeaderEvent::Paused => TermEvent::Paused,
-                    LeaderEvent::ResignRequested => TermEvent::ResignRequested,
-                    LeaderEvent::Preempted => {
-                        let min_term_left = (job.started_at + cfg.min_term).saturating_duration_since(Instant::now());
-                        tracing::info!(
-                            election,
-                            id,
-                            "a higher-priority candidate asks for the term; handing over {}",
-                            if min_term_left.is_zero() {
-                                "now".to_string()
-                            } else {
-                                format!("once --min-term {} is over", crate::clock::human(cfg.min_term))
-                            }
-                        );
-                        TermEvent::HandoverAsked { min_term_left }
-                    }
-                },
-                _ = self.handover.fired() => {
-                    self.handover.clear();
-                    let outranked = outranked(&a.env.ctx, cfg, token).await;
+            let raw = tokio::select! {
+                news = job.next() => Raw::Own(news),
+                raw = self.shared.next(a.signals) => raw,
+            };
+            return match raw {
+                Raw::Own(JobNews::Ended(ended)) => {
+                    let (exit, by_watchdog) = job_ended(ended);
+                    TermEvent::JobEnded { exit, by_watchdog }
+                }
+                Raw::Own(JobNews::TimedOut) => {
+                    job.timeout.clear();
+                    tracing::warn!(
+                        "the job ran for --timeout {}; stopping it",
+                        crate::clock::human(s.job_timeout.unwrap_or_default())
+                    );
+                    metrics::job_timed_out();
+                    TermEvent::TimedOut
+                }
+                Raw::Lease(LeaseUpdate::Renewed(deadline)) => {
+                    job.job.extend(deadline, s.grace);
+                    metrics::ttl_remaining(deadline.remaining());
+                    continue;
+                }
+                Raw::Lease(LeaseUpdate::Lost(r)) => TermEvent::Lost(r),
+                Raw::Lease(LeaseUpdate::Silent) => TermEvent::LeaseTaskEnded,
+                Raw::Leader(LeaderEvent::KeyDeleted) => {
+                    // A revoked or expired lease deletes the key too, and then the next
+                    // leader may already run: ask, so the job gets SIGKILL at once.
+                    let gone = a.lease.is_gone(s.ask_within).await;
+                    TermEvent::Lost(if gone {
+                        Loss::Expired
+                    } else {
+                        Loss::KeyDeleted
+                    })
+                }
+                Raw::Leader(LeaderEvent::Paused) => TermEvent::Paused,
+                Raw::Leader(LeaderEvent::ResignRequested) => TermEvent::ResignRequested,
+                Raw::Leader(LeaderEvent::Preempted) => {
+                    let min_term_left =
+                        (job.started_at + s.min_term).saturating_duration_since(Instant::now());
+                    tracing::info!(
+                        "a higher-priority candidate asks for the term; handing over {}",
+                        if min_term_left.is_zero() {
+                            "now".to_string()
+                        } else {
+                            format!(
+                                "once --min-term {} is over",
+                                crate::clock::human(s.min_term)
+                            )
+                        }
+                    );
+                    TermEvent::HandoverAsked { min_term_left }
+                }
+                Raw::HandoverDue => {
+                    self.shared.handover.clear();
+                    let outranked = self.outranked(a.ctx, token).await;
                     if outranked == Some(true) {
                         tracing::info!(
-                            election,
-                            id,
                             "--min-term {} is over: handing over to the higher-priority candidate",
-                            crate::clock::human(cfg.min_term)
+                            crate::clock::human(s.min_term)
                         );
                     }
-                    return TermEvent::Outranked(outranked);
+                    TermEvent::Outranked(outranked)
                 }
-                Some(signal) = a.signals.recv() => return TermEvent::Signal(signal),
-                _ = self.health.failing() => {
+                Raw::Signal(signal) => TermEvent::Signal(signal),
+                Raw::Unhealthy => {
                     tracing::warn!(
-                        election,
-                        id,
                         "the health check failed {} times in a row; stopping the job and resigning",
-                        cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
+                        s.health_failures
                     );
-                    return TermEvent::Unhealthy;
+                    TermEvent::Unhealthy
                 }
+            };
+        }
+    }
+
+    /// Whether a higher-priority candidate is still in line behind term `token` (see
+    /// [`outranked_in_line`]); `None` when etcd did not answer.
+    async fn outranked(&self, ctx: &Ctx, token: i64) -> Option<bool> {
+        let s = self.settings;
+        match outranked_in_line(ctx, token, s.priority, s.ask_within).await {
+            Ok(true) => Some(true),
+            Ok(false) => {
+                tracing::info!(
+                    token,
+                    "no higher-priority candidate is in line any more; keeping the term"
+                );
+                Some(false)
+            }
+            Err(err) => {
+                tracing::warn!(
+                    "cannot tell whether a higher-priority candidate still waits: {err:#}"
+                );
+                None
             }
         }
     }
 }
 
 /// The next event while the job is being stopped: only its end and signals count now; the
-/// watchdog's deadline holds whatever etcd says meanwhile.
+/// watchdog's deadline holds whatever etcd says meanwhile (its `--timeout` no longer counts).
 pub async fn next_drain_event(
     job: &mut RunningJob,
-    cfg: &RunConfig,
-    signals: &mut mpsc::UnboundedReceiver<i32>,
+    signals: &mut mpsc::UnboundedReceiver<Arrived>,
 ) -> DrainEvent {
-    tokio::select! {
-        ev = job_event_end(job, cfg) => ev,
-        Some(signal) = signals.recv() => DrainEvent::Signal(signal),
-    }
-}
-
-/// The job's end alone (its `--timeout` no longer counts once it is being stopped).
-async fn job_event_end(running: &mut RunningJob, cfg: &RunConfig) -> DrainEvent {
-    let ended = running.job.wait().await;
-    let (exit, by_watchdog) = job_ended(ended, cfg);
+    let ended = tokio::select! {
+        ended = job.job.wait() => ended,
+        Some(signal) = signals.recv() => return DrainEvent::Signal(signal),
+    };
+    let (exit, by_watchdog) = job_ended(ended);
     DrainEvent::JobEnded { exit, by_watchdog }
-}
-
-/// Whether a higher-priority candidate is still in line behind term `token` (see
-/// [`outranked_in_line`]); `None` when etcd did not answer. The read is bounded by a second,
-/// since the leader forwards no deadline while it waits.
-async fn outranked(ctx: &Ctx, cfg: &RunConfig, token: i64) -> Option<bool> {
-    let timeout = ctx.timeout.min(Duration::from_secs(1));
-    let election = cfg.election.name();
-    match outranked_in_line(ctx, token, cfg.priority, timeout).await {
-        Ok(true) => Some(true),
-        Ok(false) => {
-            tracing::info!(
-                election,
-                id = cfg.id,
-                token,
-                "no higher-priority candidate is in line any more; keeping the term"
-            );
-            Some(false)
-        }
-        Err(err) => {
-            tracing::warn!(
-                election,
-                "cannot tell whether a higher-priority candidate still waits: {err:#}"
-            );
-            None
-        }
-    }
 }

@@ -25,6 +25,7 @@ use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
+use tracing::Instrument;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -79,41 +80,46 @@ impl Tracker {
 pub fn start(check: HealthCheck) -> watch::Receiver<Health> {
     let (tx, rx) = watch::channel(Health::Unknown);
     metrics::health_checks_on();
-    tokio::spawn(async move {
-        let mut tracker = Tracker::new(check.failures);
-        let mut streak = Streak::default();
-        let mut next = Instant::now();
-        loop {
-            let result = run_once(&check).await;
-            let passed = result.is_ok();
-            let now = std::time::Instant::now();
-            match result {
-                Ok(()) => {
-                    if let Some(n) = streak.passed() {
-                        tracing::info!("health check passes again, after {n} failures in a row");
+    tokio::spawn(
+        async move {
+            let mut tracker = Tracker::new(check.failures);
+            let mut streak = Streak::default();
+            let mut next = Instant::now();
+            loop {
+                let result = run_once(&check).await;
+                let passed = result.is_ok();
+                let now = std::time::Instant::now();
+                match result {
+                    Ok(()) => {
+                        if let Some(n) = streak.passed() {
+                            tracing::info!(
+                                "health check passes again, after {n} failures in a row"
+                            );
+                        }
                     }
+                    Err(f) => match streak.failed(now) {
+                        Some(0) => tracing::warn!(output = f.output, "{}", f.what),
+                        Some(quiet) => tracing::warn!(
+                            output = f.output,
+                            "{} (and {quiet} more failures since the last such line)",
+                            f.what
+                        ),
+                        None => tracing::debug!(output = f.output, "{}", f.what),
+                    },
                 }
-                Err(f) => match streak.failed(now) {
-                    Some(0) => tracing::warn!(output = f.output, "{}", f.what),
-                    Some(quiet) => tracing::warn!(
-                        output = f.output,
-                        "{} (and {quiet} more failures since the last such line)",
-                        f.what
-                    ),
-                    None => tracing::debug!(output = f.output, "{}", f.what),
-                },
+                metrics::health_checked(passed);
+                let health = tracker.observe(passed);
+                metrics::healthy(health == Health::Healthy);
+                tx.send_if_modified(|h| std::mem::replace(h, health) != health);
+                if tx.is_closed() {
+                    return;
+                }
+                next = (next + check.interval).max(Instant::now());
+                tokio::time::sleep_until(next).await;
             }
-            metrics::health_checked(passed);
-            let health = tracker.observe(passed);
-            metrics::healthy(health == Health::Healthy);
-            tx.send_if_modified(|h| std::mem::replace(h, health) != health);
-            if tx.is_closed() {
-                return;
-            }
-            next = (next + check.interval).max(Instant::now());
-            tokio::time::sleep_until(next).await;
         }
-    });
+        .in_current_span(),
+    );
     rx
 }
 
@@ -312,7 +318,7 @@ pub fn guard_main(argv: Vec<OsString>) -> ExitCode {
             }
             // Signals ignored by lead-exec's caller must not stay ignored in the check, as
             // they do not in the job.
-            crate::supervisor::spawn::reset_signals();
+            crate::supervisor::procs::reset_signals();
             Ok(())
         });
     }

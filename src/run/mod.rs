@@ -36,6 +36,7 @@ pub mod term;
 
 use std::path::PathBuf;
 use std::time::Duration;
+use tracing::Instrument;
 
 use anyhow::Result;
 use tokio::sync::{mpsc, watch};
@@ -47,9 +48,10 @@ use crate::election::{Candidate, Ctx};
 use crate::exit::{fail, Exit};
 use crate::metrics;
 use candidacy::{Candidacy, StartUp};
-use events::{Around, RunningJob, Timer};
+use events::{Around, RunningJob};
 use health::Health;
 use lifecycle::{Action, DrainEvent, Phase, Policy, StopReason, TermEvent};
+use signals::Arrived;
 use term::{Launcher, Term};
 
 /// An etcd error on the way, with what was being done.
@@ -68,12 +70,20 @@ impl std::fmt::Debug for Failure {
 }
 
 /// Runs until the job is done (or leadership is given up) and returns how it ended.
+///
+/// The whole run is one span that carries the election and the id: every line of the run has
+/// them, from the one place they are set. At error level, so that `-q` keeps them too.
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
-    let (mut driver, startup) = match candidacy::start_up(cfg).await? {
-        Ok(started) => started,
-        Err(done) => return Ok(done),
-    };
-    driver.drive(startup).await
+    let span = tracing::error_span!("run", election = cfg.election.name(), id = cfg.id.as_str());
+    async move {
+        let (mut driver, startup) = match candidacy::start_up(cfg).await? {
+            Ok(started) => started,
+            Err(done) => return Ok(done),
+        };
+        driver.drive(startup).await
+    }
+    .instrument(span)
+    .await
 }
 
 /// What every scope may read of the run, lent to its behaviour for one call.
@@ -92,7 +102,7 @@ pub struct Driver {
     env: Env,
     /// What `--health-cmd` says, if given.
     health: Option<watch::Receiver<Health>>,
-    signals: mpsc::UnboundedReceiver<i32>,
+    signals: mpsc::UnboundedReceiver<Arrived>,
     /// What starts the jobs: the watchdog started ahead, job control.
     launcher: Launcher,
     /// When `--wait` gives up. A term that ran a job clears it: `--wait` bounds a wait in
@@ -218,7 +228,7 @@ impl Driver {
                 }
                 State::Delaying(c, mut t) => {
                     let around = Around {
-                        env: &self.env,
+                        ctx: &self.env.ctx,
                         lease: &c.lease,
                         signals: &mut self.signals,
                     };
@@ -244,7 +254,7 @@ impl Driver {
                 }
                 State::Leading(c, mut t, mut j) => {
                     let around = Around {
-                        env: &self.env,
+                        ctx: &self.env.ctx,
                         lease: &c.lease,
                         signals: &mut self.signals,
                     };
@@ -258,8 +268,7 @@ impl Driver {
                     (held, step, ev.to_string())
                 }
                 State::Draining(c, t, mut j, why) => {
-                    let ev =
-                        events::next_drain_event(&mut j, &self.env.cfg, &mut self.signals).await;
+                    let ev = events::next_drain_event(&mut j, &mut self.signals).await;
                     let step = lifecycle::draining(t.token, why, ev, &policy);
                     let held = match ev {
                         DrainEvent::JobEnded { .. } => Held::Term(c, t),
@@ -282,19 +291,19 @@ impl Driver {
             // A step that stays in its phase is quiet only when it passes a signal on or
             // judges a handover. One that reads the same phase but kills the job (a second
             // stop while draining) or gives up the lease (out of line on a failing health
-            // check) changed the run, and says so.
-            let quiet = actions.iter().all(|a| {
-                matches!(
-                    a,
-                    Action::Forward(_) | Action::HandOverIn(_) | Action::KeepTerm
-                )
-            });
+            // check) changed the run, and says so; so does one that does nothing (a signal
+            // for the job dropped, with no job yet to pass it to).
+            let quiet = !actions.is_empty()
+                && actions.iter().all(|a| {
+                    matches!(
+                        a,
+                        Action::Forward(_) | Action::HandOverIn(_) | Action::KeepTerm
+                    )
+                });
             // Below the default level: a cron line's successful run says that the job
             // started and how it ended (the term's own lines), not every step on the way.
             if next != phase || !quiet {
                 tracing::debug!(
-                    election = self.env.cfg.election.name(),
-                    id = self.env.cfg.id,
                     token = next.token().or(phase.token()),
                     "{} -> {} on {seen}",
                     phase.name(),
@@ -342,22 +351,22 @@ impl Driver {
             }
             (Action::HandOverIn(d), held) => Ok(match held {
                 Held::Term(c, mut t) => {
-                    t.events.handover = Timer::after(d);
+                    t.events.judge_handover_in(d);
                     Held::Term(c, t)
                 }
                 Held::Job(c, mut t, j) => {
-                    t.events.handover = Timer::after(d);
+                    t.events.judge_handover_in(d);
                     Held::Job(c, t, j)
                 }
                 other => unheld("a handover", other)?,
             }),
             (Action::KeepTerm, held) => Ok(match held {
                 Held::Term(c, mut t) => {
-                    t.events.handover.clear();
+                    t.events.no_handover();
                     Held::Term(c, t)
                 }
                 Held::Job(c, mut t, j) => {
-                    t.events.handover.clear();
+                    t.events.no_handover();
                     Held::Job(c, t, j)
                 }
                 other => unheld("keeping the term", other)?,
@@ -378,12 +387,7 @@ impl Driver {
                 Ok(Held::Nothing)
             }
             (Action::Report(f), held) => {
-                tracing::warn!(
-                    election = self.env.cfg.election.name(),
-                    "{}: {:#}",
-                    f.what,
-                    f.error
-                );
+                tracing::warn!("{}: {:#}", f.what, f.error);
                 Ok(held)
             }
             (Action::Fail(f), _) => Err(f.error),
@@ -394,7 +398,7 @@ impl Driver {
     /// A job started: what the process says and resets once its first job runs.
     fn job_started(&mut self) {
         if let Some(w) = self.etcd_warning.take() {
-            tracing::warn!(election = self.env.cfg.election.name(), "{w}");
+            tracing::warn!("{w}");
         }
         // A term ran: `--wait` counts afresh from the next campaign.
         self.give_up_at = None;

@@ -18,9 +18,31 @@ use crate::supervisor::JobControl;
 /// USR2 are only forwarded to a running job.
 pub const CAUGHT: [i32; 6] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
 
-/// Whether a signal ends the run (after forwarding it to the job).
-pub fn is_stopping(sig: i32) -> bool {
-    matches!(sig, SIGTERM | SIGINT | SIGHUP | SIGQUIT)
+/// A signal to lead-exec, typed where it arrives: on the signal thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrived {
+    /// TERM, INT, HUP or QUIT: the run ends, a running job stopped with this signal first.
+    Stop(i32),
+    /// USR1 or USR2: for the job alone. What it means while no job runs is each phase's to
+    /// say ([`super::lifecycle`]).
+    Forward(i32),
+}
+
+impl Arrived {
+    /// What a caught signal is for.
+    pub fn of(sig: i32) -> Arrived {
+        if matches!(sig, SIGTERM | SIGINT | SIGHUP | SIGQUIT) {
+            Arrived::Stop(sig)
+        } else {
+            Arrived::Forward(sig)
+        }
+    }
+
+    pub fn number(self) -> i32 {
+        match self {
+            Arrived::Stop(s) | Arrived::Forward(s) => s,
+        }
+    }
 }
 
 /// Whether `sig` was ignored when this process started: under `nohup` (HUP), or as a
@@ -49,7 +71,7 @@ const JOB_CONTROL: [i32; 4] = [SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT];
 ///
 /// A stopping signal is also said to systemd at once (STOPPING=1), with the longest the stop
 /// may take, `stop_within`.
-pub fn listen(stop_within: Duration) -> Result<(mpsc::UnboundedReceiver<i32>, JobControl)> {
+pub fn listen(stop_within: Duration) -> Result<(mpsc::UnboundedReceiver<Arrived>, JobControl)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (caught, kept): (Vec<i32>, Vec<i32>) = CAUGHT
         .into_iter()
@@ -72,10 +94,11 @@ pub fn listen(stop_within: Duration) -> Result<(mpsc::UnboundedReceiver<i32>, Jo
                     }
                     SIGCONT => job.signal(Signal::SIGCONT),
                     _ => {
-                        if is_stopping(sig) {
+                        let arrived = Arrived::of(sig);
+                        if let Arrived::Stop(_) = arrived {
                             crate::notify::stopping(stop_within);
                         }
-                        if tx.send(sig).is_err() {
+                        if tx.send(arrived).is_err() {
                             break;
                         }
                     }
@@ -91,7 +114,11 @@ mod tests {
 
     #[test]
     fn usr_signals_are_forwarded_only() {
-        assert!(is_stopping(SIGTERM) && is_stopping(SIGINT));
-        assert!(!is_stopping(SIGUSR1) && !is_stopping(SIGUSR2));
+        for s in [SIGTERM, SIGINT, SIGHUP, SIGQUIT] {
+            assert_eq!(Arrived::of(s), Arrived::Stop(s));
+        }
+        for s in [SIGUSR1, SIGUSR2] {
+            assert_eq!(Arrived::of(s), Arrived::Forward(s));
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! A won term: its job's start under a watchdog, and the records of its start and end.
 
 use std::time::Duration;
+use tracing::Instrument;
 
 use anyhow::Result;
 use tokio::sync::watch;
@@ -166,7 +167,7 @@ impl Term {
                     _ = stopped.wait_for(|s| *s) => return None,
                 }
             }
-        });
+        }.in_current_span());
         Writing { record, task, stop }
     }
 }
@@ -222,7 +223,7 @@ impl Term {
     ) -> (StartEnd<Failure>, Option<RunningJob>) {
         let lost = (StartEnd::NotStarted, None);
         let (cfg, ctx) = (&env.cfg, &env.ctx);
-        let (election, token) = (cfg.election.name(), self.token);
+        let token = self.token;
         if !matches!(lease.state(), LeaseState::Alive { deadline } if !deadline.has_passed()) {
             return lost;
         }
@@ -230,11 +231,7 @@ impl Term {
         match already_done(ctx, cfg).await {
             Ok(None) => {}
             Ok(Some(k)) => {
-                tracing::info!(
-                    election,
-                    run_key = k,
-                    "run key already done; not running the job"
-                );
+                tracing::info!(run_key = k, "run key already done; not running the job");
                 return (StartEnd::AlreadyDone, None);
             }
             Err(error) => {
@@ -251,7 +248,6 @@ impl Term {
                 Some(s) => Some(s),
                 None => {
                     tracing::warn!(
-                        election,
                         token,
                         "not starting the job: its history record, which --takeover-delay needs first, could not be written"
                     );
@@ -266,7 +262,6 @@ impl Term {
             .await
         else {
             tracing::warn!(
-                election,
                 token,
                 "not starting the job: the lease could not be renewed in time to leave it --grace plus one keepalive interval"
             );
@@ -278,7 +273,6 @@ impl Term {
         // only now, after those waits.
         if health.is_some_and(|h| *h.borrow() == Health::Unhealthy) {
             tracing::warn!(
-                election,
                 token,
                 "not starting the job: the health check failed {} times in a row since the election; resigning",
                 cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
@@ -307,7 +301,6 @@ impl Term {
             Ok(Launch::Started(job)) => job,
             Ok(Launch::TooLate) => {
                 tracing::warn!(
-                    election,
                     token,
                     "not starting the job: the lease deadline was spent when the watchdog was about to start it"
                 );
@@ -315,7 +308,6 @@ impl Term {
             }
             Ok(Launch::Gone | Launch::NoAnswer) => {
                 tracing::warn!(
-                    election,
                     token,
                     "not starting the job: its watchdog did not answer within --command-timeout; giving up this term"
                 );
@@ -326,13 +318,7 @@ impl Term {
                 return (StartEnd::Failed(Failure { what, error }), None);
             }
         };
-        tracing::info!(
-            election,
-            id = cfg.id,
-            token,
-            pid = job.pid,
-            "leading: job started"
-        );
+        tracing::info!(token, pid = job.pid, "leading: job started");
         metrics::leading(true);
         metrics::job_started(self.predecessor_gone);
         notify::status(&format!("leading, token {token}"));

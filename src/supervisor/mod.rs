@@ -24,33 +24,26 @@
 //! pipe is non-blocking, and what a frozen watchdog cannot take yet waits in lead-exec, the
 //! newest deadline in place of older ones.
 //!
-//! lead-exec's side is in three files: [`standby`] starts the job (the watchdog started ahead,
-//! then told to start it); [`job`] is the handle on the running job (deadlines, signals to pass
-//! on, stop and kill, and lead-exec's own enforcement of D); `ctl` is the control pipe that
-//! never blocks. [`mod@preflight`] checks the command before campaigning. The watchdog's side is
-//! [`watchdog`], [`enforcer`], [`spawn`], [`group`] and [`tree`] (lead-exec reads the tree too,
-//! through the watchdog's, when the watchdog is stopped); [`protocol`] is what the pipes carry.
+//! The folders are the two processes and what lies between them:
+//! - [`handle`]: lead-exec's side (start the job, move its deadline, stop it, enforce D);
+//! - [`watchdog`]: the watchdog's side (its main loop, the pure [`watchdog::enforcer`], the
+//!   job's fork into its cgroup);
+//! - [`wire`]: what the two pipes carry;
+//! - [`procs`]: the job's processes as both sides reach them (group, cgroup, tree).
 
-mod ctl;
-pub mod detach;
-pub mod enforcer;
-pub mod group;
-pub mod job;
-pub mod preflight;
-pub mod protocol;
-pub mod spawn;
-pub mod standby;
-pub mod tree;
+pub mod handle;
+pub mod procs;
 pub mod watchdog;
+pub mod wire;
 
 use std::time::Duration;
 
 use crate::exit::JobStatus;
-use protocol::GroupEnd;
+use wire::GroupEnd;
 
-pub use job::{Job, JobControl};
-pub use preflight::{exec_error, preflight};
-pub use standby::{Launch, Standby};
+pub use handle::job::{Job, JobControl};
+pub use handle::preflight::{exec_error, preflight};
+pub use handle::standby::{Launch, Standby};
 
 /// Whether the job gets a cgroup v2 of its own besides its process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

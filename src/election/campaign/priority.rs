@@ -53,7 +53,6 @@ impl Campaign<'_> {
             );
             if bounded(self.timeout, client.txn(txn)).await?.succeeded() {
                 tracing::info!(
-                    election = self.election.name(),
                     priority = self.priority,
                     "asked {} (priority {}, token {token}) to hand over",
                     who.id,
@@ -64,10 +63,7 @@ impl Campaign<'_> {
             anyhow::Ok(())
         };
         if let Err(e) = ask.await {
-            tracing::warn!(
-                election = self.election.name(),
-                "could not ask the leader to hand over: {e:#}"
-            );
+            tracing::warn!("could not ask the leader to hand over: {e:#}");
         }
     }
 

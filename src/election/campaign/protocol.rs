@@ -107,7 +107,6 @@ impl Campaign<'_> {
                     learned.delay_turned_on = true;
                 }
                 tracing::info!(
-                    election = e.name(),
                     slots = self.slots,
                     takeover_delay = %crate::clock::human(self.takeover_delay),
                     "no other candidate: the election now runs with these settings"
@@ -183,7 +182,6 @@ impl Campaign<'_> {
             }
             let lease = kv.lease();
             tracing::info!(
-                election = self.election.name(),
                 key = %String::from_utf8_lossy(kv.key()),
                 "a key of ours from an earlier campaign is still in line; revoking its lease"
             );

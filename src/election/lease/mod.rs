@@ -15,6 +15,7 @@ pub mod renewal;
 
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use anyhow::Result;
 use etcd_client::Client;
@@ -83,15 +84,18 @@ impl Lease {
         let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
         let renew = Arc::new(Notify::new());
-        let task = tokio::spawn(keepalive_loop(
-            client.clone(),
-            ctx.router.clone(),
-            resp.id(),
-            plan,
-            deadline,
-            tx,
-            renew.clone(),
-        ));
+        let task = tokio::spawn(
+            keepalive_loop(
+                client.clone(),
+                ctx.router.clone(),
+                resp.id(),
+                plan,
+                deadline,
+                tx,
+                renew.clone(),
+            )
+            .in_current_span(),
+        );
         Ok(Lease {
             id: resp.id(),
             state: rx,
@@ -184,14 +188,17 @@ impl Lease {
             "etcd did not take the revoke in time; retrying in the background"
         );
         let give_up = Instant::now() + REVOKE_RETRY_FOR;
-        tokio::spawn(async move {
-            while Instant::now() < give_up {
-                tokio::time::sleep(REVOKE_PAUSE).await;
-                if try_revoke(&mut c, id, attempt).await {
-                    return;
+        tokio::spawn(
+            async move {
+                while Instant::now() < give_up {
+                    tokio::time::sleep(REVOKE_PAUSE).await;
+                    if try_revoke(&mut c, id, attempt).await {
+                        return;
+                    }
                 }
             }
-        });
+            .in_current_span(),
+        );
         false
     }
 }

@@ -92,6 +92,9 @@ impl fmt::Display for DelayEnd {
             DelayEnd::ResignRequested => f.write_str("a resign request"),
             DelayEnd::Unhealthy => f.write_str("a failing health check"),
             DelayEnd::Interrupted { signal } => write!(f, "{}", SignalName(*signal)),
+            DelayEnd::Forwarded(signal) => {
+                write!(f, "{} (no job yet to pass it to)", SignalName(*signal))
+            }
             DelayEnd::HandoverAsked => f.write_str("a handover request"),
             DelayEnd::Outranked(still) => outranked(f, *still),
         }
@@ -120,7 +123,7 @@ impl fmt::Display for TermEvent {
             TermEvent::ResignRequested => f.write_str("a resign request"),
             TermEvent::TimedOut => f.write_str("--timeout"),
             TermEvent::Unhealthy => f.write_str("a failing health check"),
-            TermEvent::Signal(s) => write!(f, "{}", SignalName(s)),
+            TermEvent::Signal(s) => write!(f, "{}", SignalName(s.number())),
             TermEvent::HandoverAsked { min_term_left } => write!(
                 f,
                 "a handover request, {} of --min-term left",
@@ -135,7 +138,7 @@ impl fmt::Display for DrainEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             DrainEvent::JobEnded { exit, by_watchdog } => JobEnd { exit, by_watchdog }.fmt(f),
-            DrainEvent::Signal(s) => write!(f, "{}", SignalName(s)),
+            DrainEvent::Signal(s) => write!(f, "{}", SignalName(s.number())),
         }
     }
 }
@@ -143,6 +146,7 @@ impl fmt::Display for DrainEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::signals::Arrived;
 
     #[test]
     fn events_read_as_words() {
@@ -159,7 +163,7 @@ mod tests {
             killed.to_string(),
             "the job ended (SIGKILL), killed by its watchdog"
         );
-        assert_eq!(DrainEvent::Signal(15).to_string(), "SIGTERM");
+        assert_eq!(DrainEvent::Signal(Arrived::Stop(15)).to_string(), "SIGTERM");
         let won: CampaignEnd<()> = CampaignEnd::Elected {
             token: 2,
             delay: false,

@@ -46,7 +46,7 @@ use crate::election::lease::Loss;
 use crate::exit::Exit;
 use crate::records::history::TermEnd;
 
-use super::signals::is_stopping;
+use super::signals::Arrived;
 
 mod describe;
 pub use describe::SignalName;
@@ -193,6 +193,8 @@ pub enum DelayEnd {
     Interrupted {
         signal: i32,
     },
+    /// A signal for the job (USR1, USR2), with no job yet to pass it to.
+    Forwarded(i32),
     /// A higher-priority candidate asks for the term.
     HandoverAsked,
     /// Whether a higher-priority candidate is still in line (`None`: etcd did not answer).
@@ -235,7 +237,7 @@ pub enum TermEvent {
     /// The health check failed `--health-failures` times in a row.
     Unhealthy,
     /// A signal reached lead-exec.
-    Signal(i32),
+    Signal(Arrived),
     /// A higher-priority candidate asks for the term; the job's `--min-term` has this left.
     HandoverAsked {
         min_term_left: Duration,
@@ -248,7 +250,7 @@ pub enum TermEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainEvent {
     JobEnded { exit: Exit, by_watchdog: bool },
-    Signal(i32),
+    Signal(Arrived),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,6 +382,9 @@ pub fn delaying<E>(token: i64, ev: DelayEnd, p: &Policy) -> Step<E> {
         DelayEnd::Lost(_) | DelayEnd::LeaseTaskEnded => after_loss(p, None),
         DelayEnd::Paused | DelayEnd::ResignRequested | DelayEnd::Unhealthy => requeue(None),
         DelayEnd::Interrupted { signal } => done(None, Exit::Signal(signal)),
+        // No job yet to pass it to, and not a reason to end the term: dropped, the delay
+        // goes on. (Campaigning and backing off drop it the same way: no job, no term.)
+        DelayEnd::Forwarded(_) => (here, vec![]),
         // No job runs yet: handing over costs nothing, so --min-term waits for none.
         DelayEnd::HandoverAsked => stay(here, Action::HandOverIn(Duration::ZERO)),
         DelayEnd::Outranked(Some(false)) => stay(here, Action::KeepTerm),
@@ -423,12 +428,12 @@ pub fn leading<E>(token: i64, ev: TermEvent, p: &Policy) -> Step<E> {
         T::ResignRequested => drain(token, StopReason::Resigned, stop),
         T::TimedOut => drain(token, StopReason::TimedOut, stop),
         T::Unhealthy => drain(token, StopReason::Unhealthy, stop),
-        T::Signal(signal) if is_stopping(signal) => drain(
+        T::Signal(Arrived::Stop(signal)) => drain(
             token,
             StopReason::Interrupted(signal),
             Action::StopJob { signal },
         ),
-        T::Signal(s) => stay(here, Action::Forward(s)),
+        T::Signal(Arrived::Forward(s)) => stay(here, Action::Forward(s)),
         // The job keeps its --min-term; the request is judged when it is over.
         T::HandoverAsked { min_term_left } => stay(here, Action::HandOverIn(min_term_left)),
         T::Outranked(Some(true)) => drain(token, StopReason::Preempted, stop),
@@ -486,13 +491,15 @@ pub fn draining<E>(token: i64, why: StopReason, ev: DrainEvent, p: &Policy) -> S
         // A stop (`systemctl stop`, ^C) during the timeout's grace: the job gets SIGKILL at
         // once, as for any second stop, but the run still ends as timed out (124), since that
         // is what stopped the job first; the record names both.
-        DrainEvent::Signal(signal) if is_stopping(signal) => match why {
+        DrainEvent::Signal(Arrived::Stop(signal)) => match why {
             S::TimedOut | S::TimedOutThenInterrupted(_) => {
                 drain(token, S::TimedOutThenInterrupted(signal), Action::KillJob)
             }
             // A second stopping signal while draining: stop waiting out the grace.
             _ => drain(token, S::Interrupted(signal), Action::KillJob),
         },
-        DrainEvent::Signal(s) => stay(Phase::Draining { token, why }, Action::Forward(s)),
+        DrainEvent::Signal(Arrived::Forward(s)) => {
+            stay(Phase::Draining { token, why }, Action::Forward(s))
+        }
     }
 }

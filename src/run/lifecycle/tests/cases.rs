@@ -196,12 +196,12 @@ fn watchdog_kill_counts_as_loss_not_as_job_exit() {
 
 #[test]
 fn interrupt_while_leading_forwards_then_exits_with_job_code() {
-    let (p, a) = leading::<E>(TOKEN, TermEvent::Signal(2), &CAMPAIGN);
+    let (p, a) = leading::<E>(TOKEN, TermEvent::Signal(Arrived::Stop(2)), &CAMPAIGN);
     assert_eq!(a, vec![Action::StopJob { signal: 2 }]);
     let Phase::Draining { why, .. } = p else {
         panic!("{p:?}")
     };
-    let (p2, a) = draining::<E>(TOKEN, why, DrainEvent::Signal(15), &CAMPAIGN);
+    let (p2, a) = draining::<E>(TOKEN, why, DrainEvent::Signal(Arrived::Stop(15)), &CAMPAIGN);
     assert_eq!(a, vec![Action::KillJob]);
     let Phase::Draining { why, .. } = p2 else {
         panic!("{p2:?}")
@@ -221,7 +221,7 @@ fn interrupt_while_leading_forwards_then_exits_with_job_code() {
 fn usr_signals_reach_a_running_or_stopping_job_and_stop_nothing() {
     let usr1 = libc::SIGUSR1;
     assert_eq!(
-        leading::<E>(TOKEN, TermEvent::Signal(usr1), &CAMPAIGN),
+        leading::<E>(TOKEN, TermEvent::Signal(Arrived::Forward(usr1)), &CAMPAIGN),
         (leading_phase(), vec![Action::Forward(usr1)])
     );
     let d = draining_phase(StopReason::Paused);
@@ -229,10 +229,21 @@ fn usr_signals_reach_a_running_or_stopping_job_and_stop_nothing() {
         draining::<E>(
             TOKEN,
             StopReason::Paused,
-            DrainEvent::Signal(usr1),
+            DrainEvent::Signal(Arrived::Forward(usr1)),
             &CAMPAIGN
         ),
         (d, vec![Action::Forward(usr1)])
+    );
+}
+
+/// With no job yet, a signal for the job has nowhere to go: the delay goes on, its term kept,
+/// and nothing is done.
+#[test]
+fn a_signal_for_the_job_while_no_job_runs_is_dropped_and_the_term_goes_on() {
+    let usr1 = libc::SIGUSR1;
+    assert_eq!(
+        delaying::<E>(TOKEN, DelayEnd::Forwarded(usr1), &CAMPAIGN),
+        (Phase::Delaying { token: TOKEN }, vec![])
     );
 }
 
@@ -291,11 +302,16 @@ fn a_job_past_its_timeout_is_stopped_then_the_term_ends_with_124_and_no_success(
 #[test]
 fn a_stop_signal_during_the_timeouts_grace_kills_at_once_but_the_run_still_times_out() {
     for policy in [CAMPAIGN, EXIT] {
-        let (p, a) = draining::<E>(TOKEN, StopReason::TimedOut, DrainEvent::Signal(15), &policy);
+        let (p, a) = draining::<E>(
+            TOKEN,
+            StopReason::TimedOut,
+            DrainEvent::Signal(Arrived::Stop(15)),
+            &policy,
+        );
         let why = StopReason::TimedOutThenInterrupted(15);
         assert_eq!((p, a), (draining_phase(why), vec![Action::KillJob]));
         // A third signal keeps the timeout too, and names the last signal.
-        let (p2, a) = draining::<E>(TOKEN, why, DrainEvent::Signal(2), &policy);
+        let (p2, a) = draining::<E>(TOKEN, why, DrainEvent::Signal(Arrived::Stop(2)), &policy);
         assert_eq!(p2, draining_phase(StopReason::TimedOutThenInterrupted(2)));
         assert_eq!(a, vec![Action::KillJob]);
         assert_ends(

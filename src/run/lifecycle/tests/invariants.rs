@@ -27,6 +27,7 @@ fn all_events() -> Vec<Any> {
         Any::Delay(DelayEnd::Unhealthy),
         Any::Delay(DelayEnd::Interrupted { signal: SIGNAL }),
         Any::Delay(DelayEnd::HandoverAsked),
+        Any::Delay(DelayEnd::Forwarded(libc::SIGUSR1)),
         Any::Start(StartEnd::Spawned),
         Any::Start(StartEnd::NotStarted),
         Any::Start(StartEnd::AlreadyDone),
@@ -53,8 +54,8 @@ fn all_events() -> Vec<Any> {
         v.push(Any::Term(TermEvent::Outranked(o)));
     }
     for s in [SIGNAL, libc::SIGTERM, libc::SIGUSR1] {
-        v.push(Any::Term(TermEvent::Signal(s)));
-        v.push(Any::Drain(DrainEvent::Signal(s)));
+        v.push(Any::Term(TermEvent::Signal(Arrived::of(s))));
+        v.push(Any::Drain(DrainEvent::Signal(Arrived::of(s))));
     }
     for by_watchdog in [false, true] {
         for exit in [Exit::Job(0), Exit::Job(3), Exit::Signal(9)] {

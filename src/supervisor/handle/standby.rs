@@ -11,12 +11,12 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 
 use super::ctl::Ctl;
-use super::job::Leader;
-use super::protocol::{self, Order, Report};
-use super::tree::{self, ProcView, Root};
-use super::{detach, exec_error, watchdog, CgroupMode, Job, JobSpec};
+use super::detach;
+use super::job::Handshake;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::{fail, Exit};
+use crate::supervisor::wire::{self, Order, Report};
+use crate::supervisor::{exec_error, watchdog, CgroupMode, Job, JobSpec};
 
 /// What became of a term's start.
 pub enum Launch {
@@ -119,35 +119,21 @@ impl Standby {
             term_at: d.minus(grace).as_nanos(),
             kill_at: d.as_nanos(),
         };
-        let start = protocol::encode_start(&spec.env, deadline, &argv);
-        let mut job = Job {
-            pid: 0,
-            contained: false,
+        let start = wire::encode_start(&spec.env, deadline, &argv);
+        let mut hs = Handshake {
             ctl,
             reports,
             watchdog,
             cgroup: None,
-            kill_at: d,
-            stop_by: None,
-            backstop,
-            backstop_fired: false,
-            abandon_at: None,
-            leader_fd: None,
-            leader: Leader::Running,
-            view: None,
-            stopping: false,
-            killed_at_deadline: false,
-            grace,
-            control: None,
         };
         let answer = tokio::time::timeout(answer_within, async {
-            if let Err(e) = job.ctl.write_all(start.as_bytes()).await {
+            if let Err(e) = hs.ctl.write_all(start.as_bytes()).await {
                 return Err(Some(e));
             }
             loop {
-                match job.reports.next_line().await {
+                match hs.reports.next_line().await {
                     Ok(Some(line)) => match Report::decode(&line) {
-                        Some(Report::Cgroup { path }) => job.cgroup = Some(path.into()),
+                        Some(Report::Cgroup { path }) => hs.cgroup = Some(path.into()),
                         Some(r) => return Ok(r),
                         None => {}
                     },
@@ -160,7 +146,7 @@ impl Standby {
             Ok(Ok(r)) => r,
             // No job runs yet: the watchdog never got the command line.
             Ok(Err(Some(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                job.reap_watchdog();
+                hs.reap();
                 return Ok(Launch::Gone);
             }
             other => {
@@ -170,43 +156,32 @@ impl Standby {
                     _ => "it closed its pipe".to_string(),
                 };
                 tracing::warn!("giving up the watchdog before the job started: {why}");
-                job.abandon();
+                hs.abandon();
                 return Ok(Launch::NoAnswer);
             }
         };
         match first {
             Report::Spawned { pid, contained } => {
-                job.pid = pid;
-                job.contained = contained;
-                // lead-exec's own pidfd of the job's main process, pinned while the
-                // watchdog holds it (it reaps it only once the whole job is gone).
-                job.view = ProcView::detect().ok();
-                let wd = Root::Child(job.watchdog.id() as i32);
-                job.leader_fd = job
-                    .view
-                    .and_then(|v| tree::pin_child(&v, wd, pid))
-                    // SAFETY: the AsyncFd owns the descriptor and keeps it open for as long as
-                    // it is registered.
-                    .and_then(|fd| unsafe { AsyncFd::register(fd) }.ok());
                 if !contained && spec.cgroup == CgroupMode::Auto {
                     warn_uncontained(warned_uncontained);
                 }
+                let job = Job::spawned(hs, pid, contained, d, grace, backstop);
                 Ok(Launch::Started(Box::new(job)))
             }
             Report::TooLate => {
-                job.reap_watchdog();
+                hs.reap();
                 Ok(Launch::TooLate)
             }
             Report::ExecFailed { errno } => {
-                job.reap_watchdog();
+                hs.reap();
                 Err(exec_error(&spec.command[0].to_string_lossy(), errno))
             }
             Report::SetupFailed { message } => {
-                job.reap_watchdog();
+                hs.reap();
                 Err(fail(Exit::Software, message))
             }
             Report::Ended { .. } | Report::LeaderExited { .. } | Report::Cgroup { .. } => {
-                job.abandon();
+                hs.abandon();
                 anyhow::bail!("watchdog reported an end before a start")
             }
         }

@@ -1,6 +1,6 @@
 //! The deadline enforcer: what the watchdog does to the job's group, decided without I/O.
 //!
-//! The watchdog's loop ([`super::watchdog`]) turns the clock, lead-exec's orders and the
+//! The watchdog's loop ([`super`]) turns the clock, lead-exec's orders and the
 //! death of lead-exec into [`Input`]s, hands them to [`Enforcer::on`] with the time, and carries
 //! out the [`GroupOp`] it gets back. Everything that makes the job stop in time is decided
 //! here, so the invariants are tested below without a process:
@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
-use super::protocol::{GroupEnd, Order};
-use super::KILL_LEAD;
 use crate::clock::BootInstant;
+use crate::supervisor::wire::{GroupEnd, Order};
+use crate::supervisor::KILL_LEAD;
 
 /// What happened, as the enforcer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -43,12 +43,12 @@ fn check_interpreter(cmd: &str, path: &std::path::Path) -> Result<()> {
 }
 
 /// Checks that the job's processes can be seen here, wherever they move: the tree of the
-/// watchdog's descendants is read from /proc (see [`super::tree`]), which must be the /proc of
+/// watchdog's descendants is read from /proc (see [`crate::supervisor::procs::tree`]), which must be the /proc of
 /// our PID namespace or of an ancestor's. Elsewhere a process that left the job's group and
 /// cgroup could outlive the term unseen, so lead-exec refuses to start (64), in every
 /// `--cgroup` mode: without /proc the cgroup cannot be found either.
 pub fn proc_view() -> Result<()> {
-    super::tree::ProcView::detect().map(|_| ()).map_err(|why| {
+    crate::supervisor::procs::tree::ProcView::detect().map(|_| ()).map_err(|why| {
         fail(
             Exit::Usage,
             format!(

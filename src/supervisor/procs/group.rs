@@ -20,6 +20,9 @@ use super::tree::{self, ProcView, Root};
 
 /// A cgroup v2 directory that holds only the job's processes.
 ///
+/// It is removed when dropped, on every path out of the watchdog: a cgroup still holding
+/// processes refuses the removal, and is left to [`Cgroup::kill_orphaned`] or the next sweep.
+///
 /// Its watchdog holds an exclusive `flock` on the open directory for as long as it lives: that
 /// lock, not a pid, is what tells a live job cgroup from a stale one. Pids say nothing across
 /// PID namespaces (which share the cgroup tree) and get reused; a lock is released by the
@@ -92,7 +95,7 @@ impl Cgroup {
                 .write(true)
                 .open(cg.dir.join("cgroup.procs"))
             {
-                cg.remove();
+                drop(cg);
                 return Err(e);
             }
             return Ok(cg);
@@ -148,10 +151,6 @@ impl Cgroup {
         kill_dir(&self.dir);
     }
 
-    pub fn remove(&self) {
-        let _ = fs::remove_dir(&self.dir);
-    }
-
     /// Kills whatever is left in a dead watchdog's job cgroup `dir`, then removes it.
     pub fn kill_orphaned(dir: &Path) {
         if !kill_dir(dir) {
@@ -163,6 +162,12 @@ impl Cgroup {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir(&self.dir);
     }
 }
 
@@ -486,11 +491,28 @@ mod tests {
         fs::create_dir(&foreign).unwrap();
         sweep_stale(&parent);
         let left = [live.path(), &stale, &foreign].map(|d| d.exists());
-        live.remove();
+        drop(live);
         let _ = fs::remove_dir(&stale);
         let _ = fs::remove_dir(&foreign);
         let _ = fs::remove_dir(&parent);
         assert_eq!(left, [true, false, true], "left: live, stale, foreign");
+    }
+
+    /// The guard removes its cgroup on every way out of the watchdog: dropping it is the
+    /// removal.
+    #[test]
+    fn a_job_cgroup_is_removed_when_its_guard_is_dropped() {
+        let Some(parent) = parent("guard") else {
+            eprintln!("no writable cgroup v2 here; nothing to check");
+            return;
+        };
+        let cg = Cgroup::create_in(&parent).unwrap();
+        let dir = cg.path().to_path_buf();
+        let made = dir.exists();
+        drop(cg);
+        let gone = !dir.exists();
+        let _ = fs::remove_dir(&parent);
+        assert!(made && gone, "made: {made}, removed on drop: {gone}");
     }
 
     /// Two job cgroups made by one process get different names, each locked.
@@ -506,8 +528,7 @@ mod tests {
         );
         let names = [a.path(), b.path()].map(|p| p.file_name().unwrap().to_owned());
         let locked = [a.path(), b.path()].map(|p| try_lock(&fs::File::open(p).unwrap()).unwrap());
-        a.remove();
-        b.remove();
+        drop((a, b));
         let _ = fs::remove_dir(&parent);
         assert_ne!(names[0], names[1]);
         assert!(
@@ -532,10 +553,11 @@ mod tests {
                 swept.push(dir.to_path_buf());
             }
         });
-        let made = cg.as_ref().map(|c| c.path().to_path_buf());
-        if let Ok(c) = &cg {
-            c.remove();
-        }
+        let made = cg
+            .as_ref()
+            .map(|c| c.path().to_path_buf())
+            .map_err(|e| e.to_string());
+        drop(cg);
         let _ = fs::remove_dir(&parent);
         let made = made.expect("a swept directory failed the job's cgroup");
         assert_eq!(swept.len(), 1);

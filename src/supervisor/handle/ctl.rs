@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use tokio::io::unix::AsyncFd;
 
-use super::protocol::Order;
+use crate::supervisor::wire::Order;
 
 /// lead-exec's end of the control pipe. It never blocks: a watchdog that does not read (it is
 /// stopped, or starved) fills the pipe at 64 KiB, and a blocking write would then stop

@@ -4,7 +4,7 @@
 //! It runs as the `lead-exec-watchdog` binary, or as lead-exec re-executed in a hidden mode
 //! (`lead-exec __watchdog ...`): single-threaded, no async runtime, no etcd. Either way it
 //! runs in a session of its own and calls itself [`NAME`]. lead-exec sends it deadline
-//! extensions over a pipe ([`super::protocol`]). It sends SIGTERM to the group at D − grace
+//! extensions over a pipe ([`super::wire`]). It sends SIGTERM to the group at D − grace
 //! and SIGKILL just before D, measured on CLOCK_BOOTTIME with a timerfd, whatever lead-exec is
 //! doing. EOF on the pipe means lead-exec is gone: there is no leadership left to wait for, so
 //! the group is killed at once. `PR_SET_PDEATHSIG` is a second way to learn of the parent's
@@ -21,24 +21,27 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use super::enforcer::{may_spawn, Enforcer, GroupOp, Input};
-use super::group::{Cgroup, Group};
-use super::protocol::{decode_start_line, GroupEnd, Order, Report, StartLine};
-use super::tree::ProcView;
-use super::CgroupMode;
+pub mod enforcer;
+mod spawn;
+
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
+use crate::supervisor::procs::group::{Cgroup, Group};
+use crate::supervisor::procs::tree::ProcView;
+use crate::supervisor::wire::{decode_start_line, GroupEnd, Order, Report, StartLine};
+use crate::supervisor::CgroupMode;
+use enforcer::{may_spawn, Enforcer, GroupOp, Input};
 
 /// `argv[1]` that selects this mode.
 pub const ARG: &str = "__watchdog";
 
-pub use super::protocol::NAME;
+pub use crate::supervisor::wire::NAME;
 
 /// Signal the kernel sends us when the thread that forked us dies.
 const PARENT_DEATH: i32 = libc::SIGUSR2;
 
 /// The watchdog's arguments, in order. The job's command, variables and deadline are not
-/// among them: they come over the control pipe ([`super::protocol::encode_start`]), because
+/// among them: they come over the control pipe ([`super::wire::encode_start`]), because
 /// the watchdog is started while lead-exec still campaigns, and so that the watchdog's own
 /// command line never holds what the job's does (`pkill -f` matches it).
 pub struct Args {
@@ -199,13 +202,8 @@ fn run(argv: &[OsString]) -> Result<()> {
     }
     let start = match read_start(&mut ctl) {
         Ok(Some(start)) => start,
-        // Never used (lead-exec gave up, or exited).
-        other => {
-            if let Some(Ok(cg)) = &prepared {
-                cg.remove();
-            }
-            return other.map(|_| ());
-        }
+        // Never used (lead-exec gave up, or exited); the cgroup made ahead goes with it.
+        other => return other.map(|_| ()),
     };
     let cgroup = match prepared {
         None => None,
@@ -229,26 +227,20 @@ fn run(argv: &[OsString]) -> Result<()> {
     // or starved since, and the deadline it passed may be spent by now.
     if !may_spawn(BootInstant::now(), start.term_at) {
         send(&mut report, &Report::TooLate);
-        if let Some(cg) = &cgroup {
-            cg.remove();
-        }
         return Ok(());
     }
     let required = a.cgroup == CgroupMode::On;
-    let spawned = match super::spawn::spawn(&command, cgroup.as_ref(), required) {
+    let spawned = match spawn::spawn(&command, cgroup.as_ref(), required) {
         Ok(s) => s,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
             send(&mut report, &Report::ExecFailed { errno });
-            if let Some(cg) = &cgroup {
-                cg.remove();
-            }
             return Ok(());
         }
     };
     let cgroup = match cgroup {
         Some(cg) if !spawned.in_cgroup => {
-            cg.remove();
+            drop(cg);
             None
         }
         other => other,
@@ -307,7 +299,8 @@ fn supervise(
     let pid = w.group.leader.as_raw();
     let pidfd = match pidfd {
         Some(fd) => fd,
-        None => super::tree::pidfd_open(pid).context("pidfd_open (needs Linux 5.3)")?,
+        None => crate::supervisor::procs::tree::pidfd_open(pid)
+            .context("pidfd_open (needs Linux 5.3)")?,
     };
     let mut ctl_open = true;
     w.take_orders(&mut buf, BootInstant::now());
@@ -320,11 +313,9 @@ fn supervise(
         if let Some(status) = w.exited {
             if !w.group.has_live_members() {
                 let end = w.finish(status);
+                // Empty by now; its removal (when the supervision is dropped) need not hold
+                // up lead-exec's handover.
                 send(&mut io.report, &end);
-                // Empty by now; its removal need not hold up lead-exec's handover.
-                if let Some(cg) = &w.group.cgroup {
-                    cg.remove();
-                }
                 return Ok(());
             }
             w.on(now, Input::LeaderExited);

@@ -96,7 +96,7 @@ pub fn spawn(
         // Rust ignores SIGPIPE in lead-exec, lead-exec's own caller may have ignored others
         // (`nohup`, `trap ''`), and glibc ignores its own 32 and 33 in the child unless told
         // otherwise: an ignored signal would survive the exec, into the watchdog and its job.
-        let all = super::spawn::every_signal();
+        let all = crate::supervisor::procs::every_signal();
         errno(libc::posix_spawnattr_setsigmask(&mut attr.obj, &none))?;
         errno(libc::posix_spawnattr_setsigdefault(&mut attr.obj, &all))?;
         let flags = libc::POSIX_SPAWN_SETSID as libc::c_int

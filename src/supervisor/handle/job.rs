@@ -13,11 +13,13 @@ use tokio::net::unix::pipe;
 use std::os::fd::OwnedFd;
 
 use super::ctl::Ctl;
-use super::protocol::{GroupEnd, Order, Report};
-use super::tree::{self, ProcView, Root};
-use super::{detach, group, JobEnd, KILL_LEAD};
+use super::detach;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
+use crate::supervisor::procs::group;
+use crate::supervisor::procs::tree::{self, ProcView, Root};
+use crate::supervisor::wire::{GroupEnd, Order, Report};
+use crate::supervisor::{JobEnd, KILL_LEAD};
 
 /// How long after a stop's grace (or a kill) lead-exec waits for the watchdog to have done
 /// it, before it kills the group itself.
@@ -45,7 +47,7 @@ const CHASE_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// What lead-exec knows of the job's main process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Leader {
+enum Leader {
     /// Running, as far as lead-exec knows.
     Running,
     /// Its pidfd says it exited, and the watchdog has not said so: it may be stopped.
@@ -89,43 +91,146 @@ impl JobControl {
     }
 }
 
+/// A watchdog that has been handed its job and has not yet said that it runs: its pipes, and
+/// the job's cgroup once reported. It becomes a [`Job`] on the watchdog's "spawned", and only
+/// then, so that a job always has its pid.
+pub(super) struct Handshake {
+    pub(super) ctl: Ctl,
+    pub(super) reports: Lines<BufReader<pipe::Receiver>>,
+    pub(super) watchdog: detach::Detached,
+    /// The job's cgroup, as the watchdog reported it ahead of the job.
+    pub(super) cgroup: Option<PathBuf>,
+}
+
+impl Handshake {
+    /// Waits for a watchdog that started nothing: it exits right after its last report.
+    pub(super) fn reap(self) {
+        self.watchdog.wait();
+    }
+
+    /// Kills a watchdog that did not start the job in time, and whatever it may have
+    /// started: its job's main process dies with it (PR_SET_PDEATHSIG), the rest of the
+    /// cgroup here.
+    pub(super) fn abandon(self) {
+        self.watchdog.kill();
+        self.watchdog.wait();
+        if let Some(cg) = &self.cgroup {
+            group::Cgroup::kill_orphaned(cg);
+        }
+    }
+}
+
+/// lead-exec's own enforcement of D: the second enforcer, for a watchdog that is frozen.
+struct Backstop {
+    /// Armed for the next moment lead-exec must look (see [`Job::wait`]).
+    timer: AsyncFd<BootTimer>,
+    state: Enforced,
+}
+
+/// Whether lead-exec has had to enforce the deadline itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Enforced {
+    /// Not yet: the watchdog is trusted until D (or the end of a stop's grace).
+    Waiting,
+    /// lead-exec killed the group itself, at D (`at_deadline`) or after a stop's grace. A
+    /// watchdog that still has not reported the group gone at `abandon_at` is killed in turn:
+    /// one that is stopped would hold the term until continued.
+    Fired {
+        at_deadline: bool,
+        abandon_at: Option<BootInstant>,
+    },
+}
+
+impl Enforced {
+    /// Whether the watchdog is due to be killed now; true once.
+    fn abandon_due(&mut self, now: BootInstant) -> bool {
+        match self {
+            Enforced::Fired { abandon_at, .. } if abandon_at.is_some_and(|t| now >= t) => {
+                *abandon_at = None;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A running job under its watchdog.
 pub struct Job {
     pub pid: i32,
     /// Whether the job runs in a cgroup of its own, not only in its process group.
     pub contained: bool,
-    pub(super) ctl: Ctl,
-    pub(super) reports: Lines<BufReader<pipe::Receiver>>,
-    pub(super) watchdog: detach::Detached,
+    ctl: Ctl,
+    reports: Lines<BufReader<pipe::Receiver>>,
+    watchdog: detach::Detached,
     /// The job's cgroup, as the watchdog reported it.
-    pub(super) cgroup: Option<PathBuf>,
+    cgroup: Option<PathBuf>,
     /// The lease deadline D last handed to the watchdog.
-    pub(super) kill_at: BootInstant,
+    kill_at: BootInstant,
     /// When a stop lead-exec asked for is due to be complete: the grace after it.
-    pub(super) stop_by: Option<BootInstant>,
-    /// lead-exec's own timer at D: the second enforcer, for a watchdog that is frozen.
-    pub(super) backstop: AsyncFd<BootTimer>,
-    pub(super) backstop_fired: bool,
-    /// When a watchdog that left the kill to lead-exec is killed in turn, if it still has not
-    /// reported the group gone: one that is stopped would hold the term until continued.
-    pub(super) abandon_at: Option<BootInstant>,
+    stop_by: Option<BootInstant>,
+    backstop: Backstop,
     /// A pidfd of the job's main process, lead-exec's own: a stopped watchdog cannot hold a
     /// term whose job has ended.
-    pub(super) leader_fd: Option<AsyncFd<OwnedFd>>,
-    pub(super) leader: Leader,
+    leader_fd: Option<AsyncFd<OwnedFd>>,
+    leader: Leader,
     /// How /proc shows us, to reach the job's tree through the watchdog's.
-    pub(super) view: Option<ProcView>,
+    view: Option<ProcView>,
     /// Whether lead-exec asked for a stop or a kill.
-    pub(super) stopping: bool,
-    /// Whether lead-exec killed the job itself at D, the watchdog not having done it.
-    pub(super) killed_at_deadline: bool,
+    stopping: bool,
     /// `--grace`: what the rest of the job gets once its main process exited.
-    pub(super) grace: Duration,
+    grace: Duration,
     /// Where Ctrl-Z finds this job, once [`Job::under_job_control`] put it there.
-    pub(super) control: Option<JobControl>,
+    control: Option<JobControl>,
 }
 
 impl Job {
+    /// The job the watchdog of `hs` reported spawned as `pid`, with D at `kill_at` and
+    /// lead-exec's own timer for it.
+    pub(super) fn spawned(
+        hs: Handshake,
+        pid: i32,
+        contained: bool,
+        kill_at: BootInstant,
+        grace: Duration,
+        timer: AsyncFd<BootTimer>,
+    ) -> Job {
+        let Handshake {
+            ctl,
+            reports,
+            watchdog,
+            cgroup,
+        } = hs;
+        // lead-exec's own pidfd of the job's main process, pinned while the watchdog holds it
+        // (it reaps it only once the whole job is gone).
+        let view = ProcView::detect().ok();
+        let wd = Root::Child(watchdog.id() as i32);
+        let leader_fd = view
+            .and_then(|v| tree::pin_child(&v, wd, pid))
+            // SAFETY: the AsyncFd owns the descriptor and keeps it open for as long as it is
+            // registered.
+            .and_then(|fd| unsafe { AsyncFd::register(fd) }.ok());
+        Job {
+            pid,
+            contained,
+            ctl,
+            reports,
+            watchdog,
+            cgroup,
+            kill_at,
+            stop_by: None,
+            backstop: Backstop {
+                timer,
+                state: Enforced::Waiting,
+            },
+            leader_fd,
+            leader: Leader::Running,
+            view,
+            stopping: false,
+            grace,
+            control: None,
+        }
+    }
+
     /// Moves the deadline: SIGTERM at `d − grace`, SIGKILL at `d`. D only moves forward.
     pub fn extend(&mut self, d: BootInstant, grace: Duration) {
         if d <= self.kill_at {
@@ -186,14 +291,15 @@ impl Job {
             // A stop is the watchdog's to carry out: lead-exec steps in a little later, only
             // for one that has not.
             let due = self.stop_by.map_or(due, |s| due.min(s.plus(STOP_SLACK)));
-            let next = self
-                .abandon_at
-                .or_else(|| (!self.backstop_fired).then_some(due));
+            let next = match self.backstop.state {
+                Enforced::Waiting => Some(due),
+                Enforced::Fired { abandon_at, .. } => abandon_at,
+            };
             let next = match (next, self.unreported_check()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if let Err(e) = self.backstop.get_ref().arm(next) {
+            if let Err(e) = self.backstop.timer.get_ref().arm(next) {
                 tracing::warn!("deadline timer: {e}; the watchdog alone enforces this deadline");
             }
             let watch_leader = self.leader == Leader::Running;
@@ -225,26 +331,26 @@ impl Job {
                 _ = leader_exit(&self.leader_fd), if watch_leader => {
                     self.leader = Leader::Unreported { since: BootInstant::now(), nudged: false };
                 }
-                ready = self.backstop.readable() => {
+                ready = self.backstop.timer.readable() => {
                     if let Ok(mut guard) = ready {
-                        self.backstop.get_ref().drain();
+                        self.backstop.timer.get_ref().drain();
                         guard.clear_ready();
                     }
                     let now = BootInstant::now();
                     if self.unreported_check().is_some_and(|t| now >= t) {
                         self.watchdog_silent(now, grace);
-                    } else if !self.backstop_fired && now >= due {
-                        self.backstop_fired = true;
-                        self.killed_at_deadline = now >= self.kill_at.minus(KILL_LEAD);
+                    } else if self.backstop.state == Enforced::Waiting && now >= due {
                         let after = match self.leader {
                             Leader::Exited(_) => ABANDON_EXITED_AFTER,
                             _ => ABANDON_AFTER,
                         };
-                        self.abandon_at = Some(now.plus(after));
+                        self.backstop.state = Enforced::Fired {
+                            at_deadline: now >= self.kill_at.minus(KILL_LEAD),
+                            abandon_at: Some(now.plus(after)),
+                        };
                         tracing::debug!(pid = self.pid, "deadline: lead-exec kills the job's group itself");
                         self.reach().kill();
-                    } else if self.abandon_at.is_some_and(|t| now >= t) {
-                        self.abandon_at = None;
+                    } else if self.backstop.state.abandon_due(now) {
                         tracing::warn!(pid = self.pid, watchdog = self.watchdog.id(), "the watchdog has not reported the job's group gone; killing the watchdog");
                         // Its tree first, to the last process: what it re-parented would go
                         // to init with it. A watchdog that reports the group gone meanwhile
@@ -355,7 +461,10 @@ impl Job {
                 "the job has ended and its watchdog has not said so in {} (stopped or frozen?); killing the watchdog",
                 crate::clock::human(silent)
             );
-            self.backstop_fired = true;
+            self.backstop.state = Enforced::Fired {
+                at_deadline: false,
+                abandon_at: None,
+            };
             self.watchdog.kill();
         }
     }
@@ -445,7 +554,14 @@ impl Job {
         // said how it ended: the term ends as the job did, once what is left is killed.
         if let Leader::Exited(Some(status)) = self.leader {
             self.kill_orphaned();
-            let cause = if self.killed_at_deadline {
+            let at_deadline = matches!(
+                self.backstop.state,
+                Enforced::Fired {
+                    at_deadline: true,
+                    ..
+                }
+            );
+            let cause = if at_deadline {
                 GroupEnd::Deadline
             } else if self.stopping {
                 GroupEnd::Stop
@@ -489,20 +605,9 @@ impl Job {
         );
     }
 
-    pub(super) fn reap_watchdog(&mut self) {
+    fn reap_watchdog(&mut self) {
         // It exits right after its last report.
         self.watchdog.wait();
-    }
-
-    /// Kills a watchdog that did not start the job in time, and whatever it may have
-    /// started: its job's main process dies with it (PR_SET_PDEATHSIG), the rest of the
-    /// cgroup here.
-    pub(super) fn abandon(&mut self) {
-        self.watchdog.kill();
-        self.watchdog.wait();
-        if let Some(cg) = &self.cgroup {
-            group::Cgroup::kill_orphaned(cg);
-        }
     }
 }
 
