@@ -22,25 +22,23 @@ fn sockets(pid: i32) -> BTreeSet<String> {
 /// GOAWAY "too_many_pings" and drops the connection: an idle candidate must not provoke it.
 #[test]
 fn etcd_keeps_the_connections_of_idle_candidates() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // A long TTL: keepalives every 20 s, so only pings cross the connection meanwhile.
     let long = ["--ttl", "60s"];
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; exec sleep 60",
     );
-    let base = |name: &'static str| vec!["run", "idle", "--endpoints", &ep, "--id", name];
+    let base = |name: &'static str| vec!["run", "idle", "--endpoints", &f.ep, "--id", name];
     let mut leader_args = base("leader");
     leader_args.extend_from_slice(&long);
     leader_args.extend_from_slice(&["--", "sh", "-c", &job]);
-    let mut leader = spawn(dir.path(), "leader", &leader_args);
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut leader = spawn(f.dir.path(), "leader", &leader_args);
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     let mut waiter_args = base("waiter");
     waiter_args.extend_from_slice(&long);
     waiter_args.extend_from_slice(&["--", "true"]);
-    let mut waiter = spawn(dir.path(), "waiter", &waiter_args);
+    let mut waiter = spawn(f.dir.path(), "waiter", &waiter_args);
     waiter.wait_log("waiting behind leader", secs(10));
     let first_l = sockets(leader.pid());
     let first_w = sockets(waiter.pid());
@@ -65,26 +63,24 @@ fn etcd_keeps_the_connections_of_idle_candidates() {
 /// again (here it wins again at once) instead of exiting 75.
 #[test]
 fn wait_counts_from_each_campaign_not_from_process_start() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; exec sleep 60",
     );
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args("waitd", &ep, &["--wait", "1s"], &job),
+        &run_args("waitd", &f.ep, &["--wait", "1s"], &job),
     );
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     // The term must outlast the wait: there is no event for "1 s has passed".
     std::thread::sleep(secs(2));
-    let (code, _, err) = run(&["resign", "waitd", "--endpoints", &ep]);
+    let (code, _, err) = run(&["resign", "waitd", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "resign: {err}");
-    let ok = wait_until(secs(10), || terms(dir.path()).len() >= 2);
+    let ok = wait_until(secs(10), || terms(f.dir.path()).len() >= 2);
     assert!(ok, "no second term after the resign:\n{}", w.log_text());
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
@@ -94,11 +90,10 @@ fn wait_counts_from_each_campaign_not_from_process_start() {
 /// lost) waits for it within `--dial-timeout` instead of exiting 69 at the first "no leader".
 #[test]
 fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeout() {
-    let etcd = Etcd::start3();
-    let dir = tempfile::tempdir().unwrap();
-    let one = etcd.members[0].endpoint();
-    etcd.members[1].stop();
-    etcd.members[2].stop();
+    let f = Fixture::with(Etcd::start3());
+    let one = f.etcd.members[0].endpoint();
+    f.etcd.members[1].stop();
+    f.etcd.members[2].stop();
     let status = || {
         run(&[
             "status",
@@ -122,9 +117,9 @@ fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeo
         noticed,
         "the lone member never said \"no leader\"; last {last}"
     );
-    let job = script(dir.path(), "echo ran > $D/ran");
+    let job = script(f.dir.path(), "echo ran > $D/ran");
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
         &run_args("x", &one, &["--dial-timeout", "20s"], &job),
     );
@@ -132,10 +127,10 @@ fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeo
     let (code, _, err) = status();
     assert_eq!(code, 69, "{err}");
     assert!(w.child.try_wait().unwrap().is_none(), "{}", w.log_text());
-    etcd.members[1].cont();
-    etcd.members[2].cont();
+    f.etcd.members[1].cont();
+    f.etcd.members[2].cont();
     assert_eq!(w.code(secs(30)), 0, "{}", w.log_text());
-    assert_eq!(lines(&dir.path().join("ran")), vec!["ran"]);
+    assert_eq!(lines(&f.dir.path().join("ran")), vec!["ran"]);
 }
 
 /// A member whose commits take 1.5 s (its fdatasync delayed), listed with a dead endpoint:
@@ -144,10 +139,9 @@ fn a_cluster_electing_its_leader_at_start_up_is_waited_for_within_the_dial_timeo
 /// and was applied anyway.
 #[test]
 fn slow_commits_get_the_whole_command_timeout_with_several_endpoints() {
-    let etcd = Etcd::slow_commits(std::time::Duration::from_millis(1500));
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::with(Etcd::slow_commits(std::time::Duration::from_millis(1500)));
     let dead = format!("127.0.0.1:{}", free_port());
-    let eps = format!("{},{dead}", etcd.endpoints());
+    let eps = format!("{},{dead}", f.ep);
     let t0 = std::time::Instant::now();
     let (code, _, err) = run(&[
         "pause",
@@ -166,8 +160,8 @@ fn slow_commits_get_the_whole_command_timeout_with_several_endpoints() {
         t0.elapsed()
     );
     assert_eq!(code, 0, "pause: {err}");
-    assert_eq!(etcd.keys("lead-exec/meta/slow/paused").len(), 1);
-    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/led");
+    assert_eq!(f.etcd.keys("lead-exec/meta/slow/paused").len(), 1);
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/led");
     // Start-up, the probe beside the first grant, is bounded by the dial timeout too.
     let args = run_args_with(
         &[],
@@ -177,13 +171,13 @@ fn slow_commits_get_the_whole_command_timeout_with_several_endpoints() {
         &job,
     );
     let t0 = std::time::Instant::now();
-    let mut w = spawn(dir.path(), "w", &args);
+    let mut w = spawn(f.dir.path(), "w", &args);
     assert_eq!(w.code(secs(60)), 0, "{}", w.log_text());
     eprintln!(
         "run with a slowed member and a dead one: led and exited 0 after {:?}",
         t0.elapsed()
     );
-    assert_eq!(lines(&dir.path().join("led")).len(), 1);
+    assert_eq!(lines(&f.dir.path().join("led")).len(), 1);
 }
 
 /// The candidate keys of an election, in line order.
@@ -195,39 +189,38 @@ fn line(etcd: &Etcd, name: &str) -> Vec<String> {
 /// again, within `--command-timeout`: it keeps its place instead of leaving the line.
 #[test]
 fn a_waiting_candidate_keeps_its_place_through_an_etcd_leader_election() {
-    let etcd = Etcd::start3();
-    let dir = tempfile::tempdir().unwrap();
-    let all = etcd.endpoints();
-    let one = etcd.members[0].endpoint();
+    let f = Fixture::with(Etcd::start3());
+    let all = f.etcd.endpoints();
+    let one = f.etcd.members[0].endpoint();
     // Leases that outlive the outage by far: only the line is at stake.
     let lease = ["--ttl", "20s", "--grace", "1s", "--safety-margin", "1s"];
     let holds = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN > $D/first; while [ ! -e $D/go ]; do sleep 0.05; done",
     );
     let first_args = run_args_with(&lease, "inline", &all, &["--id", "first"], &holds);
-    let mut first = spawn(dir.path(), "first", &first_args);
-    wait_line(&dir.path().join("first"), secs(10), |_| true);
-    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/second");
+    let mut first = spawn(f.dir.path(), "first", &first_args);
+    wait_line(&f.dir.path().join("first"), secs(10), |_| true);
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/second");
     // On the member that loses its leader only: its reads fail with "no leader".
     let second_args = run_args_with(&lease, "inline", &one, &["--id", "second", "-v"], &job);
-    let mut second = spawn(dir.path(), "second", &second_args);
+    let mut second = spawn(f.dir.path(), "second", &second_args);
     second.wait_log("waiting behind first", secs(10));
-    let before = line(&etcd, "inline");
+    let before = line(&f.etcd, "inline");
     assert_eq!(before.len(), 2, "{before:?}");
-    let json = etcd.ctl(&["get", &before[1], "-w", "json"]);
+    let json = f.etcd.ctl(&["get", &before[1], "-w", "json"]);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let place = v["kvs"][0]["create_revision"].as_i64().unwrap();
-    etcd.members[1].stop();
-    etcd.members[2].stop();
+    f.etcd.members[1].stop();
+    f.etcd.members[2].stop();
     // etcd cancels a require-leader watch after about three election timeouts without a
     // leader (1.5 s here); the candidate then reads the line and finds no leader.
     second.wait_log("no leader", secs(10));
-    etcd.members[1].cont();
-    etcd.members[2].cont();
-    etcd.wait_healthy(secs(20));
-    std::fs::write(dir.path().join("go"), "").unwrap();
-    let token = wait_int(&dir.path().join("second"), secs(20));
+    f.etcd.members[1].cont();
+    f.etcd.members[2].cont();
+    f.etcd.wait_healthy(secs(20));
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    let token = wait_int(&f.dir.path().join("second"), secs(20));
     assert_eq!(first.code(secs(10)), 0, "{}", first.log_text());
     assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
     // It led on the place it had: the key it created before the outage.
@@ -239,43 +232,42 @@ fn a_waiting_candidate_keeps_its_place_through_an_etcd_leader_election() {
 /// the candidate never waits behind itself.
 #[test]
 fn a_candidate_never_queues_behind_its_own_orphaned_key() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let holds = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN > $D/first; while [ ! -e $D/go ]; do sleep 0.05; done",
     );
     let mut first = spawn(
-        dir.path(),
+        f.dir.path(),
         "first",
-        &run_args("orphan", &ep, &["--id", "first"], &holds),
+        &run_args("orphan", &f.ep, &["--id", "first"], &holds),
     );
-    wait_line(&dir.path().join("first"), secs(10), |_| true);
-    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/second");
+    wait_line(&f.dir.path().join("first"), secs(10), |_| true);
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/second");
     let mut second = spawn(
-        dir.path(),
+        f.dir.path(),
         "second",
-        &run_args("orphan", &ep, &["--id", "second"], &job),
+        &run_args("orphan", &f.ep, &["--id", "second"], &job),
     );
     second.wait_log("waiting behind first", secs(10));
-    let keys = line(&etcd, "orphan");
+    let keys = line(&f.etcd, "orphan");
     assert_eq!(keys.len(), 2, "{keys:?}");
     let own = &keys[1];
-    let value = etcd.ctl(&["get", "--print-value-only", own]);
+    let value = f.etcd.ctl(&["get", "--print-value-only", own]);
     // The orphan: the same value on a lease this process does not hold, ahead of the key it
     // creates next.
-    let granted = etcd.ctl(&["lease", "grant", "60"]);
+    let granted = f.etcd.ctl(&["lease", "grant", "60"]);
     let lease = granted.split_whitespace().nth(1).unwrap().to_string();
     let orphan = format!("lead-exec/elections/orphan/{lease}");
-    etcd.ctl(&["put", &format!("--lease={lease}"), &orphan, value.trim()]);
+    f.etcd
+        .ctl(&["put", &format!("--lease={lease}"), &orphan, value.trim()]);
     // Out of line: the candidate campaigns again, on a new lease, behind the orphan.
     let own_lease = own.rsplit('/').next().unwrap();
-    etcd.ctl(&["lease", "revoke", own_lease]);
-    let gone = wait_until(secs(10), || !line(&etcd, "orphan").contains(&orphan));
+    f.etcd.ctl(&["lease", "revoke", own_lease]);
+    let gone = wait_until(secs(10), || !line(&f.etcd, "orphan").contains(&orphan));
     assert!(gone, "the orphaned key stayed:\n{}", second.log_text());
-    std::fs::write(dir.path().join("go"), "").unwrap();
-    wait_line(&dir.path().join("second"), secs(10), |_| true);
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    wait_line(&f.dir.path().join("second"), secs(10), |_| true);
     assert_eq!(first.code(secs(10)), 0, "{}", first.log_text());
     assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
     let log = second.log_text();
@@ -291,31 +283,30 @@ fn a_candidate_never_queues_behind_its_own_orphaned_key() {
 /// soak logged 1,998 such lines, half of all). The moves are still counted in the metrics.
 #[test]
 fn an_etcd_outage_is_logged_when_it_starts_and_when_it_ends() {
-    let mut etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let mut f = Fixture::new();
     let dead = format!("127.0.0.1:{}", free_port());
-    let eps = format!("{},{dead}", etcd.endpoints());
+    let eps = format!("{},{dead}", f.ep);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     // A lease that outlives the outage: only the log is at stake.
     let lease = ["--ttl", "30s", "--grace", "1s", "--safety-margin", "1s"];
-    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/token; sleep 600");
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/token; sleep 600");
     let args = run_args_with(&lease, "outage", &eps, &["--metrics-addr", &addr], &job);
-    let mut w = spawn(dir.path(), "w", &args);
-    wait_int(&dir.path().join("token"), secs(10));
+    let mut w = spawn(f.dir.path(), "w", &args);
+    wait_int(&f.dir.path().join("token"), secs(10));
     let moves = || {
         scrape(port)
             .and_then(|t| metric(&t, "lead_exec_etcd_endpoint_failovers_total"))
             .unwrap_or(0.0)
     };
     let before = moves();
-    etcd.members[0].kill();
+    f.etcd.members[0].kill();
     assert!(
         wait_until(secs(30), || moves() >= before + 6.0),
         "the pin did not move back and forth: {}",
         w.log_text()
     );
-    etcd.members[0].restart();
+    f.etcd.members[0].restart();
     w.wait_log("etcd answers again", secs(30));
     let log = w.log_text();
     let started = log.matches("etcd endpoint failed").count();

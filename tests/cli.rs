@@ -14,31 +14,29 @@ fn sleeping_leader(dir: &std::path::Path, election: &str, ep: &str, extra: &[&st
 
 #[test]
 fn job_exit_code_passes_through() {
-    let etcd = Etcd::start();
-    let (code, _, _) = run(&run_args("codes", &etcd.endpoints(), &[], "exit 7"));
+    let f = Fixture::new();
+    let (code, _, _) = run(&run_args("codes", &f.ep, &[], "exit 7"));
     assert_eq!(code, 7);
-    let (code, _, _) = run(&run_args("codes", &etcd.endpoints(), &[], "exit 0"));
+    let (code, _, _) = run(&run_args("codes", &f.ep, &[], "exit 0"));
     assert_eq!(code, 0);
 }
 
 #[test]
 fn job_killed_by_signal_gives_128_plus_n() {
-    let etcd = Etcd::start();
-    let (code, _, _) = run(&run_args("sig", &etcd.endpoints(), &[], "kill -9 $$"));
+    let f = Fixture::new();
+    let (code, _, _) = run(&run_args("sig", &f.ep, &[], "kill -9 $$"));
     assert_eq!(code, 137);
-    let (code, _, _) = run(&run_args("sig", &etcd.endpoints(), &[], "kill -15 $$"));
+    let (code, _, _) = run(&run_args("sig", &f.ep, &[], "kill -15 $$"));
     assert_eq!(code, 143);
 }
 
 #[test]
 fn job_gets_token_and_identity_in_its_environment() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let s = script(dir.path(), "env > $D/env");
-    let ep = etcd.endpoints();
-    let (code, _, err) = run(&run_args("envtest", &ep, &["--id", "worker-a"], &s));
+    let f = Fixture::new();
+    let s = script(f.dir.path(), "env > $D/env");
+    let (code, _, err) = run(&run_args("envtest", &f.ep, &["--id", "worker-a"], &s));
     assert_eq!(code, 0, "{err}");
-    let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+    let env = std::fs::read_to_string(f.dir.path().join("env")).unwrap();
     let get = |k: &str| {
         env.lines()
             .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_string))
@@ -48,7 +46,7 @@ fn job_gets_token_and_identity_in_its_environment() {
     assert!(token > 0);
     assert_eq!(get("LEAD_EXEC_ELECTION"), "envtest");
     assert_eq!(get("LEAD_EXEC_ID"), "worker-a");
-    assert_eq!(get("LEAD_EXEC_ENDPOINTS"), ep);
+    assert_eq!(get("LEAD_EXEC_ENDPOINTS"), f.ep);
     let lease = get("LEAD_EXEC_LEASE_ID");
     assert_eq!(
         get("LEAD_EXEC_LEADER_KEY"),
@@ -58,37 +56,48 @@ fn job_gets_token_and_identity_in_its_environment() {
 
 #[test]
 fn password_is_not_passed_to_the_job() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let s = script(dir.path(), "env > $D/env");
+    let f = Fixture::new();
+    let s = script(f.dir.path(), "env > $D/env");
     let (code, _, err) = run_env(
-        &run_args("pw", &etcd.endpoints(), &[], &s),
+        &run_args("pw", &f.ep, &[], &s),
         &[("LEAD_EXEC_PASSWORD", "hunter2")],
     );
     assert_eq!(code, 0, "{err}");
-    let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+    let env = std::fs::read_to_string(f.dir.path().join("env")).unwrap();
     assert!(!env.contains("hunter2"));
 }
 
 #[test]
 fn missing_or_empty_command_is_127_and_not_executable_is_126() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let (code, _, err) = run(&["run", "x", "--endpoints", &ep, "--", "no-such-command-xyz"]);
+    let f = Fixture::new();
+    let (code, _, err) = run(&[
+        "run",
+        "x",
+        "--endpoints",
+        &f.ep,
+        "--",
+        "no-such-command-xyz",
+    ]);
     assert_eq!(code, 127);
     assert_eq!(
         err.trim(),
         "lead-exec: no-such-command-xyz: command not found"
     );
     // An empty word is a command not found, as a shell says of `''`; no word at all is usage.
-    let (code, _, err) = run(&["run", "x", "--endpoints", &ep, "--", ""]);
+    let (code, _, err) = run(&["run", "x", "--endpoints", &f.ep, "--", ""]);
     assert_eq!(code, 127, "{err}");
     assert_eq!(err.trim(), "lead-exec: '': command not found");
 
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("plain.txt");
-    std::fs::write(&f, "not a program").unwrap();
-    let (code, _, err) = run(&["run", "x", "--endpoints", &ep, "--", f.to_str().unwrap()]);
+    let file = f.dir.path().join("plain.txt");
+    std::fs::write(&file, "not a program").unwrap();
+    let (code, _, err) = run(&[
+        "run",
+        "x",
+        "--endpoints",
+        &f.ep,
+        "--",
+        file.to_str().unwrap(),
+    ]);
     assert_eq!(code, 126);
     assert!(err.contains("cannot execute"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -96,26 +105,24 @@ fn missing_or_empty_command_is_127_and_not_executable_is_126() {
 
 #[test]
 fn no_wait_gives_conflict_code_while_another_leads() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let mut leader = sleeping_leader(dir.path(), "cron", &ep, &[]);
+    let f = Fixture::new();
+    let mut leader = sleeping_leader(f.dir.path(), "cron", &f.ep, &[]);
 
     let start = Instant::now();
-    let (code, _, _) = run(&run_args("cron", &ep, &["--no-wait"], "echo ran; exit 0"));
+    let (code, _, _) = run(&run_args("cron", &f.ep, &["--no-wait"], "echo ran; exit 0"));
     assert_eq!(code, 75);
     assert!(start.elapsed() < secs(5));
 
     let (code, _, _) = run(&run_args(
         "cron",
-        &ep,
+        &f.ep,
         &["--no-wait", "--conflict-exit-code", "3"],
         "exit 0",
     ));
     assert_eq!(code, 3);
 
     let start = Instant::now();
-    let (code, _, _) = run(&run_args("cron", &ep, &["--wait", "1s"], "exit 0"));
+    let (code, _, _) = run(&run_args("cron", &f.ep, &["--wait", "1s"], "exit 0"));
     assert_eq!(code, 75);
     let took = start.elapsed();
     assert!(
@@ -124,7 +131,7 @@ fn no_wait_gives_conflict_code_while_another_leads() {
     );
 
     // Those candidates removed their keys: only the leader's remains.
-    assert_eq!(etcd.keys("lead-exec/elections/cron/").len(), 1);
+    assert_eq!(f.etcd.keys("lead-exec/elections/cron/").len(), 1);
     leader.signal(libc::SIGTERM);
     leader.wait(secs(10));
 }
@@ -241,11 +248,11 @@ fn help_and_version_exit_zero() {
 
 #[test]
 fn flags_also_come_from_the_environment() {
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     let (code, _, err) = run_env(
         &["run", "fromenv", "--", "sh", "-c", "exit 5"],
         &[
-            ("LEAD_EXEC_ENDPOINTS", &etcd.endpoints()),
+            ("LEAD_EXEC_ENDPOINTS", &f.ep),
             ("LEAD_EXEC_TTL", "3s"),
             ("LEAD_EXEC_GRACE", "500ms"),
             ("LEAD_EXEC_SAFETY_MARGIN", "500ms"),
@@ -255,7 +262,7 @@ fn flags_also_come_from_the_environment() {
     // etcdctl's variable is the fallback.
     let (code, _, err) = run_env(
         &["run", "fromenv", "--", "sh", "-c", "exit 6"],
-        &[("ETCDCTL_ENDPOINTS", &etcd.endpoints())],
+        &[("ETCDCTL_ENDPOINTS", &f.ep)],
     );
     assert_eq!(code, 6, "{err}");
 }
@@ -409,13 +416,11 @@ fn usage_errors_name_what_is_missing_and_what_is_accepted() {
 
 #[test]
 fn boolean_variables_accept_1_0_yes_no_true_false() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let dir = tempfile::tempdir().unwrap();
-    let mut leader = sleeping_leader(dir.path(), "bools", &ep, &[]);
+    let f = Fixture::new();
+    let mut leader = sleeping_leader(f.dir.path(), "bools", &f.ep, &[]);
     for yes in ["1", "yes", "true", "TRUE"] {
         let (code, _, err) = run_env(
-            &run_args("bools", &ep, &[], "exit 0"),
+            &run_args("bools", &f.ep, &[], "exit 0"),
             &[("LEAD_EXEC_NO_WAIT", yes)],
         );
         assert_eq!(code, 75, "LEAD_EXEC_NO_WAIT={yes}: {err}");
@@ -423,21 +428,21 @@ fn boolean_variables_accept_1_0_yes_no_true_false() {
     for no in ["0", "no", "false"] {
         // Not --no-wait: a free election runs the job.
         let (code, _, err) = run_env(
-            &run_args("bools-free", &ep, &[], "exit 4"),
+            &run_args("bools-free", &f.ep, &[], "exit 4"),
             &[("LEAD_EXEC_NO_WAIT", no)],
         );
         assert_eq!(code, 4, "LEAD_EXEC_NO_WAIT={no}: {err}");
     }
     for (v, quiet) in [("1", true), ("yes", true), ("0", false), ("no", false)] {
         let (code, _, err) = run_env(
-            &run_args("bools-free", &ep, &[], "exit 0"),
+            &run_args("bools-free", &f.ep, &[], "exit 0"),
             &[("LEAD_EXEC_QUIET", v)],
         );
         assert_eq!(code, 0, "{err}");
         assert_eq!(!err.contains("INFO"), quiet, "LEAD_EXEC_QUIET={v}: {err}");
     }
     let (code, _, err) = run_env(
-        &run_args("bools-free", &ep, &[], "exit 0"),
+        &run_args("bools-free", &f.ep, &[], "exit 0"),
         &[("LEAD_EXEC_NO_WAIT", "maybe")],
     );
     assert_eq!(code, 64, "{err}");
@@ -450,12 +455,12 @@ fn boolean_variables_accept_1_0_yes_no_true_false() {
 fn fractional_ttl_is_rounded_up_before_the_safety_check() {
     // 2900ms truncated to 2s would stop this job 0.5 s into every term; rounded up to 3s the
     // settings are safe and the job runs to its end.
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     let args = [
         "run",
         "frac",
         "--endpoints",
-        &etcd.endpoints(),
+        &f.ep,
         "--ttl",
         "2900ms",
         "--grace",
@@ -475,16 +480,14 @@ fn fractional_ttl_is_rounded_up_before_the_safety_check() {
 
 #[test]
 fn wait_zero_or_1ns_behaves_like_no_wait() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     for w in ["0s", "1ns"] {
-        let (code, _, err) = run(&run_args("w0", &ep, &["--wait", w], "exit 5"));
+        let (code, _, err) = run(&run_args("w0", &f.ep, &["--wait", w], "exit 5"));
         assert_eq!(code, 5, "--wait {w} on a free election: {err}");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let mut leader = sleeping_leader(dir.path(), "w0", &ep, &[]);
+    let mut leader = sleeping_leader(f.dir.path(), "w0", &f.ep, &[]);
     for w in ["0s", "1ns"] {
-        let (code, _, err) = run(&run_args("w0", &ep, &["--wait", w], "exit 5"));
+        let (code, _, err) = run(&run_args("w0", &f.ep, &["--wait", w], "exit 5"));
         assert_eq!(code, 75, "--wait {w} behind a leader: {err}");
     }
     leader.signal(libc::SIGTERM);
@@ -495,14 +498,12 @@ fn wait_zero_or_1ns_behaves_like_no_wait() {
 /// silent by default (cron mails what a job prints), exit 75; `-v` names the leader.
 #[test]
 fn no_wait_loser_is_silent_by_default_and_names_the_leader_with_v() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let dir = tempfile::tempdir().unwrap();
-    let mut leader = sleeping_leader(dir.path(), "named", &ep, &["--id", "the-leader"]);
-    let (code, _, err) = run(&run_args("named", &ep, &["--no-wait"], "exit 0"));
+    let f = Fixture::new();
+    let mut leader = sleeping_leader(f.dir.path(), "named", &f.ep, &["--id", "the-leader"]);
+    let (code, _, err) = run(&run_args("named", &f.ep, &["--no-wait"], "exit 0"));
     assert_eq!((code, without_version_warning(&err).as_str()), (75, ""));
     let mut args = vec!["-v"];
-    args.extend(run_args("named", &ep, &["--no-wait"], "exit 0"));
+    args.extend(run_args("named", &f.ep, &["--no-wait"], "exit 0"));
     let (code, _, err) = run(&args);
     assert_eq!(code, 75, "{err}");
     assert_eq!(
@@ -520,9 +521,8 @@ fn no_wait_loser_is_silent_by_default_and_names_the_leader_with_v() {
 /// no type's debug form; `-q` leaves none.
 #[test]
 fn a_successful_run_logs_its_start_and_end_only() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let (code, _, err) = run(&run_args("quiet", &ep, &[], "exit 0"));
+    let f = Fixture::new();
+    let (code, _, err) = run(&run_args("quiet", &f.ep, &[], "exit 0"));
     assert_eq!(code, 0, "{err}");
     let err = without_version_warning(&err);
     let lines: Vec<&str> = err.lines().collect();
@@ -531,12 +531,12 @@ fn a_successful_run_logs_its_start_and_end_only() {
     assert!(lines[1].contains("INFO job ended: exit code 0"), "{err}");
     assert!(!err.contains('{') && !err.contains(" -> "), "{err}");
     let mut args = vec!["-q"];
-    args.extend(run_args("quiet", &ep, &[], "exit 0"));
+    args.extend(run_args("quiet", &f.ep, &[], "exit 0"));
     let (code, _, err) = run(&args);
     assert_eq!((code, err.as_str()), (0, ""));
     // The steps are there at debug level, in words.
     let mut args = vec!["-v"];
-    args.extend(run_args("quiet", &ep, &[], "exit 0"));
+    args.extend(run_args("quiet", &f.ep, &[], "exit 0"));
     let (_, _, err) = run(&args);
     assert!(
         err.contains("leading -> done on the job ended (exit code 0)"),
@@ -546,13 +546,11 @@ fn a_successful_run_logs_its_start_and_end_only() {
 
 #[test]
 fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     // The outer job runs three nested commands, each recording its exit code and stderr.
     let bin = bin();
     let outer = script(
-        dir.path(),
+        f.dir.path(),
         &format!(
             "{bin} run -- true 2> $D/noname.err; echo $? > $D/noname.code; \
              {bin} run outer -- true 2> $D/same.err; echo $? > $D/same.code; \
@@ -562,12 +560,12 @@ fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
     );
     let (code, _, err) = run(&run_args(
         "outer",
-        &ep,
+        &f.ep,
         &["--id", "outer-id", "--run-key", "outer-key"],
         &outer,
     ));
     assert_eq!(code, 0, "{err}");
-    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    let read = |name: &str| std::fs::read_to_string(f.dir.path().join(name)).unwrap();
     assert_eq!(read("noname.code").trim(), "64", "{}", read("noname.err"));
     assert!(
         read("noname.err").contains("not provided: <ELECTION>"),
@@ -590,9 +588,12 @@ fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
     assert!(env.contains("LEAD_EXEC_ELECTION=inner\n"), "{env}");
     assert!(!env.contains("LEAD_EXEC_ID=outer-id"), "{env}");
     // The outer run key was not taken as the inner run's: nothing recorded for it.
-    assert!(etcd.keys("lead-exec/meta/inner/runs/").is_empty());
+    assert!(f.etcd.keys("lead-exec/meta/inner/runs/").is_empty());
     // The endpoints are inherited on purpose: the same cluster.
-    assert!(env.contains(&format!("LEAD_EXEC_ENDPOINTS={ep}")), "{env}");
+    assert!(
+        env.contains(&format!("LEAD_EXEC_ENDPOINTS={}", f.ep)),
+        "{env}"
+    );
 }
 
 #[test]
@@ -621,13 +622,12 @@ fn missing_interpreter_is_named_and_gives_126() {
 
 #[test]
 fn argument_lists_too_long_to_exec_are_refused_before_campaigning() {
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     // SAFETY: sysconf has no preconditions.
     let limit = unsafe { libc::sysconf(libc::_SC_ARG_MAX) } as usize;
     // lead-exec itself starts (its own exec fits), but the job's exec, which adds the job's
     // variables and the watchdog's arguments, would not: refused as a shell would, 126.
-    let ep = etcd.endpoints();
-    let mut args: Vec<String> = ["run", "big", "--endpoints", &ep, "--", "true"]
+    let mut args: Vec<String> = ["run", "big", "--endpoints", &f.ep, "--", "true"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -650,7 +650,7 @@ fn argument_lists_too_long_to_exec_are_refused_before_campaigning() {
     assert!(err.contains("argument list too long"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(start.elapsed() < secs(10));
-    assert!(etcd.keys("lead-exec/").iter().all(|k| !k.contains("big")));
+    assert!(f.etcd.keys("lead-exec/").iter().all(|k| !k.contains("big")));
 }
 
 #[test]
@@ -662,8 +662,7 @@ fn history_keep_0_is_refused_with_64() {
 
 #[test]
 fn huge_durations_are_usage_errors_naming_the_flag_and_the_longest_run() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let flags: &[(&str, &[&str])] = &[
         ("--timeout", &[]),
         ("--wait", &[]),
@@ -680,7 +679,7 @@ fn huge_durations_are_usage_errors_naming_the_flag_and_the_longest_run() {
             "run",
             "huge",
             "--endpoints",
-            &ep,
+            &f.ep,
             flag,
             "18446744073709551615s",
         ];
@@ -705,7 +704,7 @@ fn huge_durations_are_usage_errors_naming_the_flag_and_the_longest_run() {
             "--grace" | "--safety-margin" | "--command-timeout" => &["--ttl", "9000000000s"],
             _ => &FAST,
         };
-        let mut args = vec!["run", &election, "--endpoints", &ep, flag, "100years"];
+        let mut args = vec!["run", &election, "--endpoints", &f.ep, flag, "100years"];
         args.extend_from_slice(lease);
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "sh", "-c", "exit 5"]);
@@ -749,17 +748,15 @@ fn a_long_election_name_or_value_is_cut_in_the_error() {
 /// code: 79, not the conflict code (75), which means someone else leads. Nobody does here.
 #[test]
 fn no_wait_kept_out_by_its_own_failing_health_check_says_so_and_exits_79() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let dir = tempfile::tempdir().unwrap();
-    let job = script(dir.path(), "echo ran > $D/ran");
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "echo ran > $D/ran");
     for extra in [&["--no-wait"][..], &["--wait", "1s"]] {
         let args = [
             &["--health-cmd", "exit 1", "--health-interval", "200ms"][..],
             extra,
         ]
         .concat();
-        let (code, _, err) = run(&run_args("sick", &ep, &args, &job));
+        let (code, _, err) = run(&run_args("sick", &f.ep, &args, &job));
         assert_eq!(code, 79, "{extra:?}: {err}");
         assert!(
             err.contains("not acquired: the health check is failing"),
@@ -767,12 +764,12 @@ fn no_wait_kept_out_by_its_own_failing_health_check_says_so_and_exits_79() {
         );
         assert!(!err.contains("another leader"), "{err}");
         // -q leaves errors only; the exit code still says it.
-        let quiet = [&["-q"][..], &run_args("sick", &ep, &args, &job)].concat();
+        let quiet = [&["-q"][..], &run_args("sick", &f.ep, &args, &job)].concat();
         let (code, _, err) = run(&quiet);
         assert_eq!((code, err.as_str()), (79, ""), "{extra:?}");
     }
-    assert!(!dir.path().join("ran").exists());
-    assert!(etcd.keys("lead-exec/elections/sick/").is_empty());
+    assert!(!f.dir.path().join("ran").exists());
+    assert!(f.etcd.keys("lead-exec/elections/sick/").is_empty());
 }
 
 /// The job's command and arguments go to execve as the bytes they were given, as with flock,
@@ -782,18 +779,16 @@ fn no_wait_kept_out_by_its_own_failing_health_check_says_so_and_exits_79() {
 fn the_command_is_passed_on_as_bytes_and_a_flag_that_is_not_utf8_is_named() {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let latin1 = OsStr::from_bytes(b"caf\xe9");
-    let script = dir.path().join(OsStr::from_bytes(b"run-\xe9"));
+    let script = f.dir.path().join(OsStr::from_bytes(b"run-\xe9"));
     std::fs::write(&script, "#!/bin/sh\nprintf '%s' \"$1\"\n").unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let out = std::process::Command::new(bin())
-        .args(["run", "bytes", "--endpoints", &ep, "--"])
+        .args(["run", "bytes", "--endpoints", &f.ep, "--"])
         .arg(&script)
         .arg(latin1)
         .output()
@@ -806,7 +801,7 @@ fn the_command_is_passed_on_as_bytes_and_a_flag_that_is_not_utf8_is_named() {
         (vec![&b"--id=w\xe9"[..]], "--id: "),
     ] {
         let out = std::process::Command::new(bin())
-            .args(["run", "bytes", "--endpoints", &ep])
+            .args(["run", "bytes", "--endpoints", &f.ep])
             .args(args.iter().map(|a| OsStr::from_bytes(a)))
             .args(["--", "true"])
             .output()
@@ -834,24 +829,22 @@ fn without_version_warning(err: &str) -> String {
 /// predates the lease fixes the fail-closed argument needs, and the version as a metric.
 #[test]
 fn an_etcd_without_the_lease_fixes_is_warned_of_once_and_its_version_is_a_metric() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let out = etcdctl(&ep, &["endpoint", "status", "-w", "json"]);
+    let f = Fixture::new();
+    let out = etcdctl(&f.ep, &["endpoint", "status", "-w", "json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let version = v[0]["Status"]["version"].as_str().unwrap().to_string();
     let missing = lead_exec::etcd::lease_fix_missing(&version);
-    let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let job = script(dir.path(), "while [ ! -e $D/go ]; do sleep 0.05; done");
+    let job = script(f.dir.path(), "while [ ! -e $D/go ]; do sleep 0.05; done");
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args("ver", &ep, &["--metrics-addr", &addr], &job),
+        &run_args("ver", &f.ep, &["--metrics-addr", &addr], &job),
     );
     w.wait_log("leading: job started", secs(10));
     let out = scrape(port).expect("metrics");
-    std::fs::write(dir.path().join("go"), "").unwrap();
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
     let err = w.log_text();
     let warnings = err

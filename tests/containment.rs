@@ -336,19 +336,17 @@ fn under_a_foreign_proc_a_daemon_still_dies_with_the_term() {
 /// As nobody no cgroup can be made: `--cgroup on` refuses to start the job.
 #[test]
 fn as_an_unprivileged_user_cgroup_on_is_refused() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    chmod(dir.path(), 0o777);
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
+    chmod(f.dir.path(), 0o777);
     let program = command_for(User::Nobody, Way::Setsid);
     let mut args: Vec<&str> = program[1..].to_vec();
     args.extend(run_args(
         "esc-refused",
-        &ep,
+        &f.ep,
         &["--cgroup", "on"],
         "echo ran > /dev/null",
     ));
-    let mut w = spawn_program(Path::new(program[0]), dir.path(), "w", &args, &[]);
+    let mut w = spawn_program(Path::new(program[0]), f.dir.path(), "w", &args, &[]);
     assert_eq!(w.code(secs(15)), 70, "{}", w.log_text());
     assert!(
         w.log_text()
@@ -363,12 +361,12 @@ fn as_an_unprivileged_user_cgroup_on_is_refused() {
 /// before anything reaches etcd.
 #[test]
 fn without_a_proc_of_this_namespace_run_is_refused() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     for mode in MODES {
         let inner = format!(
             "mount -t tmpfs none /proc && exec {} run no-proc --endpoints {ep} --cgroup {mode} -- true",
-            bin()
+            bin(),
+            ep = f.ep
         );
         let out = std::process::Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c", &inner])
@@ -382,7 +380,10 @@ fn without_a_proc_of_this_namespace_run_is_refused() {
             "{err}"
         );
     }
-    assert!(etcd.keys("lead-exec/").is_empty(), "something was written");
+    assert!(
+        f.etcd.keys("lead-exec/").is_empty(),
+        "something was written"
+    );
 }
 
 /// A job run as root that mounts over /proc in lead-exec's own mount namespace hides its
@@ -392,10 +393,8 @@ fn without_a_proc_of_this_namespace_run_is_refused() {
 /// watchdog, its orphan went to init, and the next leader's job ran beside it.)
 #[test]
 fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
+    let d = f.dir.path();
     let job = script(
         d,
         "setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
@@ -406,7 +405,7 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
     let mut args = vec!["-m", "--propagation", "private", bin()];
     args.extend(run_args(
         "hide",
-        &ep,
+        &f.ep,
         &["--id", "a", "--cgroup", "off"],
         &job,
     ));
@@ -415,7 +414,7 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
     let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
     wait_line(&d.join("masked"), secs(10), |_| true);
     let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
-    let mut b = spawn(d, "b", &run_args("hide", &ep, &["--id", "b"], &b_job));
+    let mut b = spawn(d, "b", &run_args("hide", &f.ep, &["--id", "b"], &b_job));
     a.wait_log("has not reported the job's group gone", secs(15));
     // Two more seconds of the orphan's beats, counted by its own writes: no next term.
     let beats = || lines(&d.join("beats")).len();
@@ -446,10 +445,8 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
 /// that cannot be pinned counts as alive.
 #[test]
 fn a_frozen_watchdog_with_hundreds_of_escapees_under_a_small_descriptor_limit_leaves_none() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
+    let d = f.dir.path();
     let job = script(
         d,
         "trap 'exit 0' TERM; \
@@ -458,7 +455,7 @@ fn a_frozen_watchdog_with_hundreds_of_escapees_under_a_small_descriptor_limit_le
            while :; do echo beat >> $D/beats; sleep 0.05; done'; \
          while :; do sleep 0.05; done",
     );
-    let run = run_args("frozen-emfile", &ep, &["--cgroup", "off"], &job);
+    let run = run_args("frozen-emfile", &f.ep, &["--cgroup", "off"], &job);
     let line = format!("ulimit -n 128; exec {} \"$@\"", bin());
     let mut args = vec!["-c", line.as_str(), "sh"];
     args.extend(run);
@@ -508,10 +505,8 @@ fn kill_those_alive(pids_file: &Path) -> Vec<i32> {
 /// the job's processes to run on.
 #[test]
 fn a_full_pids_cgroup_does_not_stop_lead_exec_from_chasing_the_job() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
+    let d = f.dir.path();
     // The pids controller: on this kind of host, cgroup v1's (the unified tree has none).
     let own = PidsCgroup::new("full-pids");
     let job = script(
@@ -520,7 +515,7 @@ fn a_full_pids_cgroup_does_not_stop_lead_exec_from_chasing_the_job() {
          for i in $(seq 40); do setsid -f sh -c 'trap \"\" TERM; echo $$ >> $D/pids; exec sleep 1000'; done; \
          while :; do sleep 0.05; done",
     );
-    let run = run_args("full-pids", &ep, &["--cgroup", "off"], &job);
+    let run = run_args("full-pids", &f.ep, &["--cgroup", "off"], &job);
     let line = format!(
         "echo $$ > {}/cgroup.procs && exec {} \"$@\"",
         own.0.display(),

@@ -256,17 +256,16 @@ fn path_with_lead_exec(dir: &Path) -> String {
 /// the job runs once, the loser exits 75 without a word, and the tick run again is skipped.
 #[test]
 fn the_readmes_cron_line_runs_the_tick_once_across_workers() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let block = readme_block("### cron");
     let line = block.lines().next().unwrap();
     let command = line.splitn(6, char::is_whitespace).nth(5).unwrap().trim();
-    let job = dir.path().join("settle");
+    let job = f.dir.path().join("settle");
     std::fs::write(
         &job,
         format!(
             "#!/bin/sh\necho $FENCING_TOKEN >> {0}/ran; sleep 1\n",
-            dir.path().display()
+            f.dir.path().display()
         ),
     )
     .unwrap();
@@ -275,17 +274,17 @@ fn the_readmes_cron_line_runs_the_tick_once_across_workers() {
     let command = command
         .replace("\\%", "%")
         .replace("/opt/settle/run", job.to_str().unwrap());
-    let path = path_with_lead_exec(dir.path());
+    let path = path_with_lead_exec(f.dir.path());
     // Every tick of this test is the same tick: a clock that stays at 18:05 UTC, so that a
     // minute turning over mid-test cannot make two ticks of one.
-    let date = dir.path().join("bin/date");
+    let date = f.dir.path().join("bin/date");
     std::fs::write(&date, "#!/bin/sh\necho 20261205T1805\n").unwrap();
     std::fs::set_permissions(&date, std::fs::Permissions::from_mode(0o755)).unwrap();
     let tick = || {
         std::process::Command::new("/bin/sh")
             .args(["-c", &command])
             .env("PATH", &path)
-            .env("LEAD_EXEC_ENDPOINTS", etcd.endpoints())
+            .env("LEAD_EXEC_ENDPOINTS", &f.ep)
             .output()
             .unwrap()
     };
@@ -300,35 +299,34 @@ fn the_readmes_cron_line_runs_the_tick_once_across_workers() {
     for out in [&a, &b] {
         assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
     }
-    assert_eq!(lines(&dir.path().join("ran")).len(), 1);
+    assert_eq!(lines(&f.dir.path().join("ran")).len(), 1);
     // The same tick again: its key is done, so it is skipped with exit 0.
     let again = tick();
     assert_eq!(again.status.code(), Some(0), "{again:?}");
-    assert_eq!(lines(&dir.path().join("ran")).len(), 1);
+    assert_eq!(lines(&f.dir.path().join("ran")).len(), 1);
 }
 
 /// The README's script block, run as written with `./settle` and `upgrade-db` standing in:
 /// it settles, pauses (returning once no job runs), resumes and reads status and history.
 #[test]
 fn the_readmes_script_runs_as_written() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let block = readme_block("### Scripts");
     use std::os::unix::fs::PermissionsExt;
     for (name, body) in [
         ("settle", "#!/bin/sh\nexit 0\n"),
         ("bin/upgrade-db", "#!/bin/sh\necho upgrading\n"),
     ] {
-        let p = dir.path().join(name);
+        let p = f.dir.path().join(name);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, body).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let out = std::process::Command::new("/bin/sh")
         .args(["-c", &block])
-        .current_dir(dir.path())
-        .env("PATH", path_with_lead_exec(dir.path()))
-        .env("LEAD_EXEC_ENDPOINTS", etcd.endpoints())
+        .current_dir(f.dir.path())
+        .env("PATH", path_with_lead_exec(f.dir.path()))
+        .env("LEAD_EXEC_ENDPOINTS", &f.ep)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

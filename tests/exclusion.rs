@@ -6,18 +6,16 @@ use harness::*;
 /// job three times in a row.
 #[test]
 fn three_workers_never_overlap_and_tokens_increase() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let log = dir.path().join("intervals");
+    let f = Fixture::new();
+    let log = f.dir.path().join("intervals");
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo start $FENCING_TOKEN >> $D/intervals; sleep 0.2; echo end $FENCING_TOKEN >> $D/intervals",
     );
     let mut workers = Vec::new();
     for w in 0..3 {
         // A shell loop per worker, like a cron line firing three times.
-        let args = run_args("mutex", &ep, &[], &job);
+        let args = run_args("mutex", &f.ep, &[], &job);
         let line = args
             .iter()
             .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
@@ -27,7 +25,7 @@ fn three_workers_never_overlap_and_tokens_increase() {
         let body = format!("for i in 1 2 3; do '{bin}' {line} || exit 1; done");
         let child = std::process::Command::new("sh")
             .args(["-c", &body])
-            .stderr(std::fs::File::create(dir.path().join(format!("w{w}.log"))).unwrap())
+            .stderr(std::fs::File::create(f.dir.path().join(format!("w{w}.log"))).unwrap())
             .spawn()
             .unwrap();
         workers.push(child);

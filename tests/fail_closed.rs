@@ -18,13 +18,12 @@ fn recording_job(dir: &std::path::Path) -> String {
 /// interval (TTL/3) before the cut: the job must be dead within TTL − margin of the cut.
 #[test]
 fn blackholed_etcd_kills_the_job_before_the_deadline_then_a_new_term_starts() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
-    let job = recording_job(dir.path());
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
+    let job = recording_job(f.dir.path());
     let ep = proxy.endpoint();
-    let mut w = spawn(dir.path(), "w", &run_args("fc", &ep, &[], &job));
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let mut w = spawn(f.dir.path(), "w", &run_args("fc", &ep, &[], &job));
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
     let cut = Instant::now();
     proxy.set(Mode::Blackhole);
     assert!(
@@ -37,9 +36,9 @@ fn blackholed_etcd_kills_the_job_before_the_deadline_then_a_new_term_starts() {
         "job died {died:?} after the cut; the deadline was at most 2.5 s"
     );
     proxy.set(Mode::Pass);
-    let ok = wait_until(secs(20), || terms(dir.path()).len() >= 2);
+    let ok = wait_until(secs(20), || terms(f.dir.path()).len() >= 2);
     assert!(ok, "no new term after etcd came back:\n{}", w.log_text());
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
     assert_ne!(t[1].1, t[0].1, "a new term needs a fresh lease");
     w.signal(libc::SIGTERM);
@@ -48,27 +47,22 @@ fn blackholed_etcd_kills_the_job_before_the_deadline_then_a_new_term_starts() {
 
 #[test]
 fn stopped_etcd_member_kills_the_job_then_a_new_term_starts() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let job = recording_job(dir.path());
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("fc2", &etcd.endpoints(), &[], &job),
-    );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let f = Fixture::new();
+    let job = recording_job(f.dir.path());
+    let mut w = spawn(f.dir.path(), "w", &run_args("fc2", &f.ep, &[], &job));
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
     let cut = Instant::now();
-    etcd.members[0].stop();
+    f.etcd.members[0].stop();
     assert!(wait_until(secs(10), || !alive(pid)), "job survived");
     assert!(
         cut.elapsed() <= Duration::from_millis(2800),
         "{:?}",
         cut.elapsed()
     );
-    etcd.members[0].cont();
-    let ok = wait_until(secs(20), || terms(dir.path()).len() >= 2);
+    f.etcd.members[0].cont();
+    let ok = wait_until(secs(20), || terms(f.dir.path()).len() >= 2);
     assert!(ok, "no new term:\n{}", w.log_text());
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
@@ -76,28 +70,23 @@ fn stopped_etcd_member_kills_the_job_then_a_new_term_starts() {
 
 #[test]
 fn deleting_the_leader_key_stops_the_job_and_campaigns_again() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let job = recording_job(dir.path());
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("del", &etcd.endpoints(), &[], &job),
-    );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let keys = etcd.keys("lead-exec/elections/del/");
+    let f = Fixture::new();
+    let job = recording_job(f.dir.path());
+    let mut w = spawn(f.dir.path(), "w", &run_args("del", &f.ep, &[], &job));
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let keys = f.etcd.keys("lead-exec/elections/del/");
     assert_eq!(keys.len(), 1);
-    etcd.ctl(&["del", &keys[0]]);
+    f.etcd.ctl(&["del", &keys[0]]);
     assert!(
         wait_until(secs(5), || !alive(pid)),
         "job survived the delete"
     );
     assert!(
-        wait_until(secs(10), || terms(dir.path()).len() >= 2),
+        wait_until(secs(10), || terms(f.dir.path()).len() >= 2),
         "{}",
         w.log_text()
     );
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0);
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
@@ -105,25 +94,23 @@ fn deleting_the_leader_key_stops_the_job_and_campaigns_again() {
 
 #[test]
 fn a_candidate_whose_lease_is_revoked_while_queued_never_spawns_on_it() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let a_job = script(dir.path(), "echo up > $D/a_up; exec sleep 120");
+    let f = Fixture::new();
+    let a_job = script(f.dir.path(), "echo up > $D/a_up; exec sleep 120");
     let b_job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID > $D/b_term",
     );
-    let mut a = spawn(dir.path(), "a", &run_args("queued", &ep, &[], &a_job));
-    wait_line(&dir.path().join("a_up"), secs(10), |l| l == "up");
-    let mut b = spawn(dir.path(), "b", &run_args("queued", &ep, &[], &b_job));
+    let mut a = spawn(f.dir.path(), "a", &run_args("queued", &f.ep, &[], &a_job));
+    wait_line(&f.dir.path().join("a_up"), secs(10), |l| l == "up");
+    let mut b = spawn(f.dir.path(), "b", &run_args("queued", &f.ep, &[], &b_job));
     b.wait_log("waiting behind", secs(10));
-    let keys = etcd.keys("lead-exec/elections/queued/");
+    let keys = f.etcd.keys("lead-exec/elections/queued/");
     let b_lease = keys[1].rsplit('/').next().unwrap().to_string();
-    etcd.ctl(&["lease", "revoke", &b_lease]);
+    f.etcd.ctl(&["lease", "revoke", &b_lease]);
     b.wait_log("candidacy lost while queued", secs(10));
     a.signal(libc::SIGTERM);
     assert_eq!(b.code(secs(20)), 0, "{}", b.log_text());
-    let line = lines(&dir.path().join("b_term")).remove(0);
+    let line = lines(&f.dir.path().join("b_term")).remove(0);
     let (_, lease) = line.split_once(' ').unwrap();
     assert_ne!(lease, b_lease, "spawned on the revoked lease");
     a.wait(secs(10));
@@ -131,50 +118,47 @@ fn a_candidate_whose_lease_is_revoked_while_queued_never_spawns_on_it() {
 
 #[test]
 fn a_frozen_candidate_whose_lease_expired_never_spawns_on_it() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let a_job = script(dir.path(), "echo up > $D/a_up; exec sleep 120");
+    let f = Fixture::new();
+    let a_job = script(f.dir.path(), "echo up > $D/a_up; exec sleep 120");
     let b_job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID > $D/b_term",
     );
-    let mut a = spawn(dir.path(), "a", &run_args("frozen", &ep, &[], &a_job));
-    wait_line(&dir.path().join("a_up"), secs(10), |l| l == "up");
-    let mut b = spawn(dir.path(), "b", &run_args("frozen", &ep, &[], &b_job));
+    let mut a = spawn(f.dir.path(), "a", &run_args("frozen", &f.ep, &[], &a_job));
+    wait_line(&f.dir.path().join("a_up"), secs(10), |l| l == "up");
+    let mut b = spawn(f.dir.path(), "b", &run_args("frozen", &f.ep, &[], &b_job));
     b.wait_log("waiting behind", secs(10));
-    let keys = etcd.keys("lead-exec/elections/frozen/");
+    let keys = f.etcd.keys("lead-exec/elections/frozen/");
     let b_key = keys[1].clone();
     let b_lease = b_key.rsplit('/').next().unwrap().to_string();
     b.signal(libc::SIGSTOP);
     // The server expires B's lease (TTL 3 s) while B is frozen.
-    assert!(wait_until(secs(15), || !etcd
+    assert!(wait_until(secs(15), || !f
+        .etcd
         .keys("lead-exec/elections/frozen/")
         .contains(&b_key)));
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
     b.signal(libc::SIGCONT);
     assert_eq!(b.code(secs(20)), 0, "{}", b.log_text());
-    let line = lines(&dir.path().join("b_term")).remove(0);
+    let line = lines(&f.dir.path().join("b_term")).remove(0);
     let (_, lease) = line.split_once(' ').unwrap();
     assert_ne!(lease, b_lease, "spawned on the expired lease");
 }
 
 #[test]
 fn on_loss_exit_stops_the_job_and_exits_76() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let job = recording_job(dir.path());
-    let ep = etcd.endpoints();
-    let args = run_args("onloss", &ep, &["--on-loss", "exit"], &job);
-    let mut w = spawn(dir.path(), "w", &args);
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let key = etcd.keys("lead-exec/elections/onloss/").remove(0);
-    etcd.ctl(&["del", &key]);
+    let f = Fixture::new();
+    let job = recording_job(f.dir.path());
+    let args = run_args("onloss", &f.ep, &["--on-loss", "exit"], &job);
+    let mut w = spawn(f.dir.path(), "w", &args);
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let key = f.etcd.keys("lead-exec/elections/onloss/").remove(0);
+    f.etcd.ctl(&["del", &key]);
     assert_eq!(w.code(secs(10)), 76, "{}", w.log_text());
     assert!(!alive(pid));
     assert_eq!(
-        terms(dir.path()).len(),
+        terms(f.dir.path()).len(),
         1,
         "no new term under --on-loss exit"
     );
@@ -183,16 +167,14 @@ fn on_loss_exit_stops_the_job_and_exits_76() {
 /// `--wait` bounds the whole attempt, also when etcd goes away while the candidate waits.
 #[test]
 fn wait_gives_up_even_while_etcd_is_unreachable() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
     let pep = proxy.endpoint();
-    let job = script(dir.path(), "echo up > $D/up; exec sleep 60");
-    let mut a = spawn(dir.path(), "a", &run_args("waitdown", &ep, &[], &job));
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let job = script(f.dir.path(), "echo up > $D/up; exec sleep 60");
+    let mut a = spawn(f.dir.path(), "a", &run_args("waitdown", &f.ep, &[], &job));
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
     let mut b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
         &run_args("waitdown", &pep, &["--wait", "2s"], "exit 0"),
     );
@@ -209,25 +191,23 @@ fn wait_gives_up_even_while_etcd_is_unreachable() {
 /// gets SIGKILL at once, not SIGTERM and the grace.
 #[test]
 fn a_lease_etcd_says_is_gone_kills_the_job_without_grace() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'echo term >> $D/events' TERM; echo $$ > $D/pid; while :; do sleep 0.05; done",
     );
-    let ep = etcd.endpoints();
-    let args = run_args_with(&WIDE_GRACE, "gone", &ep, &["-v"], &job);
-    let mut w = spawn(dir.path(), "w", &args);
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let key = etcd.keys("lead-exec/elections/gone/").remove(0);
+    let args = run_args_with(&WIDE_GRACE, "gone", &f.ep, &["-v"], &job);
+    let mut w = spawn(f.dir.path(), "w", &args);
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let key = f.etcd.keys("lead-exec/elections/gone/").remove(0);
     let lease = key.rsplit('/').next().unwrap().to_string();
     let revoked = Instant::now();
-    etcd.ctl(&["lease", "revoke", &lease]);
+    f.etcd.ctl(&["lease", "revoke", &lease]);
     assert!(wait_until(secs(10), || !alive(pid)), "job survived");
     let took = revoked.elapsed();
     eprintln!("job dead {took:?} after its lease was revoked");
     assert!(
-        lines(&dir.path().join("events")).is_empty(),
+        lines(&f.dir.path().join("events")).is_empty(),
         "the job got SIGTERM, not SIGKILL"
     );
     assert!(took < Duration::from_millis(1500), "{took:?}: not at once");
@@ -241,28 +221,26 @@ fn a_lease_etcd_says_is_gone_kills_the_job_without_grace() {
 /// stops the moment it starts.
 #[test]
 fn a_lease_answered_late_is_renewed_before_the_job_starts() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'echo term >> $D/events; exit 143' TERM; echo start >> $D/events; \
          while :; do echo beat >> $D/events; sleep 0.1; done",
     );
-    let ep = etcd.endpoints();
     // A grace wide enough that the window this test aims at does not depend on how fast etcd
     // answers after the stall. The connection outlives the stall (HTTP/2 pings wait 30 s);
     // requests wait 6 s.
     let args = run_args_with(
         &WIDE_GRACE,
         "late",
-        &ep,
+        &f.ep,
         &["-v", "--dial-timeout", "30s", "--command-timeout", "6s"],
         &job,
     );
-    let mut w = spawn(dir.path(), "w", &args);
-    let events = dir.path().join("events");
+    let mut w = spawn(f.dir.path(), "w", &args);
+    let events = f.dir.path().join("events");
     wait_line(&events, secs(10), |l| l == "start");
-    etcd.members[0].stop();
+    f.etcd.members[0].stop();
     // The job dies by D; lead-exec tries to record the end of the term (6 s), logs the
     // transition, tries to revoke the old lease (1 s) and sends the grant of a new one, whose
     // answer waits for etcd.
@@ -270,7 +248,7 @@ fn a_lease_answered_late_is_renewed_before_the_job_starts() {
     let lost = Instant::now();
     // Thaw when that grant's D (send + 5.5 s) is 1.5 s away: inside the 2 s grace.
     std::thread::sleep(Duration::from_millis(1000 + 4000).saturating_sub(lost.elapsed()));
-    etcd.members[0].cont();
+    f.etcd.members[0].cont();
     let second_term = |ev: &[String]| -> Vec<String> {
         ev.iter()
             .skip_while(|l| *l != "start")
@@ -305,29 +283,28 @@ fn a_lease_answered_late_is_renewed_before_the_job_starts() {
 /// backwards in the same lead-exec process. That is logged as an error and counted.
 #[test]
 fn a_wiped_etcd_is_reported_as_a_token_regression() {
-    let mut etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let mut f = Fixture::new();
     for i in 0..30 {
-        etcd.ctl(&["put", "lead-exec-test/filler", &i.to_string()]);
+        f.etcd
+            .ctl(&["put", "lead-exec-test/filler", &i.to_string()]);
     }
-    let job = recording_job(dir.path());
-    let ep = etcd.endpoints();
+    let job = recording_job(f.dir.path());
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args("wiped", &ep, &["--metrics-addr", &addr], &job),
+        &run_args("wiped", &f.ep, &["--metrics-addr", &addr], &job),
     );
-    wait_int(&dir.path().join("pid"), secs(10));
-    etcd.members[0].wipe();
-    etcd.wait_healthy(secs(20));
+    wait_int(&f.dir.path().join("pid"), secs(10));
+    f.etcd.members[0].wipe();
+    f.etcd.wait_healthy(secs(20));
     assert!(
-        wait_until(secs(30), || terms(dir.path()).len() >= 2),
+        wait_until(secs(30), || terms(f.dir.path()).len() >= 2),
         "no term after the wipe:\n{}",
         w.log_text()
     );
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     eprintln!("tokens across the wipe: {} -> {}", t[0].0, t[1].0);
     assert!(t[1].0 < t[0].0, "{t:?}");
     w.wait_log("the fencing token went backwards", secs(5));
@@ -347,14 +324,13 @@ fn a_wiped_etcd_is_reported_as_a_token_regression() {
 /// follows.
 #[test]
 fn a_term_that_ends_while_cut_off_hands_over_as_soon_as_etcd_is_back() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
-    let (direct, cut) = (etcd.endpoints(), proxy.endpoint());
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
+    let (direct, cut) = (f.ep.clone(), proxy.endpoint());
     // A long lease: without the revoke, the next leader would wait for it.
     let lease = ["--ttl", "20s", "--grace", "1s", "--safety-margin", "1s"];
     let ends = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN > $D/first; while [ ! -e $D/go ]; do sleep 0.05; done",
     );
     let first_args = run_args_with(
@@ -364,20 +340,20 @@ fn a_term_that_ends_while_cut_off_hands_over_as_soon_as_etcd_is_back() {
         &["--id", "first", "--command-timeout", "3s"],
         &ends,
     );
-    let mut first = spawn(dir.path(), "first", &first_args);
-    wait_line(&dir.path().join("first"), secs(10), |_| true);
-    let next_job = script(dir.path(), "echo $FENCING_TOKEN > $D/next");
+    let mut first = spawn(f.dir.path(), "first", &first_args);
+    wait_line(&f.dir.path().join("first"), secs(10), |_| true);
+    let next_job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/next");
     let next_args = run_args_with(&lease, "cutoff", &direct, &["--id", "next"], &next_job);
-    let mut next = spawn(dir.path(), "next", &next_args);
+    let mut next = spawn(f.dir.path(), "next", &next_args);
     next.wait_log("waiting behind first", secs(10));
     proxy.set(Mode::Reset);
-    std::fs::write(dir.path().join("go"), "").unwrap();
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
     first.wait_log("job ended", secs(10));
     // The link stays cut for a second after the job ended.
     std::thread::sleep(secs(1));
     let healed = Instant::now();
     proxy.set(Mode::Pass);
-    wait_line(&dir.path().join("next"), secs(25), |_| true);
+    wait_line(&f.dir.path().join("next"), secs(25), |_| true);
     let gap = healed.elapsed();
     eprintln!("next term started {gap:?} after the link came back");
     assert!(

@@ -30,21 +30,29 @@ fn job(dir: &std::path::Path, who: &str) -> String {
 
 #[test]
 fn metrics_follow_a_failover() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let (pa, pb) = (free_port(), free_port());
     let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args("met", &ep, &["--metrics-addr", &ma], &job(dir.path(), "a")),
+        &run_args(
+            "met",
+            &f.ep,
+            &["--metrics-addr", &ma],
+            &job(f.dir.path(), "a"),
+        ),
     );
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
     let b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
-        &run_args("met", &ep, &["--metrics-addr", &mb], &job(dir.path(), "b")),
+        &run_args(
+            "met",
+            &f.ep,
+            &["--metrics-addr", &mb],
+            &job(f.dir.path(), "b"),
+        ),
     );
     b.wait_log("waiting behind", secs(10));
 
@@ -65,7 +73,7 @@ fn metrics_follow_a_failover() {
 
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
-    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    let tb = wait_int(&f.dir.path().join("b.token"), secs(10));
     // The job can write its token before lead-exec has taken in the watchdog's "started".
     let mut text = String::new();
     let leads = wait_until(secs(5), || {
@@ -81,10 +89,15 @@ fn metrics_follow_a_failover() {
 
 #[test]
 fn metrics_count_losses_and_job_exits_by_reason_and_show_slack_once_a_job_ended() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (w, port) = metrics_worker(&etcd, dir.path(), &FAST, "loss", &job(dir.path(), "w"));
-    wait_int(&dir.path().join("w.token"), secs(10));
+    let f = Fixture::new();
+    let (w, port) = metrics_worker(
+        &f.etcd,
+        f.dir.path(),
+        &FAST,
+        "loss",
+        &job(f.dir.path(), "w"),
+    );
+    wait_int(&f.dir.path().join("w.token"), secs(10));
     // No job has ended yet: no slack to show (a 0 would read as a job that died on its
     // deadline), and every loss reason at 0, in Prometheus's label style.
     let text = scrape(port).unwrap();
@@ -102,10 +115,10 @@ fn metrics_count_losses_and_job_exits_by_reason_and_show_slack_once_a_job_ended(
             format!(r#"lead_exec_leadership_lost_total{{election="loss",reason="{reason}"}} 0"#);
         assert!(text.contains(&at_zero), "{text}");
     }
-    let key = etcd.keys("lead-exec/elections/loss/").remove(0);
-    std::fs::remove_file(dir.path().join("w.token")).unwrap();
-    etcd.ctl(&["del", &key]);
-    wait_int(&dir.path().join("w.token"), secs(10));
+    let key = f.etcd.keys("lead-exec/elections/loss/").remove(0);
+    std::fs::remove_file(f.dir.path().join("w.token")).unwrap();
+    f.etcd.ctl(&["del", &key]);
+    wait_int(&f.dir.path().join("w.token"), secs(10));
     let text = scrape(port).unwrap();
     assert!(
         text.contains(
@@ -123,10 +136,10 @@ fn metrics_count_losses_and_job_exits_by_reason_and_show_slack_once_a_job_ended(
 
 #[test]
 fn json_logs_have_one_object_per_line_with_election_id_and_token() {
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     let (code, _, err) = run(&run_args(
         "logs",
-        &etcd.endpoints(),
+        &f.ep,
         &["-v", "--log-format", "json", "--id", "w-json"],
         "exit 0",
     ));
@@ -146,27 +159,26 @@ fn json_logs_have_one_object_per_line_with_election_id_and_token() {
 
 #[test]
 fn quiet_hides_info_and_verbose_shows_debug() {
-    let etcd = Etcd::start();
-    let (_, _, quiet) = run(&run_args("lv", &etcd.endpoints(), &["-q"], "exit 0"));
+    let f = Fixture::new();
+    let (_, _, quiet) = run(&run_args("lv", &f.ep, &["-q"], "exit 0"));
     assert!(quiet.is_empty(), "{quiet}");
-    let (_, _, loud) = run(&run_args("lv", &etcd.endpoints(), &["-v"], "exit 0"));
+    let (_, _, loud) = run(&run_args("lv", &f.ep, &["-v"], "exit 0"));
     assert!(loud.contains("DEBUG"), "{loud}");
 }
 
 #[test]
 fn systemd_notify_gets_ready_and_status() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let sock_path = dir.path().join("notify.sock");
+    let f = Fixture::new();
+    let sock_path = f.dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(secs(10))).unwrap();
     let w = spawn_env(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args("sd", &etcd.endpoints(), &[], &job(dir.path(), "w")),
+        &run_args("sd", &f.ep, &[], &job(f.dir.path(), "w")),
         &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
     );
-    let token = wait_int(&dir.path().join("w.token"), secs(10));
+    let token = wait_int(&f.dir.path().join("w.token"), secs(10));
     let mut got = Vec::new();
     let mut buf = [0u8; 512];
     while !got.iter().any(|m: &String| m.contains("STATUS=leading")) {
@@ -186,18 +198,17 @@ fn systemd_notify_gets_ready_and_status() {
 /// stop may take beyond the unit's timeout.
 #[test]
 fn systemd_hears_stopping_with_the_time_the_stop_may_take() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let sock_path = dir.path().join("notify.sock");
+    let f = Fixture::new();
+    let sock_path = f.dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(secs(10))).unwrap();
     let mut w = spawn_env(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args("sdstop", &etcd.endpoints(), &[], &job(dir.path(), "w")),
+        &run_args("sdstop", &f.ep, &[], &job(f.dir.path(), "w")),
         &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
     );
-    wait_int(&dir.path().join("w.token"), secs(10));
+    wait_int(&f.dir.path().join("w.token"), secs(10));
     w.signal(libc::SIGTERM);
     let mut buf = [0u8; 512];
     let stopping = loop {
@@ -220,16 +231,15 @@ fn systemd_hears_stopping_with_the_time_the_stop_may_take() {
 /// systemd's notify socket and watchdog settings are lead-exec's, not the job's.
 #[test]
 fn the_job_gets_no_notify_socket_or_watchdog_settings() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let sock_path = dir.path().join("notify.sock");
+    let f = Fixture::new();
+    let sock_path = f.dir.path().join("notify.sock");
     let _sock = UnixDatagram::bind(&sock_path).unwrap();
-    let job = script(dir.path(), "env > $D/env");
+    let job = script(f.dir.path(), "env > $D/env");
     let pid = std::process::id().to_string();
     let mut w = spawn_env(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args("sdenv", &etcd.endpoints(), &[], &job),
+        &run_args("sdenv", &f.ep, &[], &job),
         &[
             ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
             ("WATCHDOG_USEC", "10000000"),
@@ -237,7 +247,7 @@ fn the_job_gets_no_notify_socket_or_watchdog_settings() {
         ],
     );
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
-    let env = lines(&dir.path().join("env"));
+    let env = lines(&f.dir.path().join("env"));
     assert!(
         env.iter().any(|l| l.starts_with("FENCING_TOKEN=")),
         "{env:?}"
@@ -267,22 +277,20 @@ fn completions_are_generated_for_each_shell() {
 
 #[test]
 fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let port = free_port();
     let addr = format!("localhost:{port}");
     let w = spawn(
-        dir.path(),
+        f.dir.path(),
         "named",
         &run_args(
             "metname",
-            &ep,
+            &f.ep,
             &["--metrics-addr", &addr],
-            &job(dir.path(), "a"),
+            &job(f.dir.path(), "a"),
         ),
     );
-    wait_int(&dir.path().join("a.token"), secs(10));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
     let mut text = None;
     assert!(wait_until(secs(5), || {
         text = scrape(port);
@@ -295,7 +303,7 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
     let taken = format!("127.0.0.1:{}", taken.local_addr().unwrap().port());
     let (code, _, err) = run(&run_args(
         "metname2",
-        &ep,
+        &f.ep,
         &["--metrics-addr", &taken],
         "exit 0",
     ));
@@ -307,15 +315,14 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
 
 #[test]
 fn fatal_errors_are_json_under_log_format_json() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     type Case<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)], i64);
     let cases: Vec<Case> = vec![
         // Refused by the configuration check.
         (
             run_args(
                 "fj",
-                &ep,
+                &f.ep,
                 &["--log-format", "json", "--ttl", "300years"],
                 "exit 0",
             )
@@ -330,7 +337,7 @@ fn fatal_errors_are_json_under_log_format_json() {
         (vec!["run", "fj"], &[("LEAD_EXEC_LOG_FORMAT", "json")], 64),
         // From the command.
         (
-            run_args("fj", &ep, &["--log-format=json"], "exit 0")
+            run_args("fj", &f.ep, &["--log-format=json"], "exit 0")
                 .into_iter()
                 .map(|a| if a == "sh" { "no-such-command-xyz" } else { a })
                 .collect(),
@@ -390,10 +397,15 @@ fn exchange(s: &mut std::net::TcpStream, req: &str) -> String {
 
 #[test]
 fn metrics_endpoint_answers_head_404_keep_alive_and_outlasts_a_slow_client() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (mut w, port) = metrics_worker(&etcd, dir.path(), &FAST, "http", &job(dir.path(), "w"));
-    wait_int(&dir.path().join("w.token"), secs(10));
+    let f = Fixture::new();
+    let (mut w, port) = metrics_worker(
+        &f.etcd,
+        f.dir.path(),
+        &FAST,
+        "http",
+        &job(f.dir.path(), "w"),
+    );
+    wait_int(&f.dir.path().join("w.token"), secs(10));
     assert!(wait_until(secs(5), || {
         scrape(port).and_then(|t| metric(&t, "lead_exec_is_leader")) == Some(1.0)
     }));
@@ -427,9 +439,7 @@ fn metrics_endpoint_answers_head_404_keep_alive_and_outlasts_a_slow_client() {
 
 #[test]
 fn metrics_raise_no_false_alarm_for_a_new_leader_without_checks_or_a_waiting_candidate() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let (pa, pb) = (free_port(), free_port());
     let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
     // A long TTL: the first keepalive is seconds away when the job starts.
@@ -442,17 +452,17 @@ fn metrics_raise_no_false_alarm_for_a_new_leader_without_checks_or_a_waiting_can
         "500ms",
     ];
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
         &run_args_with(
             &lease,
             "mfa",
-            &ep,
+            &f.ep,
             &["--metrics-addr", &ma],
-            &job(dir.path(), "a"),
+            &job(f.dir.path(), "a"),
         ),
     );
-    wait_int(&dir.path().join("a.token"), secs(10));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
     let mut text = String::new();
     let leads = wait_until(secs(5), || {
         text = scrape(pa).unwrap_or_default();
@@ -477,14 +487,14 @@ fn metrics_raise_no_false_alarm_for_a_new_leader_without_checks_or_a_waiting_can
     assert_eq!(metric(&text, "lead_exec_slot"), Some(0.0), "{text}");
 
     let b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
         &run_args_with(
             &lease,
             "mfa",
-            &ep,
+            &f.ep,
             &["--metrics-addr", &mb],
-            &job(dir.path(), "b"),
+            &job(f.dir.path(), "b"),
         ),
     );
     b.wait_log("waiting behind", secs(10));
@@ -502,17 +512,15 @@ fn metrics_raise_no_false_alarm_for_a_new_leader_without_checks_or_a_waiting_can
 
 #[test]
 fn metrics_show_health_only_with_a_health_check() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
         &run_args(
             "mhc",
-            &ep,
+            &f.ep,
             &[
                 "--metrics-addr",
                 &addr,
@@ -521,10 +529,10 @@ fn metrics_show_health_only_with_a_health_check() {
                 "--health-interval",
                 "200ms",
             ],
-            &job(dir.path(), "a"),
+            &job(f.dir.path(), "a"),
         ),
     );
-    wait_int(&dir.path().join("a.token"), secs(10));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
     let text = scrape(port).unwrap();
     assert_eq!(metric(&text, "lead_exec_healthy"), Some(1.0), "{text}");
     a.signal(libc::SIGTERM);
@@ -591,16 +599,14 @@ fn heartbeat_past(dir: &std::path::Path, since: i128, past: std::time::Duration)
 
 #[test]
 fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // A debug line every 100 ms (each health check), so lead-exec writes to the dead pipe
     // again and again while it leads.
-    let job = heartbeat(dir.path(), "a");
+    let job = heartbeat(f.dir.path(), "a");
     let mut args = vec!["-v"];
     args.extend(run_args(
         "gone",
-        &ep,
+        &f.ep,
         &[
             "--id",
             "a",
@@ -613,17 +619,17 @@ fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
     ));
     let (reader, writer) = pipe();
     let mut a = spawn_with_stderr(&args, &[], writer);
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
     drop(reader);
     let closed = now_ns();
     // TTL 3 s: past 5 s, the job runs only because lead-exec is alive and renewing.
-    heartbeat_past(dir.path(), closed, secs(5));
+    heartbeat_past(f.dir.path(), closed, secs(5));
     assert!(a.try_wait().unwrap().is_none(), "lead-exec exited");
 
     let mut b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
-        &run_args("gone", &ep, &["--id", "b"], &heartbeat(dir.path(), "b")),
+        &run_args("gone", &f.ep, &["--id", "b"], &heartbeat(f.dir.path(), "b")),
     );
     b.wait_log("waiting behind a", secs(10));
     signal(a.id() as i32, libc::SIGTERM);
@@ -645,15 +651,15 @@ fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
     );
     // The job got its TERM and ended by its trap. (On a starved machine a lease may lapse
     // once before, and the job run again in a new term: one "end" per term.)
-    let ends = lines(&dir.path().join("a.end"));
+    let ends = lines(&f.dir.path().join("a.end"));
     assert!(
         !ends.is_empty() && ends.iter().all(|l| l == "end"),
         "{ends:?}"
     );
-    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    let tb = wait_int(&f.dir.path().join("b.token"), secs(10));
     assert!(tb > ta);
     // a's term was closed in the history, not left "running".
-    let (code, out, err) = run(&["history", "gone", "--endpoints", &ep, "-o", "json"]);
+    let (code, out, err) = run(&["history", "gone", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rec = recs
@@ -670,20 +676,18 @@ fn a_leader_whose_log_reader_is_gone_keeps_its_job_and_hands_over_on_sigterm() {
 #[test]
 fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit_and_drops_are_counted() {
     use std::io::Read;
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // A pipe already full, whose reader reads nothing: the first write to it blocks, as it
     // does once a stopped reader has let 64 KiB pile up.
     let (reader, writer) = full_pipe();
     // Trace from every crate: about 50 kB of log a second (driven by timers: keepalives, HTTP/2
     // pings, checks), so the 256 KiB queue overflows within the 12 s below.
-    let job = heartbeat(dir.path(), "a");
+    let job = heartbeat(f.dir.path(), "a");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let args = run_args(
         "stalled",
-        &ep,
+        &f.ep,
         &[
             "--health-cmd",
             "true",
@@ -695,9 +699,9 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit_and_drops_are_
         &job,
     );
     let mut a = spawn_with_stderr(&args, &[("RUST_LOG", "trace")], writer);
-    wait_int(&dir.path().join("a.token"), secs(10));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
     let started = now_ns();
-    heartbeat_past(dir.path(), started, secs(12));
+    heartbeat_past(f.dir.path(), started, secs(12));
     assert!(a.try_wait().unwrap().is_none(), "lead-exec exited");
     // The loss is counted where an alert can see it, while stderr is still stuck.
     let text = scrape(port).expect("metrics");
@@ -736,14 +740,10 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit_and_drops_are_
 #[test]
 fn an_exit_is_not_held_up_by_a_log_pipe_nobody_reads() {
     // As above, but the pipe stays full to the end: the last lines are given up after a bound.
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     let (reader, writer) = full_pipe();
     let started = std::time::Instant::now();
-    let mut a = spawn_with_stderr(
-        &run_args("stuck", &etcd.endpoints(), &[], "exit 7"),
-        &[],
-        writer,
-    );
+    let mut a = spawn_with_stderr(&run_args("stuck", &f.ep, &[], "exit 7"), &[], writer);
     let end = started + secs(20);
     let status = loop {
         if let Some(s) = a.try_wait().unwrap() {
@@ -891,9 +891,7 @@ fn the_documented_fleet_queries_are_the_ones_promtool_tests() {
 
 #[test]
 fn every_metric_the_alert_rules_and_docs_name_is_exported_by_leader_and_candidate() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let (pa, pb) = (free_port(), free_port());
     let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
     // With a health check, so that its gauge is exported too.
@@ -902,10 +900,10 @@ fn every_metric_the_alert_rules_and_docs_name_is_exported_by_leader_and_candidat
         [&["--metrics-addr", &ma][..], &checked].concat(),
         [&["--metrics-addr", &mb, "--id", "b"][..], &checked].concat(),
     );
-    let (ja, jb) = (job(dir.path(), "a"), job(dir.path(), "b"));
-    let a = spawn(dir.path(), "a", &run_args("fleet", &ep, &ea, &ja));
-    wait_int(&dir.path().join("a.token"), secs(10));
-    let b = spawn(dir.path(), "b", &run_args("fleet", &ep, &eb, &jb));
+    let (ja, jb) = (job(f.dir.path(), "a"), job(f.dir.path(), "b"));
+    let a = spawn(f.dir.path(), "a", &run_args("fleet", &f.ep, &ea, &ja));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
+    let b = spawn(f.dir.path(), "b", &run_args("fleet", &f.ep, &eb, &jb));
     b.wait_log("waiting behind", secs(10));
 
     let in_rules = named(RULES);
@@ -947,10 +945,10 @@ fn every_metric_the_alert_rules_and_docs_name_is_exported_by_leader_and_candidat
     );
 
     // A handover: a's key goes, b takes over and a queues behind it.
-    std::fs::remove_file(dir.path().join("b.token")).ok();
-    let key = etcd.keys("lead-exec/elections/fleet/").remove(0);
-    etcd.ctl(&["del", &key]);
-    wait_int(&dir.path().join("b.token"), secs(10));
+    std::fs::remove_file(f.dir.path().join("b.token")).ok();
+    let key = f.etcd.keys("lead-exec/elections/fleet/").remove(0);
+    f.etcd.ctl(&["del", &key]);
+    wait_int(&f.dir.path().join("b.token"), secs(10));
     a.wait_log("waiting behind", secs(10));
     let mut new_leader = String::new();
     let leads = wait_until(secs(5), || {
@@ -980,17 +978,20 @@ fn every_metric_the_alert_rules_and_docs_name_is_exported_by_leader_and_candidat
 
 #[test]
 fn a_handover_is_timed_from_the_deletion_of_the_key_ahead_to_the_jobs_start() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let (pa, pb) = (free_port(), free_port());
     let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args("hand", &ep, &["--metrics-addr", &ma], &job(dir.path(), "a")),
+        &run_args(
+            "hand",
+            &f.ep,
+            &["--metrics-addr", &ma],
+            &job(f.dir.path(), "a"),
+        ),
     );
-    wait_int(&dir.path().join("a.token"), secs(10));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
     let text = scrape(pa).unwrap();
     assert_eq!(
         metric(&text, "lead_exec_handover_seconds_count"),
@@ -998,14 +999,19 @@ fn a_handover_is_timed_from_the_deletion_of_the_key_ahead_to_the_jobs_start() {
         "nobody was ahead of the first leader:\n{text}"
     );
     let b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
-        &run_args("hand", &ep, &["--metrics-addr", &mb], &job(dir.path(), "b")),
+        &run_args(
+            "hand",
+            &f.ep,
+            &["--metrics-addr", &mb],
+            &job(f.dir.path(), "b"),
+        ),
     );
     b.wait_log("waiting behind", secs(10));
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
-    wait_int(&dir.path().join("b.token"), secs(10));
+    wait_int(&f.dir.path().join("b.token"), secs(10));
     let mut text = String::new();
     let timed = wait_until(secs(5), || {
         text = scrape(pb).unwrap_or_default();
@@ -1019,8 +1025,7 @@ fn a_handover_is_timed_from_the_deletion_of_the_key_ahead_to_the_jobs_start() {
 
 #[test]
 fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     // Token 1 is never the leader's: each check is refused (exit 4).
     let body = format!(
         "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/file; \
@@ -1028,17 +1033,22 @@ fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
          echo $FENCING_TOKEN > $D/w.token; trap 'exit 0' TERM; while :; do sleep 0.05; done",
         bin()
     );
-    let (mut w, port) =
-        metrics_worker(&etcd, dir.path(), &FAST, "chkc", &script(dir.path(), &body));
-    wait_int(&dir.path().join("w.token"), secs(10));
-    assert_eq!(lines(&dir.path().join("rc")), ["4", "4", "4"]);
+    let (mut w, port) = metrics_worker(
+        &f.etcd,
+        f.dir.path(),
+        &FAST,
+        "chkc",
+        &script(f.dir.path(), &body),
+    );
+    wait_int(&f.dir.path().join("w.token"), secs(10));
+    assert_eq!(lines(&f.dir.path().join("rc")), ["4", "4", "4"]);
     let text = scrape(port).unwrap();
     assert_eq!(
         metric(&text, "lead_exec_check_refusals_total"),
         Some(3.0),
         "{text}"
     );
-    let file = std::fs::read_to_string(dir.path().join("file")).unwrap();
+    let file = std::fs::read_to_string(f.dir.path().join("file")).unwrap();
     let file = std::path::Path::new(file.trim());
     assert!(file.is_file(), "{}", file.display());
     w.signal(libc::SIGTERM);
@@ -1051,24 +1061,22 @@ fn a_jobs_check_refusals_are_counted_by_the_lead_exec_that_runs_it() {
 /// it does after a failed campaign's backoff.
 #[test]
 fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let healthy = dir.path().join("healthy");
+    let f = Fixture::new();
+    let healthy = f.dir.path().join("healthy");
     std::fs::write(&healthy, "").unwrap();
     let _a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args("hlog", &ep, &[], &job(dir.path(), "a")),
+        &run_args("hlog", &f.ep, &[], &job(f.dir.path(), "a")),
     );
-    wait_int(&dir.path().join("a.token"), secs(10));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
     let check = format!("test -e {}", healthy.display());
     let b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
         &run_args(
             "hlog",
-            &ep,
+            &f.ep,
             &[
                 "-v",
                 "--health-cmd",
@@ -1078,7 +1086,7 @@ fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
                 "--health-failures",
                 "2",
             ],
-            &job(dir.path(), "b"),
+            &job(f.dir.path(), "b"),
         ),
     );
     b.wait_log("waiting behind", secs(10));
@@ -1097,29 +1105,27 @@ fn leaving_the_line_on_a_failing_health_check_logs_the_phase_change() {
 /// line) whenever RUST_BACKTRACE is set.
 #[test]
 fn a_failed_campaigns_phase_line_carries_no_backtrace() {
-    let mut etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let mut f = Fixture::new();
     let _a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args("bt", &ep, &[], &job(dir.path(), "a")),
+        &run_args("bt", &f.ep, &[], &job(f.dir.path(), "a")),
     );
-    wait_int(&dir.path().join("a.token"), secs(10));
+    wait_int(&f.dir.path().join("a.token"), secs(10));
     let b = spawn_env(
-        dir.path(),
+        f.dir.path(),
         "b",
         &run_args(
             "bt",
-            &ep,
+            &f.ep,
             &["-v", "--command-timeout", "1s"],
-            &job(dir.path(), "b"),
+            &job(f.dir.path(), "b"),
         ),
         &[("RUST_BACKTRACE", "1")],
     );
     b.wait_log("waiting behind", secs(10));
     // Refused connections fail the campaign's requests long before the lease runs out.
-    etcd.members[0].kill();
+    f.etcd.members[0].kill();
     b.wait_log("-> backing-off on etcd failing", secs(15));
     let log = b.log_text();
     let line = log
@@ -1140,10 +1146,15 @@ fn a_failed_campaigns_phase_line_carries_no_backtrace() {
 fn clients_that_never_read_their_answers_do_not_lock_others_out_of_metrics() {
     use std::io::Write;
     use std::os::fd::AsRawFd;
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (mut w, port) = metrics_worker(&etcd, dir.path(), &FAST, "noread", &job(dir.path(), "w"));
-    wait_int(&dir.path().join("w.token"), secs(10));
+    let f = Fixture::new();
+    let (mut w, port) = metrics_worker(
+        &f.etcd,
+        f.dir.path(),
+        &FAST,
+        "noread",
+        &job(f.dir.path(), "w"),
+    );
+    wait_int(&f.dir.path().join("w.token"), secs(10));
     assert!(scrape_within(port, secs(5)).is_some());
     let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(2000);
     let hogs: Vec<std::net::TcpStream> = (0..32)
@@ -1186,30 +1197,29 @@ fn clients_that_never_read_their_answers_do_not_lock_others_out_of_metrics() {
 /// still holds, not only after it is lost: an attempt counts as failed once it is overdue.
 #[test]
 fn a_stalled_etcd_shows_in_keepalive_failures_before_the_lease_is_lost() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let (mut w, port) = metrics_worker(
-        &etcd,
-        dir.path(),
+        &f.etcd,
+        f.dir.path(),
         &WIDE_GRACE,
         "stall",
-        &job(dir.path(), "w"),
+        &job(f.dir.path(), "w"),
     );
-    wait_int(&dir.path().join("w.token"), secs(10));
+    wait_int(&f.dir.path().join("w.token"), secs(10));
     let failures = || {
         scrape_within(port, secs(2))
             .and_then(|t| metric(&t, "lead_exec_keepalive_failures_total"))
             .unwrap_or(-1.0)
     };
     assert_eq!(failures(), 0.0);
-    etcd.members[0].stop();
+    f.etcd.members[0].stop();
     let mut text = String::new();
     let counted = wait_until(secs(20), || {
         text = scrape_within(port, secs(2)).unwrap_or_default();
         metric(&text, "lead_exec_keepalive_failures_total").unwrap_or(0.0) >= 1.0
     });
     let leading = metric(&text, "lead_exec_is_leader");
-    etcd.members[0].cont();
+    f.etcd.members[0].cont();
     assert!(
         counted,
         "no keepalive failure counted during the stall:\n{text}"
@@ -1226,8 +1236,7 @@ fn a_stalled_etcd_shows_in_keepalive_failures_before_the_lease_is_lost() {
 /// it created, whatever the path has since become.
 #[test]
 fn a_replaced_refusals_path_is_neither_followed_nor_miscounted() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let check = format!("{} check --token 1 2>/dev/null", bin());
     let body = format!(
         "F=$LEAD_EXEC_CHECK_REFUSALS; echo \"$F\" > $D/file; \
@@ -1240,17 +1249,22 @@ fn a_replaced_refusals_path_is_neither_followed_nor_miscounted() {
          {check}; echo $? >> $D/rc; \
          echo $FENCING_TOKEN > $D/w.token; trap 'exit 0' TERM; while :; do sleep 0.05; done"
     );
-    let (mut w, port) =
-        metrics_worker(&etcd, dir.path(), &FAST, "chkr", &script(dir.path(), &body));
-    wait_int(&dir.path().join("w.token"), secs(20));
+    let (mut w, port) = metrics_worker(
+        &f.etcd,
+        f.dir.path(),
+        &FAST,
+        "chkr",
+        &script(f.dir.path(), &body),
+    );
+    wait_int(&f.dir.path().join("w.token"), secs(20));
     // 124 would be a check blocked on the FIFO.
-    assert_eq!(lines(&dir.path().join("rc")), ["4", "4", "4", "4", "4"]);
+    assert_eq!(lines(&f.dir.path().join("rc")), ["4", "4", "4", "4", "4"]);
     assert_eq!(
-        std::fs::read_to_string(dir.path().join("target")).unwrap(),
+        std::fs::read_to_string(f.dir.path().join("target")).unwrap(),
         "keep"
     );
     assert_eq!(
-        std::fs::metadata(dir.path().join("big")).unwrap().len(),
+        std::fs::metadata(f.dir.path().join("big")).unwrap().len(),
         5000
     );
     let text = scrape_within(port, secs(5)).unwrap();
@@ -1268,31 +1282,29 @@ fn a_replaced_refusals_path_is_neither_followed_nor_miscounted() {
 /// SIGKILL left the file behind; a relative `XDG_RUNTIME_DIR` is never used.
 #[test]
 fn the_refusals_file_goes_in_the_services_runtime_directory() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rt = dir.path().join("rt");
+    let f = Fixture::new();
+    let rt = f.dir.path().join("rt");
     std::fs::create_dir(&rt).unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let body = "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/file; \
                 echo $FENCING_TOKEN > $D/w.token; trap 'exit 0' TERM; while :; do sleep 0.05; done";
     let runtime = format!("{}:/run/other", rt.display());
-    let endpoints = etcd.endpoints();
     let mut w = spawn_env(
-        dir.path(),
+        f.dir.path(),
         "w",
         &run_args(
             "rtdir",
-            &endpoints,
+            &f.ep,
             &["--metrics-addr", &addr],
-            &script(dir.path(), body),
+            &script(f.dir.path(), body),
         ),
         &[
             ("RUNTIME_DIRECTORY", &runtime),
             ("XDG_RUNTIME_DIR", "relative"),
         ],
     );
-    wait_int(&dir.path().join("w.token"), secs(10));
-    let file = std::fs::read_to_string(dir.path().join("file")).unwrap();
+    wait_int(&f.dir.path().join("w.token"), secs(10));
+    let file = std::fs::read_to_string(f.dir.path().join("file")).unwrap();
     let file = std::path::Path::new(file.trim());
     assert_eq!(file.parent(), Some(rt.as_path()), "{}", file.display());
     assert!(file.is_file(), "{}", file.display());

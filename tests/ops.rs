@@ -44,22 +44,20 @@ fn starts(dir: &std::path::Path) -> Vec<(i64, String)> {
 
 #[test]
 fn status_shows_leader_token_waiters_and_exit_codes() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (code, _, _) = run(&["status", "st", "--endpoints", &ep]);
+    let f = Fixture::new();
+    let (code, _, _) = run(&["status", "st", "--endpoints", &f.ep]);
     assert_eq!(code, 3, "no leader yet");
 
-    let a = candidate(dir.path(), "st", &ep, "a", "alpha");
-    let token = wait_int(&dir.path().join("a.token"), secs(10));
+    let a = candidate(f.dir.path(), "st", &f.ep, "a", "alpha");
+    let token = wait_int(&f.dir.path().join("a.token"), secs(10));
     let b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
-        &run_args("st", &ep, &["--id", "beta"], "exit 0"),
+        &run_args("st", &f.ep, &["--id", "beta"], "exit 0"),
     );
     b.wait_log("waiting behind alpha", secs(10));
 
-    let (code, out, err) = run(&["status", "st", "--endpoints", &ep, "-o", "json"]);
+    let (code, out, err) = run(&["status", "st", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let v = json(&out);
     assert_eq!(v["leader"]["id"], "alpha");
@@ -70,7 +68,7 @@ fn status_shows_leader_token_waiters_and_exit_codes() {
     assert_eq!(v["paused"], false);
     assert_eq!(v["pause"], serde_json::Value::Null);
 
-    let (code, out, _) = run(&["status", "st", "--endpoints", &ep]);
+    let (code, out, _) = run(&["status", "st", "--endpoints", &f.ep]);
     assert_eq!(code, 0);
     assert!(
         out.contains("leader:    alpha") && out.contains(&format!("token {token}")),
@@ -93,26 +91,24 @@ fn status_shows_leader_token_waiters_and_exit_codes() {
 
 #[test]
 fn watch_prints_changes_with_tokens_and_survives_reconnects() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
     let mut cmd = Command::new(bin());
     cmd.args(["watch", "wt", "--endpoints", &proxy.endpoint()]);
     let watch = LineReader::start(cmd);
     watch.expect("no leader", secs(10));
 
-    let mut a = candidate(dir.path(), "wt", &ep, "a", "alpha");
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let mut a = candidate(f.dir.path(), "wt", &f.ep, "a", "alpha");
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
     watch.expect(&format!("leader alpha token {ta}"), secs(10));
 
     // Cut the watcher off, change the leader while it is away, then let it back.
     proxy.set(Mode::Reset);
-    let b = candidate(dir.path(), "wt", &ep, "b", "beta");
+    let b = candidate(f.dir.path(), "wt", &f.ep, "b", "beta");
     b.wait_log("waiting behind alpha", secs(10));
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
-    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    let tb = wait_int(&f.dir.path().join("b.token"), secs(10));
     proxy.set(Mode::Pass);
     watch.expect(&format!("leader beta token {tb}"), secs(20));
     drop(b);
@@ -120,19 +116,17 @@ fn watch_prints_changes_with_tokens_and_survives_reconnects() {
 
 #[test]
 fn resign_moves_leadership_without_overlap_and_the_new_token_is_larger() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let a = candidate(dir.path(), "rs", &ep, "a", "alpha");
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
-    let b = candidate(dir.path(), "rs", &ep, "b", "beta");
+    let f = Fixture::new();
+    let a = candidate(f.dir.path(), "rs", &f.ep, "a", "alpha");
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
+    let b = candidate(f.dir.path(), "rs", &f.ep, "b", "beta");
     b.wait_log("waiting behind alpha", secs(10));
 
     let (code, _, err) = run(&[
         "resign",
         "rs",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--token",
         &(ta + 1000).to_string(),
     ]);
@@ -143,15 +137,15 @@ fn resign_moves_leadership_without_overlap_and_the_new_token_is_larger() {
         "resign",
         "rs",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--token",
         &ta.to_string(),
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    let tb = wait_int(&dir.path().join("b.token"), secs(10));
+    let tb = wait_int(&f.dir.path().join("b.token"), secs(10));
     assert!(tb > ta);
     // A stopped its job before B started: "end A" precedes "start B".
-    let log = lines(&dir.path().join("log"));
+    let log = lines(&f.dir.path().join("log"));
     let end_a = log
         .iter()
         .position(|l| l == &format!("end {ta}"))
@@ -163,43 +157,45 @@ fn resign_moves_leadership_without_overlap_and_the_new_token_is_larger() {
     assert!(end_a < start_b, "{log:#?}");
     // A went to the back of the line.
     a.wait_log("waiting behind beta", secs(10));
-    let (_, hist, _) = run(&["history", "rs", "--endpoints", &ep, "-o", "json"]);
+    let (_, hist, _) = run(&["history", "rs", "--endpoints", &f.ep, "-o", "json"]);
     assert!(hist.contains("\"end\":\"resigned\""), "{hist}");
     drop((a, b));
 }
 
 #[test]
 fn pause_stops_the_job_and_resume_restarts_it() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let a = candidate(dir.path(), "pz", &ep, "a", "alpha");
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let f = Fixture::new();
+    let a = candidate(f.dir.path(), "pz", &f.ep, "a", "alpha");
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
 
     let (code, out, _) = run(&[
         "pause",
         "pz",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--reason",
         "ledger migration",
     ]);
     assert_eq!(code, 0, "{out}");
-    wait_line(&dir.path().join("log"), secs(10), |l| {
+    wait_line(&f.dir.path().join("log"), secs(10), |l| {
         l == format!("end {ta}")
     });
     a.wait_log("election paused; waiting for resume", secs(10));
-    let (code, out, _) = run(&["status", "pz", "--endpoints", &ep]);
+    let (code, out, _) = run(&["status", "pz", "--endpoints", &f.ep]);
     assert_eq!(code, 3, "{out}");
     assert!(out.contains("ledger migration"), "{out}");
-    assert_eq!(starts(dir.path()).len(), 1, "no job may start while paused");
+    assert_eq!(
+        starts(f.dir.path()).len(),
+        1,
+        "no job may start while paused"
+    );
 
-    let (code, _, _) = run(&["resume", "pz", "--endpoints", &ep]);
+    let (code, _, _) = run(&["resume", "pz", "--endpoints", &f.ep]);
     assert_eq!(code, 0);
-    assert!(wait_until(secs(10), || starts(dir.path()).len() == 2));
-    let s = starts(dir.path());
+    assert!(wait_until(secs(10), || starts(f.dir.path()).len() == 2));
+    let s = starts(f.dir.path());
     assert!(s[1].0 > ta, "{s:?}");
-    let (_, hist, _) = run(&["history", "pz", "--endpoints", &ep, "-o", "json"]);
+    let (_, hist, _) = run(&["history", "pz", "--endpoints", &f.ep, "-o", "json"]);
     assert!(hist.contains("\"end\":\"paused\""), "{hist}");
     drop(a);
 }
@@ -209,24 +205,22 @@ fn pause_stops_the_job_and_resume_restarts_it() {
 #[test]
 fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait_while_status_shows_it_stopping(
 ) {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // A job that takes a second to stop, well within the grace (2 s).
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'sleep 1; echo end $FENCING_TOKEN >> $D/log; exit 0' TERM; \
          echo $FENCING_TOKEN > $D/a.token; while :; do sleep 0.05; done",
     );
     let a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args_with(&WIDE_GRACE, "pw", &ep, &["--id", "alpha"], &job),
+        &run_args_with(&WIDE_GRACE, "pw", &f.ep, &["--id", "alpha"], &job),
     );
-    let t1 = wait_int(&dir.path().join("a.token"), secs(10));
+    let t1 = wait_int(&f.dir.path().join("a.token"), secs(10));
     let pause = |extra: &[&str]| {
         let args = [
-            &["pause", "pw", "--endpoints", &ep, "--reason", "upgrade"][..],
+            &["pause", "pw", "--endpoints", &f.ep, "--reason", "upgrade"][..],
             extra,
         ]
         .concat();
@@ -235,37 +229,37 @@ fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait_whi
     let (code, out, err) = pause(&[]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        lines(&dir.path().join("log")).contains(&format!("end {t1}")),
+        lines(&f.dir.path().join("log")).contains(&format!("end {t1}")),
         "pause returned while the job still ran:\n{out}"
     );
     assert!(
         out.contains(&format!("waiting for token {t1} to stop its job")),
         "{out}"
     );
-    let (_, hist, _) = run(&["history", "pw", "--endpoints", &ep, "-o", "json"]);
+    let (_, hist, _) = run(&["history", "pw", "--endpoints", &f.ep, "-o", "json"]);
     assert!(
         hist.contains("\"end\":\"paused\""),
         "the term is closed: {hist}"
     );
 
-    let (code, _, _) = run(&["resume", "pw", "--endpoints", &ep]);
+    let (code, _, _) = run(&["resume", "pw", "--endpoints", &f.ep]);
     assert_eq!(code, 0);
     assert!(wait_until(secs(10), || {
-        std::fs::read_to_string(dir.path().join("a.token"))
+        std::fs::read_to_string(f.dir.path().join("a.token"))
             .is_ok_and(|t| t.trim() != t1.to_string())
     }));
-    let t2 = wait_int(&dir.path().join("a.token"), secs(1));
+    let t2 = wait_int(&f.dir.path().join("a.token"), secs(1));
     let (code, out, err) = pause(&["--no-block"]);
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("waiting"), "{out}");
     assert!(
-        !lines(&dir.path().join("log")).contains(&format!("end {t2}")),
+        !lines(&f.dir.path().join("log")).contains(&format!("end {t2}")),
         "--no-block waited for the job"
     );
     // Meanwhile `status` shows the term being stopped, not its key as a waiting candidate.
-    let (code, out, err) = run(&["status", "pw", "--endpoints", &ep]);
-    let (_, json, _) = run(&["status", "pw", "--endpoints", &ep, "-o", "json"]);
-    if !lines(&dir.path().join("log")).contains(&format!("end {t2}")) {
+    let (code, out, err) = run(&["status", "pw", "--endpoints", &f.ep]);
+    let (_, json, _) = run(&["status", "pw", "--endpoints", &f.ep, "-o", "json"]);
+    if !lines(&f.dir.path().join("log")).contains(&format!("end {t2}")) {
         assert_eq!(code, 3, "{err}");
         let line = out
             .lines()
@@ -281,13 +275,13 @@ fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait_whi
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["stopping"][0]["token"], t2, "{json}");
     }
-    wait_line(&dir.path().join("log"), secs(10), |l| {
+    wait_line(&f.dir.path().join("log"), secs(10), |l| {
         l == format!("end {t2}")
     });
     // Once its record is closed, it is gone from `status`.
     let mut out = String::new();
     let gone = wait_until(secs(10), || {
-        out = run(&["status", "pw", "--endpoints", &ep]).1;
+        out = run(&["status", "pw", "--endpoints", &f.ep]).1;
         !out.contains("stopping:")
     });
     assert!(gone, "{out}");
@@ -296,25 +290,24 @@ fn pause_returns_once_the_running_job_has_stopped_and_no_block_does_not_wait_whi
 
 #[test]
 fn history_records_terms_and_a_stale_leader_cannot_write_it() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     for code in [0, 3] {
         let (c, _, err) = run(&run_args(
             "hist",
-            &ep,
+            &f.ep,
             &["--id", "h"],
             &format!("exit {code}"),
         ));
         assert_eq!(c, code, "{err}");
     }
-    let (code, out, _) = run(&["history", "hist", "--endpoints", &ep, "-o", "json"]);
+    let (code, out, _) = run(&["history", "hist", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0);
     let recs: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
     assert_eq!(recs.len(), 2, "{out}");
     assert_eq!(recs[0]["end"], "exit 0");
     assert_eq!(recs[1]["end"], "exit 3");
     assert!(recs[0]["token"].as_i64() < recs[1]["token"].as_i64());
-    let (_, text, _) = run(&["history", "hist", "--endpoints", &ep]);
+    let (_, text, _) = run(&["history", "hist", "--endpoints", &f.ep]);
     assert!(text.lines().next().unwrap().starts_with("TOKEN"), "{text}");
 
     // The first term's leader key is gone: a write guarded by it must fail.
@@ -326,7 +319,7 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
     let wrote = rt.block_on(async {
         let election = lead_exec::election::Election::new("hist").unwrap();
         let stale_key = election.candidate_key(0x1234);
-        let ctx = scope(&ep, election).await;
+        let ctx = scope(&f.ep, election).await;
         ctx.finish(
             token,
             lead_exec::records::history::TermEnd::Exited(9),
@@ -336,77 +329,73 @@ fn history_records_terms_and_a_stale_leader_cannot_write_it() {
         .unwrap()
     });
     assert!(!wrote, "a stale leader wrote history");
-    let (_, out, _) = run(&["history", "hist", "--endpoints", &ep, "-o", "json"]);
+    let (_, out, _) = run(&["history", "hist", "--endpoints", &f.ep, "-o", "json"]);
     assert!(!out.contains("exit 9"), "{out}");
 }
 
 #[test]
 fn history_n_0_shows_none_and_n_all_shows_every_record_kept() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     for _ in 0..3 {
-        let (c, _, err) = run(&run_args("hn", &ep, &[], "exit 0"));
+        let (c, _, err) = run(&run_args("hn", &f.ep, &[], "exit 0"));
         assert_eq!(c, 0, "{err}");
     }
     let count = |n: &str| {
-        let (code, out, err) = run(&["history", "hn", "--endpoints", &ep, "-o", "json", "-n", n]);
+        let (code, out, err) = run(&["history", "hn", "--endpoints", &f.ep, "-o", "json", "-n", n]);
         assert_eq!(code, 0, "-n {n}: {err}");
         json(&out).as_array().unwrap().len()
     };
     assert_eq!(count("0"), 0);
     assert_eq!(count("2"), 2);
     assert_eq!(count("all"), 3);
-    let (code, _, err) = run(&["history", "hn", "--endpoints", &ep, "-n", "some"]);
+    let (code, _, err) = run(&["history", "hn", "--endpoints", &f.ep, "-n", "some"]);
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("'some' for '--count <N|all>'"), "{err}");
 }
 
 #[test]
 fn history_keeps_only_the_last_n_terms() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     for _ in 0..4 {
-        let (c, _, err) = run(&run_args("keep", &ep, &["--history-keep", "2"], "exit 0"));
+        let (c, _, err) = run(&run_args("keep", &f.ep, &["--history-keep", "2"], "exit 0"));
         assert_eq!(c, 0, "{err}");
     }
-    assert_eq!(etcd.keys("lead-exec/meta/keep/history/").len(), 2);
+    assert_eq!(f.etcd.keys("lead-exec/meta/keep/history/").len(), 2);
 }
 
 #[test]
 fn check_inside_the_job_passes_silently_for_the_leader_and_fails_for_an_old_token() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let bin = bin();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         &format!("'{bin}' check > $D/check.out 2>&1; echo $? > $D/check.code; echo $FENCING_TOKEN > $D/token"),
     );
-    let (code, _, err) = run(&run_args("chk", &ep, &[], &job));
+    let (code, _, err) = run(&run_args("chk", &f.ep, &[], &job));
     assert_eq!(code, 0, "{err}");
     assert_eq!(
-        wait_int(&dir.path().join("check.code"), secs(5)),
+        wait_int(&f.dir.path().join("check.code"), secs(5)),
         0,
         "{:?}",
-        lines(&dir.path().join("check.out"))
+        lines(&f.dir.path().join("check.out"))
     );
     // Silent on success, as test(1) is: nothing lands in the job's output, even without -q.
-    assert_eq!(lines(&dir.path().join("check.out")), Vec::<String>::new());
-    let old = wait_int(&dir.path().join("token"), secs(5));
+    assert_eq!(lines(&f.dir.path().join("check.out")), Vec::<String>::new());
+    let old = wait_int(&f.dir.path().join("token"), secs(5));
 
     // A later term makes the old token stale.
     let _w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args("chk", &ep, &[], &long_job(dir.path(), "w")),
+        &run_args("chk", &f.ep, &[], &long_job(f.dir.path(), "w")),
     );
-    wait_int(&dir.path().join("w.token"), secs(10));
+    wait_int(&f.dir.path().join("w.token"), secs(10));
     let (code, _, err) = run_env(
         &["check"],
         &[
             ("FENCING_TOKEN", &old.to_string()),
             ("LEAD_EXEC_ELECTION", "chk"),
-            ("LEAD_EXEC_ENDPOINTS", &ep),
+            ("LEAD_EXEC_ENDPOINTS", &f.ep),
         ],
     );
     assert_eq!(code, 4, "{err}");
@@ -415,48 +404,49 @@ fn check_inside_the_job_passes_silently_for_the_leader_and_fails_for_an_old_toke
 
 #[test]
 fn run_key_dedupes_and_its_record_is_fenced() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), "echo ran $LEAD_EXEC_RUN_KEY >> $D/runs");
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "echo ran $LEAD_EXEC_RUN_KEY >> $D/runs");
     let key = "20261202T1530";
     for _ in 0..2 {
         let (code, _, err) = run(&run_args(
             "cron",
-            &ep,
+            &f.ep,
             &["--run-key", key, "--no-wait"],
             &job,
         ));
         assert_eq!(code, 0, "{err}");
     }
-    assert_eq!(lines(&dir.path().join("runs")), vec![format!("ran {key}")]);
+    assert_eq!(
+        lines(&f.dir.path().join("runs")),
+        vec![format!("ran {key}")]
+    );
     // A failed run is not recorded: the next one runs.
-    let (code, _, _) = run(&run_args("cron", &ep, &["--run-key", "k2"], "exit 1"));
+    let (code, _, _) = run(&run_args("cron", &f.ep, &["--run-key", "k2"], "exit 1"));
     assert_eq!(code, 1);
-    let (code, _, _) = run(&run_args("cron", &ep, &["--run-key", "k2"], &job));
+    let (code, _, _) = run(&run_args("cron", &f.ep, &["--run-key", "k2"], &job));
     assert_eq!(code, 0);
-    assert_eq!(lines(&dir.path().join("runs")).len(), 2);
+    assert_eq!(lines(&f.dir.path().join("runs")).len(), 2);
 
     // A candidate queued behind the leader of the same key does not rerun it.
     let slow = script(
-        dir.path(),
+        f.dir.path(),
         "echo up > $D/up; sleep 1; echo ran k3 >> $D/runs",
     );
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args("cron", &ep, &["--run-key", "k3"], &slow),
+        &run_args("cron", &f.ep, &["--run-key", "k3"], &slow),
     );
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
     let mut b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
-        &run_args("cron", &ep, &["--run-key", "k3"], &job),
+        &run_args("cron", &f.ep, &["--run-key", "k3"], &job),
     );
     assert_eq!(a.code(secs(10)), 0);
     assert_eq!(b.code(secs(10)), 0, "{}", b.log_text());
     assert_eq!(
-        lines(&dir.path().join("runs"))
+        lines(&f.dir.path().join("runs"))
             .iter()
             .filter(|l| l.contains("k3"))
             .count(),
@@ -477,29 +467,28 @@ fn run_key_dedupes_and_its_record_is_fenced() {
             key: &stale,
             id: "w",
         };
-        let ctx = scope(&ep, election.clone()).await;
+        let ctx = scope(&f.ep, election.clone()).await;
         ctx.mark_run_key_done(term, "k4", ttl).await.unwrap()
     });
     assert!(!wrote);
-    assert!(etcd.keys("lead-exec/meta/cron/runs/k4").is_empty());
+    assert!(f.etcd.keys("lead-exec/meta/cron/runs/k4").is_empty());
 }
 
 #[test]
 fn subcommands_reject_bad_elections_and_report_missing_leaders() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     for sub in ["status", "watch", "resign", "resume", "history"] {
-        let (code, _, err) = run(&[sub, "bad/name", "--endpoints", &ep]);
+        let (code, _, err) = run(&[sub, "bad/name", "--endpoints", &f.ep]);
         assert_eq!(code, 64, "{sub}: {err}");
         assert!(
             err.contains("invalid election name 'bad/name'"),
             "{sub}: {err}"
         );
     }
-    let (code, _, err) = run(&["resign", "nobody", "--endpoints", &ep]);
+    let (code, _, err) = run(&["resign", "nobody", "--endpoints", &f.ep]);
     assert_eq!(code, 3, "{err}");
     assert_eq!(err.trim(), "lead-exec: nobody: no leader to resign");
-    let (code, _, err) = run(&["pause", "x", "--endpoints", &ep]);
+    let (code, _, err) = run(&["pause", "x", "--endpoints", &f.ep]);
     assert_eq!(code, 64, "--reason is required: {err}");
     let dead = format!("127.0.0.1:{}", free_port());
     for sub in ["resign", "resume", "history"] {
@@ -514,7 +503,7 @@ fn subcommands_reject_bad_elections_and_report_missing_leaders() {
         "--token",
         "1",
         "--endpoints",
-        &ep,
+        &f.ep,
     ]);
     assert_eq!(code, 4, "{err}");
     assert!(err.contains("there is no leader"), "{err}");
@@ -522,31 +511,34 @@ fn subcommands_reject_bad_elections_and_report_missing_leaders() {
 
 #[test]
 fn history_keep_1_keeps_only_the_newest_term() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     for i in 0..3 {
-        let (c, _, err) = run(&run_args("keep1", &ep, &["--history-keep", "1"], "exit 0"));
+        let (c, _, err) = run(&run_args(
+            "keep1",
+            &f.ep,
+            &["--history-keep", "1"],
+            "exit 0",
+        ));
         assert_eq!(c, 0, "run {i}: {err}");
         assert!(!err.contains("history:"), "run {i}: {err}");
     }
-    let (_, out, _) = run(&["history", "keep1", "--endpoints", &ep, "-o", "json"]);
+    let (_, out, _) = run(&["history", "keep1", "--endpoints", &f.ep, "-o", "json"]);
     let recs = json(&out);
     assert_eq!(recs.as_array().unwrap().len(), 1, "{out}");
-    assert_eq!(etcd.keys("lead-exec/meta/keep1/history/").len(), 1);
+    assert_eq!(f.etcd.keys("lead-exec/meta/keep1/history/").len(), 1);
 }
 
 #[test]
 fn history_json_is_one_array_and_empty_is_brackets() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let (code, out, err) = run(&["history", "hj", "--endpoints", &ep, "-o", "json"]);
+    let f = Fixture::new();
+    let (code, out, err) = run(&["history", "hj", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "[]");
     for _ in 0..2 {
-        let (c, _, err) = run(&run_args("hj", &ep, &[], "exit 0"));
+        let (c, _, err) = run(&run_args("hj", &f.ep, &[], "exit 0"));
         assert_eq!(c, 0, "{err}");
     }
-    let (_, out, _) = run(&["history", "hj", "--endpoints", &ep, "-o", "json"]);
+    let (_, out, _) = run(&["history", "hj", "--endpoints", &f.ep, "-o", "json"]);
     let recs = json(&out);
     let recs = recs
         .as_array()
@@ -560,33 +552,31 @@ fn history_json_is_one_array_and_empty_is_brackets() {
 
 #[test]
 fn resign_without_a_leader_or_while_paused_is_3_and_leaves_nothing() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (code, _, err) = run(&["resign", "rp", "--endpoints", &ep]);
+    let f = Fixture::new();
+    let (code, _, err) = run(&["resign", "rp", "--endpoints", &f.ep]);
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("no leader"), "{err}");
-    let (code, _, err) = run(&["resign", "rp", "--endpoints", &ep, "--token", "5"]);
+    let (code, _, err) = run(&["resign", "rp", "--endpoints", &f.ep, "--token", "5"]);
     assert_eq!(code, 3, "{err}");
 
-    let a = candidate(dir.path(), "rp", &ep, "a", "alpha");
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
-    let (code, _, err) = run(&["pause", "rp", "--endpoints", &ep, "--reason", "test"]);
+    let a = candidate(f.dir.path(), "rp", &f.ep, "a", "alpha");
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
+    let (code, _, err) = run(&["pause", "rp", "--endpoints", &f.ep, "--reason", "test"]);
     assert_eq!(code, 0, "{err}");
     a.wait_log("election paused; waiting for resume", secs(10));
-    let (code, _, err) = run(&["resign", "rp", "--endpoints", &ep]);
+    let (code, _, err) = run(&["resign", "rp", "--endpoints", &f.ep]);
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("no leader to resign (paused)"), "{err}");
-    assert!(etcd.keys("lead-exec/meta/rp/resign").is_empty());
+    assert!(f.etcd.keys("lead-exec/meta/rp/resign").is_empty());
 
     // After resume the next term runs: nothing left behind stops it.
-    let (code, _, _) = run(&["resume", "rp", "--endpoints", &ep]);
+    let (code, _, _) = run(&["resume", "rp", "--endpoints", &f.ep]);
     assert_eq!(code, 0);
-    assert!(wait_until(secs(10), || starts(dir.path()).len() == 2));
-    let t2 = starts(dir.path())[1].0;
+    assert!(wait_until(secs(10), || starts(f.dir.path()).len() == 2));
+    let t2 = starts(f.dir.path())[1].0;
     assert!(t2 > ta);
     let stopped = wait_until(secs(2), || {
-        lines(&dir.path().join("log")).contains(&format!("end {t2}"))
+        lines(&f.dir.path().join("log")).contains(&format!("end {t2}"))
     });
     assert!(!stopped, "the job after resume was stopped");
     drop(a);
@@ -594,27 +584,26 @@ fn resign_without_a_leader_or_while_paused_is_3_and_leaves_nothing() {
 
 #[test]
 fn a_resign_request_only_acts_on_the_token_it_names() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let a = candidate(dir.path(), "rt", &ep, "a", "alpha");
-    let ta = wait_int(&dir.path().join("a.token"), secs(10));
+    let f = Fixture::new();
+    let a = candidate(f.dir.path(), "rt", &f.ep, "a", "alpha");
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
     // A request naming another term (as a stale one would) is ignored by this term.
-    etcd.ctl(&["put", "lead-exec/meta/rt/resign", &(ta - 1).to_string()]);
+    f.etcd
+        .ctl(&["put", "lead-exec/meta/rt/resign", &(ta - 1).to_string()]);
     let stopped = wait_until(secs(2), || {
-        lines(&dir.path().join("log")).contains(&format!("end {ta}"))
+        lines(&f.dir.path().join("log")).contains(&format!("end {ta}"))
     });
     assert!(!stopped, "a request for another token stopped the job");
     let (code, out, err) = run(&[
         "resign",
         "rt",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--token",
         &ta.to_string(),
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    wait_line(&dir.path().join("log"), secs(10), |l| {
+    wait_line(&f.dir.path().join("log"), secs(10), |l| {
         l == format!("end {ta}")
     });
     drop(a);
@@ -622,19 +611,17 @@ fn a_resign_request_only_acts_on_the_token_it_names() {
 
 #[test]
 fn resign_does_not_report_success_when_its_watch_ends_early() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // A job that ignores SIGTERM, with a long grace: the leader keeps its key for a while.
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap '' TERM; echo $FENCING_TOKEN > $D/t; while :; do sleep 0.05; done",
     );
     let args = [
         "run",
         "rw",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--ttl",
         "30s",
         "--grace",
@@ -646,39 +633,41 @@ fn resign_does_not_report_success_when_its_watch_ends_early() {
         "-c",
         &job,
     ];
-    let _leader = spawn(dir.path(), "leader", &args);
-    wait_int(&dir.path().join("t"), secs(10));
-    let mut resign = spawn(dir.path(), "resign", &["resign", "rw", "--endpoints", &ep]);
-    wait_line(&dir.path().join("resign.out"), secs(10), |l| {
+    let _leader = spawn(f.dir.path(), "leader", &args);
+    wait_int(&f.dir.path().join("t"), secs(10));
+    let mut resign = spawn(
+        f.dir.path(),
+        "resign",
+        &["resign", "rw", "--endpoints", &f.ep],
+    );
+    wait_line(&f.dir.path().join("resign.out"), secs(10), |l| {
         l.starts_with("asked ")
     });
     // The watch ends before the leader steps down: that is no success.
-    signal(etcd.members[0].pid(), libc::SIGTERM);
+    signal(f.etcd.members[0].pid(), libc::SIGTERM);
     let code = resign.code(secs(30));
     assert_eq!(code, 69, "{}", resign.log_text());
-    assert!(!std::fs::read_to_string(dir.path().join("resign.out"))
+    assert!(!std::fs::read_to_string(f.dir.path().join("resign.out"))
         .unwrap()
         .contains("resigned"));
 }
 
 #[test]
 fn a_pause_reads_the_same_in_status_and_watch() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let watch = |format: &str| {
         let mut cmd = Command::new(bin());
-        cmd.args(["watch", "pt", "--endpoints", &ep, "-o", format]);
+        cmd.args(["watch", "pt", "--endpoints", &f.ep, "-o", format]);
         LineReader::start(cmd)
     };
     let (text, js) = (watch("text"), watch("json"));
     text.expect("no leader", secs(10));
-    let a = candidate(dir.path(), "pt", &ep, "a", "alpha");
-    wait_int(&dir.path().join("a.token"), secs(10));
-    let b = candidate(dir.path(), "pt", &ep, "b", "beta");
+    let a = candidate(f.dir.path(), "pt", &f.ep, "a", "alpha");
+    wait_int(&f.dir.path().join("a.token"), secs(10));
+    let b = candidate(f.dir.path(), "pt", &f.ep, "b", "beta");
     b.wait_log("waiting behind alpha", secs(10));
     text.expect("leader alpha", secs(10));
-    let (code, _, _) = run(&["pause", "pt", "--endpoints", &ep, "--reason", "maint"]);
+    let (code, _, _) = run(&["pause", "pt", "--endpoints", &f.ep, "--reason", "maint"]);
     assert_eq!(code, 0);
     text.expect(": paused", secs(10));
     let line = js.expect("\"paused\":true", secs(10));
@@ -689,10 +678,10 @@ fn a_pause_reads_the_same_in_status_and_watch() {
     a.wait_log("waiting behind beta", secs(10));
     text.quiet_for("paused", secs(1));
     js.quiet_for("paused", secs(1));
-    let (code, out, _) = run(&["status", "pt", "--endpoints", &ep]);
+    let (code, out, _) = run(&["status", "pt", "--endpoints", &f.ep]);
     assert_eq!(code, 3, "{out}");
     assert!(out.contains("leader:    none"), "{out}");
-    let (_, out, _) = run(&["status", "pt", "--endpoints", &ep, "-o", "json"]);
+    let (_, out, _) = run(&["status", "pt", "--endpoints", &f.ep, "-o", "json"]);
     let v = json(&out);
     assert_eq!(v["leader"], serde_json::Value::Null, "{out}");
     assert_eq!(v["paused"], true, "{out}");
@@ -702,33 +691,31 @@ fn a_pause_reads_the_same_in_status_and_watch() {
 
 #[test]
 fn run_key_runs_again_until_a_success_is_recorded() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let rk = ["--run-key", "k1", "--on-loss", "exit"];
     // A successful job whose term was lost (its key deleted) is not recorded.
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'exit 0' TERM; echo ran >> $D/runs; echo $LEAD_EXEC_LEADER_KEY > $D/key; \
          while :; do sleep 0.05; done",
     );
-    let mut w = spawn(dir.path(), "lost", &run_args("rk", &ep, &rk, &job));
-    let key = wait_line(&dir.path().join("key"), secs(10), |l| !l.is_empty());
-    etcd.ctl(&["del", &key]);
+    let mut w = spawn(f.dir.path(), "lost", &run_args("rk", &f.ep, &rk, &job));
+    let key = wait_line(&f.dir.path().join("key"), secs(10), |l| !l.is_empty());
+    f.etcd.ctl(&["del", &key]);
     assert_eq!(w.code(secs(10)), 76, "{}", w.log_text());
     // A failure is not recorded either.
-    let fail = script(dir.path(), "echo ran >> $D/runs; exit 1");
-    let (code, _, err) = run(&run_args("rk", &ep, &rk, &fail));
+    let fail = script(f.dir.path(), "echo ran >> $D/runs; exit 1");
+    let (code, _, err) = run(&run_args("rk", &f.ep, &rk, &fail));
     assert_eq!(code, 1, "{err}");
     // So the job runs again, and its success is recorded...
-    let ok = script(dir.path(), "echo ran >> $D/runs; exit 0");
-    let (code, _, err) = run(&run_args("rk", &ep, &rk, &ok));
+    let ok = script(f.dir.path(), "echo ran >> $D/runs; exit 0");
+    let (code, _, err) = run(&run_args("rk", &f.ep, &rk, &ok));
     assert_eq!(code, 0, "{err}");
-    assert_eq!(lines(&dir.path().join("runs")).len(), 3);
+    assert_eq!(lines(&f.dir.path().join("runs")).len(), 3);
     // ...after which it is skipped.
-    let (code, _, err) = run(&run_args("rk", &ep, &rk, &ok));
+    let (code, _, err) = run(&run_args("rk", &f.ep, &rk, &ok));
     assert_eq!(code, 0, "{err}");
-    assert_eq!(lines(&dir.path().join("runs")).len(), 3);
+    assert_eq!(lines(&f.dir.path().join("runs")).len(), 3);
 }
 
 /// A clean end writes the end record and deletes the leader key in one transaction: the next
@@ -736,27 +723,28 @@ fn run_key_runs_again_until_a_success_is_recorded() {
 /// longer on the way out.
 #[test]
 fn a_clean_exit_closes_the_record_and_releases_the_key_in_one_commit() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEADER_KEY > $D/term",
     );
-    let mut w = spawn(dir.path(), "w", &run_args("onecommit", &ep, &[], &job));
+    let mut w = spawn(f.dir.path(), "w", &run_args("onecommit", &f.ep, &[], &job));
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
-    let line = lines(&dir.path().join("term")).remove(0);
+    let line = lines(&f.dir.path().join("term")).remove(0);
     let (token, key) = line.split_once(' ').unwrap();
     let prefix = "lead-exec/meta/onecommit/history/";
-    let rec = etcd.ctl(&["get", "--prefix", prefix, "-w", "json"]);
+    let rec = f.etcd.ctl(&["get", "--prefix", prefix, "-w", "json"]);
     let v = json(&rec);
     let kv = &v["kvs"][0];
     let mod_rev = kv["mod_revision"].as_i64().unwrap();
     assert!(
-        etcd.keys("lead-exec/elections/onecommit/").is_empty(),
+        f.etcd.keys("lead-exec/elections/onecommit/").is_empty(),
         "the leader key outlived the run"
     );
-    let at = |rev: i64| etcd.ctl(&["get", key, "--rev", &rev.to_string(), "--keys-only"]);
+    let at = |rev: i64| {
+        f.etcd
+            .ctl(&["get", key, "--rev", &rev.to_string(), "--keys-only"])
+    };
     assert!(
         at(mod_rev).trim().is_empty(),
         "key still there at the end record's revision"
@@ -771,27 +759,27 @@ fn a_clean_exit_closes_the_record_and_releases_the_key_in_one_commit() {
 
 #[test]
 fn history_and_status_show_every_running_slot_holder_as_running() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let mut workers: Vec<Worker> = Vec::new();
     for who in ["a", "b", "c"] {
         workers.push(spawn(
-            dir.path(),
+            f.dir.path(),
             who,
             &run_args(
                 "hs",
-                &ep,
+                &f.ep,
                 &["--slots", "3", "--id", who],
-                &long_job(dir.path(), who),
+                &long_job(f.dir.path(), who),
             ),
         ));
-        wait_line(&dir.path().join(format!("{who}.token")), secs(10), |_| true);
+        wait_line(&f.dir.path().join(format!("{who}.token")), secs(10), |_| {
+            true
+        });
     }
     // The start records are written beside the jobs: wait for all three.
     let mut recs = Vec::new();
     let ok = wait_until(secs(10), || {
-        let (_, out, _) = run(&["history", "hs", "--endpoints", &ep, "-o", "json"]);
+        let (_, out, _) = run(&["history", "hs", "--endpoints", &f.ep, "-o", "json"]);
         recs = json(&out).as_array().cloned().unwrap_or_default();
         recs.len() == 3
     });
@@ -801,10 +789,10 @@ fn history_and_status_show_every_running_slot_holder_as_running() {
         assert!(r["ended_ms"].is_null(), "{r}");
         assert!(r["clean"].is_null(), "{r}");
     }
-    let (_, text, _) = run(&["history", "hs", "--endpoints", &ep]);
+    let (_, text, _) = run(&["history", "hs", "--endpoints", &f.ep]);
     assert!(!text.contains("lease lost"), "{text}");
     assert_eq!(text.matches("running").count(), 3, "{text}");
-    let (code, out, err) = run(&["status", "hs", "--endpoints", &ep]);
+    let (code, out, err) = run(&["status", "hs", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("lease lost"), "{out}");
     for w in &mut workers {
@@ -817,17 +805,15 @@ fn history_and_status_show_every_running_slot_holder_as_running() {
 
 #[test]
 fn a_crashed_term_with_no_successor_shows_as_ended_before_now_not_running() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let mut a = candidate(dir.path(), "crash", &ep, "a", "a");
-    wait_line(&dir.path().join("a.token"), secs(10), |_| true);
+    let f = Fixture::new();
+    let mut a = candidate(f.dir.path(), "crash", &f.ep, "a", "a");
+    wait_line(&f.dir.path().join("a.token"), secs(10), |_| true);
     let ok = wait_until(secs(10), || {
-        etcd.keys("lead-exec/meta/crash/history/").len() == 1
+        f.etcd.keys("lead-exec/meta/crash/history/").len() == 1
     });
     assert!(ok, "no start record");
-    let key = etcd.keys("lead-exec/elections/crash/").remove(0);
-    let gone = KeyGone::watch(&ep, &key);
+    let key = f.etcd.keys("lead-exec/elections/crash/").remove(0);
+    let gone = KeyGone::watch(&f.ep, &key);
     a.signal(libc::SIGKILL);
     a.wait(secs(5));
     gone.wait(secs(15));
@@ -835,7 +821,7 @@ fn a_crashed_term_with_no_successor_shows_as_ended_before_now_not_running() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    let (_, out, _) = run(&["history", "crash", "--endpoints", &ep, "-o", "json"]);
+    let (_, out, _) = run(&["history", "crash", "--endpoints", &f.ep, "-o", "json"]);
     let recs = json(&out);
     let r = &recs[0];
     assert_eq!(r["end"], "lease lost", "{out}");
@@ -849,7 +835,7 @@ fn a_crashed_term_with_no_successor_shows_as_ended_before_now_not_running() {
         before >= r["started_ms"].as_u64().unwrap() && before <= observed + 60_000,
         "{out}"
     );
-    let (code, text, _) = run(&["status", "crash", "--endpoints", &ep]);
+    let (code, text, _) = run(&["status", "crash", "--endpoints", &f.ep]);
     assert_eq!(code, 3, "{text}");
     assert!(text.contains("leader:    none"), "{text}");
     assert!(
@@ -858,44 +844,42 @@ fn a_crashed_term_with_no_successor_shows_as_ended_before_now_not_running() {
     );
     assert!(text.contains("lease lost (unclean)"), "{text}");
     assert!(text.contains("before "), "{text}");
-    let (_, text, _) = run(&["history", "crash", "--endpoints", &ep]);
+    let (_, text, _) = run(&["history", "crash", "--endpoints", &f.ep]);
     assert!(text.contains("before "), "{text}");
 }
 
 #[test]
 fn a_crashed_terms_end_is_shown_before_its_successors_election_not_at_its_start() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let delay = ["--takeover-delay", "2s"];
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
         &run_args(
             "succ",
-            &ep,
+            &f.ep,
             &[&["--id", "a"][..], &delay].concat(),
-            &long_job(dir.path(), "a"),
+            &long_job(f.dir.path(), "a"),
         ),
     );
-    wait_line(&dir.path().join("a.token"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("a.token"), secs(10), |_| true);
     let mut b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
         &run_args(
             "succ",
-            &ep,
+            &f.ep,
             &[&["--id", "b"][..], &delay].concat(),
-            &long_job(dir.path(), "b"),
+            &long_job(f.dir.path(), "b"),
         ),
     );
     b.wait_log("waiting behind", secs(10));
     a.signal(libc::SIGKILL);
     a.wait(secs(5));
-    wait_line(&dir.path().join("b.token"), secs(20), |_| true);
+    wait_line(&f.dir.path().join("b.token"), secs(20), |_| true);
     let mut recs = serde_json::Value::Null;
     let ok = wait_until(secs(10), || {
-        let (_, out, _) = run(&["history", "succ", "--endpoints", &ep, "-o", "json"]);
+        let (_, out, _) = run(&["history", "succ", "--endpoints", &f.ep, "-o", "json"]);
         recs = json(&out);
         recs.as_array().is_some_and(|r| r.len() == 2)
     });
@@ -931,12 +915,10 @@ fn closed_pipe() -> std::os::fd::OwnedFd {
 #[test]
 fn status_history_watch_and_check_exit_quietly_when_their_reader_is_gone() {
     use std::io::BufRead;
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let a = candidate(dir.path(), "gone", &ep, "a", "alpha");
-    let token = wait_int(&dir.path().join("a.token"), secs(10)).to_string();
-    let e = ["--endpoints", ep.as_str()];
+    let f = Fixture::new();
+    let a = candidate(f.dir.path(), "gone", &f.ep, "a", "alpha");
+    let token = wait_int(&f.dir.path().join("a.token"), secs(10)).to_string();
+    let e = ["--endpoints", f.ep.as_str()];
     let cases: Vec<Vec<&str>> = vec![
         [&["status", "gone"][..], &e].concat(),
         [&["status", "gone", "-o", "json"][..], &e].concat(),
@@ -963,7 +945,7 @@ fn status_history_watch_and_check_exit_quietly_when_their_reader_is_gone() {
     // `watch | head -1`: once its reader is gone it ends, without waiting for a change.
     for _ in 0..3 {
         let mut w = Command::new(bin())
-            .args(["watch", "gone", "--endpoints", &ep])
+            .args(["watch", "gone", "--endpoints", &f.ep])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -996,11 +978,10 @@ fn status_history_watch_and_check_exit_quietly_when_their_reader_is_gone() {
 #[test]
 fn status_history_and_watch_with_a_closed_or_full_stdout_exit_74() {
     use std::os::unix::process::CommandExt;
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let (code, _, err) = run(&["run", "io", "--endpoints", &ep, "--", "true"]);
+    let f = Fixture::new();
+    let (code, _, err) = run(&["run", "io", "--endpoints", &f.ep, "--", "true"]);
     assert_eq!(code, 0, "{err}");
-    let e = ["--endpoints", ep.as_str()];
+    let e = ["--endpoints", f.ep.as_str()];
     let cases: Vec<Vec<&str>> = vec![
         [&["status", "io"][..], &e].concat(),
         [&["history", "io", "-o", "json"][..], &e].concat(),
@@ -1040,14 +1021,13 @@ fn status_history_and_watch_with_a_closed_or_full_stdout_exit_74() {
 
 #[test]
 fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let forged = "evil\nleader:    mallory (host prod1, pid 1), token 999999";
     let (code, _, err) = run(&[
         "run",
         "fg",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--id",
         forged,
         "--",
@@ -1063,7 +1043,7 @@ fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
         "pause",
         "fg",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--reason",
         "x\npaused:    no",
     ]);
@@ -1072,13 +1052,13 @@ fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
         err.contains("--reason") && err.contains("control character"),
         "{err}"
     );
-    assert!(etcd.keys("lead-exec/meta/fg/paused").is_empty());
+    assert!(f.etcd.keys("lead-exec/meta/fg/paused").is_empty());
 
     // The same values written by an older version, or by hand with etcdctl.
-    let granted = etcd.ctl(&["lease", "grant", "60"]);
+    let granted = f.etcd.ctl(&["lease", "grant", "60"]);
     let lease = granted.split_whitespace().nth(1).unwrap();
     let candidate = serde_json::json!({"id": forged, "host": "h\tx", "pid": 1, "started_ms": 0});
-    etcd.ctl(&[
+    f.etcd.ctl(&[
         "put",
         &format!("--lease={lease}"),
         &format!("lead-exec/elections/fg/{lease}"),
@@ -1086,13 +1066,13 @@ fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
     ]);
     let record =
         serde_json::json!({"token": 1, "id": forged, "host": "h", "pid": 1, "started_ms": 0});
-    etcd.ctl(&[
+    f.etcd.ctl(&[
         "put",
         &format!("lead-exec/meta/fg/history/{:020}", 1),
         &record.to_string(),
     ]);
     let escaped = "evil\\nleader:    mallory";
-    let (code, out, err) = run(&["status", "fg", "--endpoints", &ep]);
+    let (code, out, err) = run(&["status", "fg", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{err}");
     let leaders: Vec<&str> = out.lines().filter(|l| l.starts_with("leader:")).collect();
     assert_eq!(leaders.len(), 1, "{out}");
@@ -1100,20 +1080,21 @@ fn newlines_in_ids_and_reasons_are_refused_and_shown_escaped_when_stored() {
         leaders[0].contains(escaped) && leaders[0].contains("host h\\tx"),
         "{out}"
     );
-    let (code, out, err) = run(&["history", "fg", "--endpoints", &ep]);
+    let (code, out, err) = run(&["history", "fg", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 2, "a header and one term: {out}");
     assert!(out.contains(escaped), "{out}");
     let mut cmd = Command::new(bin());
-    cmd.args(["watch", "fg", "--endpoints", &ep]);
+    cmd.args(["watch", "fg", "--endpoints", &f.ep]);
     let watch = LineReader::start(cmd);
     let line = watch.expect("leader evil", secs(10));
     assert!(line.contains(escaped), "{line}");
     drop(watch);
 
     let pause = serde_json::json!({"reason": "x\npaused:    no", "since_ms": 0, "by": "me"});
-    etcd.ctl(&["put", "lead-exec/meta/fg/paused", &pause.to_string()]);
-    let (_, out, _) = run(&["status", "fg", "--endpoints", &ep]);
+    f.etcd
+        .ctl(&["put", "lead-exec/meta/fg/paused", &pause.to_string()]);
+    let (_, out, _) = run(&["status", "fg", "--endpoints", &f.ep]);
     let paused: Vec<&str> = out.lines().filter(|l| l.starts_with("paused:")).collect();
     assert_eq!(paused.len(), 1, "{out}");
     assert!(
@@ -1210,15 +1191,14 @@ fn assert_whole_exit_0(
 /// the job's end closes it. Written once and never again, the term had no record at all.
 #[test]
 fn a_start_record_that_failed_is_retried_until_it_lands() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
     proxy.reset_on(Some(OPEN_RECORD));
-    let dir = tempfile::tempdir().unwrap();
     let (cut, name) = (proxy.endpoint(), "retried");
-    let job = job_until_go(dir.path());
+    let job = job_until_go(f.dir.path());
     let args = run_args_with(&LONG, name, &cut, &["--id", name], &job);
-    let mut w = spawn(dir.path(), "w", &args);
-    let token = wait_int(&dir.path().join("started"), secs(10));
+    let mut w = spawn(f.dir.path(), "w", &args);
+    let token = wait_int(&f.dir.path().join("started"), secs(10));
     // The first write and a retry, both cut.
     let retried = wait_until(secs(10), || proxy.resets_on() >= 2);
     let started_by = now_ms();
@@ -1230,16 +1210,16 @@ fn a_start_record_that_failed_is_retried_until_it_lands() {
     );
     proxy.reset_on(None);
     let landed = wait_until(secs(10), || {
-        history_json(&etcd, name)
+        history_json(&f.etcd, name)
             .first()
             .is_some_and(|r| r["token"].as_i64() == Some(token))
     });
     assert!(landed, "the start record never landed\n{}", w.log_text());
-    let open = history_json(&etcd, name);
+    let open = history_json(&f.etcd, name);
     assert!(open[0]["end"].is_null(), "the job still runs: {open:?}");
-    std::fs::write(dir.path().join("go"), "").unwrap();
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
-    assert_whole_exit_0(&history_json(&etcd, name), token, name, &w, started_by);
+    assert_whole_exit_0(&history_json(&f.etcd, name), token, name, &w, started_by);
 }
 
 /// The start record never gets through while the job runs: every request carrying it is cut.
@@ -1248,37 +1228,40 @@ fn a_start_record_that_failed_is_retried_until_it_lands() {
 /// where it showed none.
 #[test]
 fn a_term_whose_start_record_never_landed_is_recorded_whole_at_its_end() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
     proxy.reset_on(Some(OPEN_RECORD));
-    let dir = tempfile::tempdir().unwrap();
     let (cut, name) = (proxy.endpoint(), "whole");
-    let job = job_until_go(dir.path());
+    let job = job_until_go(f.dir.path());
     let args = run_args_with(&LONG, name, &cut, &["--id", name], &job);
-    let mut w = spawn(dir.path(), "w", &args);
-    let token = wait_int(&dir.path().join("started"), secs(10));
+    let mut w = spawn(f.dir.path(), "w", &args);
+    let token = wait_int(&f.dir.path().join("started"), secs(10));
     // Its first write failed, and said so.
     w.wait_log("history:", secs(10));
     let started_by = now_ms();
     assert!(proxy.resets_on() >= 1);
     assert!(
-        history_json(&etcd, name).is_empty(),
+        history_json(&f.etcd, name).is_empty(),
         "the start record got through"
     );
-    std::fs::write(dir.path().join("go"), "").unwrap();
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
     assert!(
-        etcd.keys(&format!("lead-exec/elections/{name}/"))
+        f.etcd
+            .keys(&format!("lead-exec/elections/{name}/"))
             .is_empty(),
         "the leader key outlived the run"
     );
-    assert_whole_exit_0(&history_json(&etcd, name), token, name, &w, started_by);
+    assert_whole_exit_0(&history_json(&f.etcd, name), token, name, &w, started_by);
     // In the commit that deleted the key, not after a revoke.
-    let key = lines(&dir.path().join("key")).remove(0);
+    let key = lines(&f.dir.path().join("key")).remove(0);
     let hk = format!("lead-exec/meta/{name}/history/{token:020}");
-    let rec = json(&etcd.ctl(&["get", &hk, "-w", "json"]));
+    let rec = json(&f.etcd.ctl(&["get", &hk, "-w", "json"]));
     let mod_rev = rec["kvs"][0]["mod_revision"].as_i64().unwrap();
-    let at = |rev: i64| etcd.ctl(&["get", &key, "--rev", &rev.to_string(), "--keys-only"]);
+    let at = |rev: i64| {
+        f.etcd
+            .ctl(&["get", &key, "--rev", &rev.to_string(), "--keys-only"])
+    };
     assert_eq!(at(mod_rev - 1).trim(), key, "key gone before the record");
     assert!(
         at(mod_rev).trim().is_empty(),
@@ -1291,25 +1274,24 @@ fn a_term_whose_start_record_never_landed_is_recorded_whole_at_its_end() {
 /// `history` say that nothing is known of it, so the typo is not taken for an outage.
 #[test]
 fn an_election_nothing_is_known_of_says_so_in_status_and_history() {
-    let etcd = Etcd::start();
-    let ep = etcd.endpoints();
-    let (code, out, _) = run(&["status", "settelment", "--endpoints", &ep]);
+    let f = Fixture::new();
+    let (code, out, _) = run(&["status", "settelment", "--endpoints", &f.ep]);
     assert_eq!(code, 3);
     assert!(
         out.contains("leader:    none (no candidates and no recorded terms: none has run yet, or the name is misspelled)"),
         "{out}"
     );
-    let (code, _, err) = run(&["history", "settelment", "--endpoints", &ep]);
+    let (code, _, err) = run(&["history", "settelment", "--endpoints", &f.ep]);
     assert_eq!(code, 0);
     assert!(
         err.contains("no terms recorded for election settelment"),
         "{err}"
     );
     // An election that ran says nothing of the kind.
-    let (code, _, err) = run(&["run", "settlement", "--endpoints", &ep, "--", "true"]);
+    let (code, _, err) = run(&["run", "settlement", "--endpoints", &f.ep, "--", "true"]);
     assert_eq!(code, 0, "{err}");
-    let (_, out, _) = run(&["status", "settlement", "--endpoints", &ep]);
+    let (_, out, _) = run(&["status", "settlement", "--endpoints", &f.ep]);
     assert!(out.contains("leader:    none\n"), "{out}");
-    let (_, _, err) = run(&["history", "settlement", "--endpoints", &ep]);
+    let (_, _, err) = run(&["history", "settlement", "--endpoints", &f.ep]);
     assert!(!err.contains("no terms recorded"), "{err}");
 }

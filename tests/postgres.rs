@@ -288,17 +288,16 @@ fn settled(c: &mut Client) -> Vec<(i64, String)> {
 /// FENCING_TOKEN: every row lands, tokens grow with every term, the mark is the last one.
 #[test]
 fn jobs_of_successive_terms_write_through_the_postgres_fence() {
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     let pg = Postgres::start();
     assert_eq!(ledger(&pg, &["init"]).0, 0);
-    let ep = etcd.endpoints();
     let job = format!(
         "exec {} --pg '{}' settle --batches 2 --every 10",
         ledger_bin().display(),
         pg.conninfo()
     );
     for id in ["a", "b", "c"] {
-        let (code, _, err) = run(&run_args("pgterms", &ep, &["--id", id], &job));
+        let (code, _, err) = run(&run_args("pgterms", &f.ep, &["--id", id], &job));
         assert_eq!(code, 0, "term of {id}: {err}");
     }
     let mut c = connect(&pg);
@@ -342,17 +341,15 @@ fn events(path: &Path, kind: &str, token: i64) -> usize {
 /// after the new term's first row.
 #[test]
 fn a_frozen_old_leader_that_wakes_up_is_refused_by_postgres() {
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     let pg = Postgres::start();
     assert_eq!(ledger(&pg, &["init"]).0, 0);
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let events_file = dir.path().join("events");
+    let events_file = f.dir.path().join("events");
     // A write every second: the freeze lands between two transactions, never inside one
     // (a writer frozen inside holds the fence's row lock and the next term would wait).
     let job = |id: &str| {
         script(
-            dir.path(),
+            f.dir.path(),
             &format!(
                 "echo $$ > $D/{id}.job; exec {} --pg '{}' settle --every 1000 --events $D/events",
                 ledger_bin().display(),
@@ -361,13 +358,13 @@ fn a_frozen_old_leader_that_wakes_up_is_refused_by_postgres() {
         )
     };
     let (job_a, job_b) = (job("a"), job("b"));
-    let a_args = run_args("pgfrozen", &ep, &["--id", "a"], &job_a);
-    let a = spawn(dir.path(), "a", &a_args);
+    let a_args = run_args("pgfrozen", &f.ep, &["--id", "a"], &job_a);
+    let a = spawn(f.dir.path(), "a", &a_args);
     a.wait_log("leading", secs(10));
     let old = wait_line(&events_file, secs(10), |l| l.contains(" write ")); // committed
     let old_token: i64 = old.split_whitespace().nth(2).unwrap().parse().unwrap();
-    let b_args = run_args("pgfrozen", &ep, &["--id", "b"], &job_b);
-    let b = spawn(dir.path(), "b", &b_args);
+    let b_args = run_args("pgfrozen", &f.ep, &["--id", "b"], &job_b);
+    let b = spawn(f.dir.path(), "b", &b_args);
     b.wait_log("waiting behind", secs(10));
 
     // Right after a commit, while the job sleeps until its next write.
@@ -389,7 +386,7 @@ fn a_frozen_old_leader_that_wakes_up_is_refused_by_postgres() {
     let new_token: i64 = new.split_whitespace().nth(2).unwrap().parse().unwrap();
     assert!(new_token > old_token);
 
-    let job_pid = wait_int(&dir.path().join("a.job"), secs(1)) as i32;
+    let job_pid = wait_int(&f.dir.path().join("a.job"), secs(1)) as i32;
     signal(job_pid, libc::SIGCONT);
     wait_line(&events_file, secs(10), |l| {
         l.contains(&format!(" reject {old_token} "))

@@ -6,41 +6,39 @@ use harness::*;
 
 #[test]
 fn a_job_past_its_timeout_is_stopped_the_next_candidate_leads_and_the_exit_is_124() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // It would run forever; it exits 0 on TERM, which must still not count as a success.
     let job_a = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; \
          trap 'echo term >> $D/a; exit 0' TERM; while :; do sleep 0.05; done",
     );
     let same_key = ["--run-key", "nightly"];
     let mut a_args = vec!["--id", "a", "--timeout", "1s"];
     a_args.extend_from_slice(&same_key);
-    let mut a = spawn(dir.path(), "a", &run_args("to", &ep, &a_args, &job_a));
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut a = spawn(f.dir.path(), "a", &run_args("to", &f.ep, &a_args, &job_a));
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     let job_b = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; exec sleep 60",
     );
     let mut b_args = vec!["--id", "b"];
     b_args.extend_from_slice(&same_key);
-    let mut b = spawn(dir.path(), "b", &run_args("to", &ep, &b_args, &job_b));
+    let mut b = spawn(f.dir.path(), "b", &run_args("to", &f.ep, &b_args, &job_b));
     b.wait_log("waiting behind a", secs(10));
 
     assert_eq!(a.code(secs(10)), 124, "{}", a.log_text());
     assert_eq!(
-        lines(&dir.path().join("a")),
+        lines(&f.dir.path().join("a")),
         vec!["term"],
         "the job got SIGTERM"
     );
     // The run key was not recorded, so b runs the job, at once and with a larger token.
-    let ok = wait_until(secs(10), || terms(dir.path()).len() >= 2);
+    let ok = wait_until(secs(10), || terms(f.dir.path()).len() >= 2);
     assert!(ok, "b did not take over:\n{}", b.log_text());
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
-    let (code, out, err) = run(&["history", "to", "--endpoints", &ep, "-o", "json"]);
+    let (code, out, err) = run(&["history", "to", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let records: serde_json::Value = serde_json::from_str(&out).unwrap();
     let first = &records[0];
@@ -64,20 +62,18 @@ const RECORD_TERM: &str = "echo $FENCING_TOKEN $(cut -d' ' -f5 /proc/$$/stat) >>
 
 #[test]
 fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_shows_it() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
     let delay = ["--takeover-delay", "4s"];
-    let mut a = spawn(dir.path(), "a", &run_args("td", &ep, &delay, &job));
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut a = spawn(f.dir.path(), "a", &run_args("td", &f.ep, &delay, &job));
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     let mut b_args = vec!["--id", "b"];
     b_args.extend_from_slice(&delay);
-    let mut b = spawn(dir.path(), "b", &run_args("td", &ep, &b_args, &job));
+    let mut b = spawn(f.dir.path(), "b", &run_args("td", &f.ep, &b_args, &job));
     b.wait_log("waiting behind", secs(10));
 
     let mut cmd = std::process::Command::new(bin());
-    cmd.args(["watch", "td", "--endpoints", &ep]);
+    cmd.args(["watch", "td", "--endpoints", &f.ep]);
     let watch = LineReader::start(cmd);
     // A worker killed outright: its term never closes, and its lease runs out on the server.
     a.signal(libc::SIGKILL);
@@ -91,11 +87,11 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
     );
     watch.expect(", job not started: takeover delay until ", secs(10));
     let elected = std::time::Instant::now();
-    let (code, out, err) = run(&["status", "td", "--endpoints", &ep]);
+    let (code, out, err) = run(&["status", "td", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("takeover delay"), "{out}");
-    assert_eq!(lines(&dir.path().join("terms")).len(), 1, "started early");
-    let ok = wait_until(secs(15), || lines(&dir.path().join("terms")).len() >= 2);
+    assert_eq!(lines(&f.dir.path().join("terms")).len(), 1, "started early");
+    let ok = wait_until(secs(15), || lines(&f.dir.path().join("terms")).len() >= 2);
     assert!(ok, "b never started:\n{}", b.log_text());
     // Counted from b's log line, which comes after its election: never early.
     assert!(
@@ -103,7 +99,7 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
         "started {:?} after the delay began",
         elected.elapsed()
     );
-    let (code, out, err) = run(&["history", "td", "--endpoints", &ep, "-o", "json"]);
+    let (code, out, err) = run(&["history", "td", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let records: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(records[0]["clean"].as_bool(), Some(false), "{out}");
@@ -112,7 +108,7 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
         Some(4000),
         "{out}"
     );
-    let (_, text, _) = run(&["history", "td", "--endpoints", &ep]);
+    let (_, text, _) = run(&["history", "td", "--endpoints", &f.ep]);
     assert!(text.contains("lease lost (unclean)"), "{text}");
     b.signal(libc::SIGTERM);
     b.wait(secs(10));
@@ -120,12 +116,10 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
 
 #[test]
 fn a_clean_exit_or_resign_hands_over_at_once_despite_a_takeover_delay() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // Each job runs until its own file appears, then exits 0.
     let job = script(
-        dir.path(),
+        f.dir.path(),
         &format!("{RECORD_TERM}; while [ ! -e $D/stop-$FENCING_TOKEN ]; do sleep 0.05; done"),
     );
     let delay = ["--takeover-delay", "60s"];
@@ -134,17 +128,17 @@ fn a_clean_exit_or_resign_hands_over_at_once_despite_a_takeover_delay() {
         let mut args = vec!["--id", name];
         args.extend_from_slice(&delay);
         workers.push(spawn(
-            dir.path(),
+            f.dir.path(),
             name,
-            &run_args("clean", &ep, &args, &job),
+            &run_args("clean", &f.ep, &args, &job),
         ));
         if name == "a" {
-            wait_line(&dir.path().join("terms"), secs(10), |_| true);
+            wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
         }
     }
     workers[2].wait_log("waiting behind", secs(10));
     let token = |i: usize| {
-        lines(&dir.path().join("terms"))[i]
+        lines(&f.dir.path().join("terms"))[i]
             .split(' ')
             .next()
             .unwrap()
@@ -153,13 +147,13 @@ fn a_clean_exit_or_resign_hands_over_at_once_despite_a_takeover_delay() {
     };
 
     // The job exits 0: the next one starts well inside the delay.
-    std::fs::write(dir.path().join(format!("stop-{}", token(0))), "").unwrap();
-    let ok = wait_until(secs(20), || lines(&dir.path().join("terms")).len() >= 2);
+    std::fs::write(f.dir.path().join(format!("stop-{}", token(0))), "").unwrap();
+    let ok = wait_until(secs(20), || lines(&f.dir.path().join("terms")).len() >= 2);
     assert!(ok, "no prompt takeover after a clean exit");
     // An operator's resign: likewise.
-    let (code, _, err) = run(&["resign", "clean", "--endpoints", &ep]);
+    let (code, _, err) = run(&["resign", "clean", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{err}");
-    let ok = wait_until(secs(20), || lines(&dir.path().join("terms")).len() >= 3);
+    let ok = wait_until(secs(20), || lines(&f.dir.path().join("terms")).len() >= 3);
     assert!(ok, "no prompt takeover after a resign");
     for w in &workers {
         assert!(
@@ -197,11 +191,9 @@ fn candidates(etcd: &Etcd, election: &str) -> usize {
 
 #[test]
 fn an_unhealthy_worker_does_not_campaign_until_its_check_passes_and_warns_once() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
-    let check = script(dir.path(), "echo run >> $D/checks; test -e $D/ok-a");
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let check = script(f.dir.path(), "echo run >> $D/checks; test -e $D/ok-a");
     let args = [
         "--id",
         "a",
@@ -210,25 +202,25 @@ fn an_unhealthy_worker_does_not_campaign_until_its_check_passes_and_warns_once()
         "--health-interval",
         "100ms",
     ];
-    let mut a = spawn(dir.path(), "a", &run_args("hc", &ep, &args, &job));
+    let mut a = spawn(f.dir.path(), "a", &run_args("hc", &f.ep, &args, &job));
     a.wait_log("not campaigning until the health check passes", secs(10));
     assert_eq!(
-        candidates(&etcd, "hc"),
+        candidates(&f.etcd, "hc"),
         0,
         "an unhealthy worker joined the line"
     );
-    assert!(lines(&dir.path().join("terms")).is_empty());
+    assert!(lines(&f.dir.path().join("terms")).is_empty());
     // Failing ten times a second, it warns once (then once a minute), not at every check.
-    assert!(wait_until(secs(10), || lines(&dir.path().join("checks"))
+    assert!(wait_until(secs(10), || lines(&f.dir.path().join("checks"))
         .len()
         >= 8));
     let log = a.log_text();
     assert_eq!(log.matches("health check failed").count(), 1, "{log}");
 
-    std::fs::write(dir.path().join("ok-a"), "").unwrap();
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    std::fs::write(f.dir.path().join("ok-a"), "").unwrap();
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     a.wait_log("health check passes again, after", secs(10));
-    let (code, out, _) = run(&["status", "hc", "--endpoints", &ep]);
+    let (code, out, _) = run(&["status", "hc", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("leader:    a"), "{out}");
     a.signal(libc::SIGTERM);
@@ -237,36 +229,37 @@ fn an_unhealthy_worker_does_not_campaign_until_its_check_passes_and_warns_once()
 
 #[test]
 fn a_leader_whose_check_keeps_failing_resigns_and_a_healthy_worker_takes_over() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         &format!("{RECORD_TERM}; trap 'echo term >> $D/stopped; exit 0' TERM; while :; do sleep 0.05; done"),
     );
     for n in ["a", "b"] {
-        std::fs::write(dir.path().join(format!("ok-{n}")), "").unwrap();
+        std::fs::write(f.dir.path().join(format!("ok-{n}")), "").unwrap();
     }
-    let (ha, hb) = (health_args(dir.path(), "a"), health_args(dir.path(), "b"));
+    let (ha, hb) = (
+        health_args(f.dir.path(), "a"),
+        health_args(f.dir.path(), "b"),
+    );
     let mut a_args: Vec<&str> = vec!["--id", "a"];
     a_args.extend(ha.iter().map(String::as_str));
-    let mut a = spawn(dir.path(), "a", &run_args("hl", &ep, &a_args, &job));
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut a = spawn(f.dir.path(), "a", &run_args("hl", &f.ep, &a_args, &job));
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     let mut b_args: Vec<&str> = vec!["--id", "b"];
     b_args.extend(hb.iter().map(String::as_str));
-    let mut b = spawn(dir.path(), "b", &run_args("hl", &ep, &b_args, &job));
+    let mut b = spawn(f.dir.path(), "b", &run_args("hl", &f.ep, &b_args, &job));
     b.wait_log("waiting behind a", secs(10));
 
-    std::fs::remove_file(dir.path().join("ok-a")).unwrap();
+    std::fs::remove_file(f.dir.path().join("ok-a")).unwrap();
     a.wait_log("the health check failed 2 times in a row", secs(10));
-    let ok = wait_until(secs(10), || lines(&dir.path().join("terms")).len() >= 2);
+    let ok = wait_until(secs(10), || lines(&f.dir.path().join("terms")).len() >= 2);
     assert!(ok, "b did not take over:\n{}", b.log_text());
     assert_eq!(
-        lines(&dir.path().join("stopped")),
+        lines(&f.dir.path().join("stopped")),
         vec!["term"],
         "a's job got SIGTERM"
     );
-    let t = lines(&dir.path().join("terms"));
+    let t = lines(&f.dir.path().join("terms"));
     let (tok_a, pgid_a) = t[0].split_once(' ').unwrap();
     let (tok_b, _) = t[1].split_once(' ').unwrap();
     assert!(
@@ -274,7 +267,7 @@ fn a_leader_whose_check_keeps_failing_resigns_and_a_healthy_worker_takes_over() 
         "{t:?}"
     );
     // The check ran outside the job's process group.
-    let check_pgid = std::fs::read_to_string(dir.path().join("check-pgid-a")).unwrap();
+    let check_pgid = std::fs::read_to_string(f.dir.path().join("check-pgid-a")).unwrap();
     assert_ne!(
         check_pgid.trim(),
         pgid_a,
@@ -282,8 +275,8 @@ fn a_leader_whose_check_keeps_failing_resigns_and_a_healthy_worker_takes_over() 
     );
     // a stays out of line while unhealthy.
     a.wait_log("not campaigning until the health check passes", secs(10));
-    assert_eq!(candidates(&etcd, "hl"), 1);
-    let (_, out, _) = run(&["history", "hl", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(candidates(&f.etcd, "hl"), 1);
+    let (_, out, _) = run(&["history", "hl", "--endpoints", &f.ep, "-o", "json"]);
     let records: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(records[0]["end"].as_str(), Some("unhealthy"), "{out}");
     assert_eq!(records[0]["clean"].as_bool(), Some(true), "{out}");
@@ -296,16 +289,15 @@ fn a_leader_whose_check_keeps_failing_resigns_and_a_healthy_worker_takes_over() 
 #[test]
 fn a_leader_whose_check_fails_between_its_election_and_the_start_gives_the_term_up_without_a_job() {
     use harness::proxy::{Mode, Proxy};
-    let etcd = Etcd::start();
+    let f = Fixture::new();
     // Every request of lead-exec's is slow, so its start (which writes the term's start
     // record first, under --takeover-delay) takes long enough for a check to fail in it.
-    let proxy = Proxy::start(etcd.endpoints());
+    let proxy = Proxy::start(f.ep.clone());
     proxy.set(Mode::Delay(300));
-    let dir = tempfile::tempdir().unwrap();
     let ep = proxy.endpoint();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
     // Passes until the worker's log says it was elected, and fails from then on.
-    let check = script(dir.path(), "! grep -q 'campaigning -> elected' $D/w.log");
+    let check = script(f.dir.path(), "! grep -q 'campaigning -> elected' $D/w.log");
     let lease = [
         "--ttl",
         "10s",
@@ -328,7 +320,7 @@ fn a_leader_whose_check_fails_between_its_election_and_the_start_gives_the_term_
         "1",
     ];
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
         &run_args_with(&lease, "hs", &ep, &flags, &job),
     );
@@ -339,60 +331,55 @@ fn a_leader_whose_check_fails_between_its_election_and_the_start_gives_the_term_
     });
     assert!(decided, "{}", w.log_text());
     assert!(!started(), "the job started:\n{}", w.log_text());
-    assert!(lines(&dir.path().join("terms")).is_empty());
+    assert!(lines(&f.dir.path().join("terms")).is_empty());
     w.wait_log(
         "the health check failed 1 times in a row since the election",
         secs(1),
     );
     w.wait_log("not campaigning until the health check passes", secs(10));
     proxy.set(Mode::Pass);
-    let (code, out, err) = run(&[
-        "history",
-        "hs",
-        "--endpoints",
-        &etcd.endpoints(),
-        "-o",
-        "json",
-    ]);
+    let (code, out, err) = run(&["history", "hs", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let records: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(records[0]["end"].as_str(), Some("unhealthy"), "{out}");
     assert_eq!(records[0]["clean"].as_bool(), Some(true), "{out}");
-    assert_eq!(candidates(&etcd, "hs"), 0, "the term was not given up");
+    assert_eq!(candidates(&f.etcd, "hs"), 0, "the term was not given up");
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
 
 #[test]
 fn a_waiting_candidate_leaves_the_line_while_unhealthy_and_requeues_when_it_passes() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
-    let mut a = spawn(dir.path(), "a", &run_args("hw", &ep, &["--id", "a"], &job));
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
-    std::fs::write(dir.path().join("ok-b"), "").unwrap();
-    let hb = health_args(dir.path(), "b");
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let mut a = spawn(
+        f.dir.path(),
+        "a",
+        &run_args("hw", &f.ep, &["--id", "a"], &job),
+    );
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
+    std::fs::write(f.dir.path().join("ok-b"), "").unwrap();
+    let hb = health_args(f.dir.path(), "b");
     let mut b_args: Vec<&str> = vec!["--id", "b"];
     b_args.extend(hb.iter().map(String::as_str));
-    let mut b = spawn(dir.path(), "b", &run_args("hw", &ep, &b_args, &job));
+    let mut b = spawn(f.dir.path(), "b", &run_args("hw", &f.ep, &b_args, &job));
     b.wait_log("waiting behind a", secs(10));
-    assert_eq!(candidates(&etcd, "hw"), 2);
+    assert_eq!(candidates(&f.etcd, "hw"), 2);
 
-    std::fs::remove_file(dir.path().join("ok-b")).unwrap();
+    std::fs::remove_file(f.dir.path().join("ok-b")).unwrap();
     b.wait_log("leaving the line until it passes", secs(10));
     assert!(
-        wait_until(secs(10), || candidates(&etcd, "hw") == 1),
+        wait_until(secs(10), || candidates(&f.etcd, "hw") == 1),
         "b's key stayed"
     );
-    std::fs::write(dir.path().join("ok-b"), "").unwrap();
+    std::fs::write(f.dir.path().join("ok-b"), "").unwrap();
     b.wait_log("the health check passes; campaigning", secs(10));
     assert!(
-        wait_until(secs(10), || candidates(&etcd, "hw") == 2),
+        wait_until(secs(10), || candidates(&f.etcd, "hw") == 2),
         "b did not requeue"
     );
     assert_eq!(
-        lines(&dir.path().join("terms")).len(),
+        lines(&f.dir.path().join("terms")).len(),
         1,
         "the leader was disturbed"
     );
@@ -438,18 +425,16 @@ fn bad_health_priority_and_takeover_settings_are_refused_with_64() {
 
 #[test]
 fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_ones_let_it_pass() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // One file in event order: each job's start, and its stop on TERM.
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo start $LEAD_EXEC_ID $FENCING_TOKEN >> $D/events; \
          trap 'echo stop $LEAD_EXEC_ID >> $D/events; exit 0' TERM; while :; do sleep 0.05; done",
     );
     let started = |n: usize| {
         wait_until(secs(20), || {
-            lines(&dir.path().join("events"))
+            lines(&f.dir.path().join("events"))
                 .iter()
                 .filter(|l| l.starts_with("start"))
                 .count()
@@ -457,29 +442,33 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
         })
     };
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args("pr", &ep, &["--id", "a", "--min-term", "3s"], &job),
+        &run_args("pr", &f.ep, &["--id", "a", "--min-term", "3s"], &job),
     );
     assert!(started(1));
     let elected = std::time::Instant::now();
-    let mut b = spawn(dir.path(), "b", &run_args("pr", &ep, &["--id", "b"], &job));
+    let mut b = spawn(
+        f.dir.path(),
+        "b",
+        &run_args("pr", &f.ep, &["--id", "b"], &job),
+    );
     b.wait_log("waiting behind a", secs(10));
     let mut c = spawn(
-        dir.path(),
+        f.dir.path(),
         "c",
-        &run_args("pr", &ep, &["--id", "c", "--priority", "10"], &job),
+        &run_args("pr", &f.ep, &["--id", "c", "--priority", "10"], &job),
     );
     c.wait_log("asked a (priority 0", secs(10));
     a.wait_log("once --min-term 3s is over", secs(10));
-    let (_, out, _) = run(&["status", "pr", "--endpoints", &ep]);
+    let (_, out, _) = run(&["status", "pr", "--endpoints", &f.ep]);
     assert!(out.contains("priority 10"), "{out}");
     // The pending request shows beside the leader it is for.
     assert!(
         out.contains("handover:  requested by c (priority 10)"),
         "{out}"
     );
-    let (_, js, _) = run(&["status", "pr", "--endpoints", &ep, "-o", "json"]);
+    let (_, js, _) = run(&["status", "pr", "--endpoints", &f.ep, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_str(&js).unwrap();
     assert_eq!(v["leader"]["handover_requested"]["by"], "c", "{js}");
 
@@ -490,7 +479,7 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
         "preempted within --min-term"
     );
     b.wait_log("letting a higher-priority candidate pass", secs(10));
-    let ev = lines(&dir.path().join("events"));
+    let ev = lines(&f.dir.path().join("events"));
     assert_eq!(ev[0].split(' ').nth(1), Some("a"), "{ev:?}");
     assert_eq!(
         ev[1], "stop a",
@@ -504,19 +493,19 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
     });
     assert!(behind, "a did not queue again:\n{}", a.log_text());
     assert!(
-        etcd.keys("lead-exec/meta/pr/resign").is_empty(),
+        f.etcd.keys("lead-exec/meta/pr/resign").is_empty(),
         "a request was left"
     );
-    assert_eq!(lines(&dir.path().join("events")).len(), 3);
+    assert_eq!(lines(&f.dir.path().join("events")).len(), 3);
     // a's term is recorded as preempted, by whom, not as resigned.
-    let (_, hist, _) = run(&["history", "pr", "--endpoints", &ep, "-o", "json"]);
+    let (_, hist, _) = run(&["history", "pr", "--endpoints", &f.ep, "-o", "json"]);
     let recs: Vec<serde_json::Value> = serde_json::from_str(&hist).unwrap();
     let first = &recs[0];
     assert_eq!(first["id"], "a", "{hist}");
     assert_eq!(first["end"], "preempted", "{hist}");
     assert_eq!(first["preempted_by"]["id"], "c", "{hist}");
     assert_eq!(first["preempted_by"]["priority"], 10, "{hist}");
-    let (_, text, _) = run(&["history", "pr", "--endpoints", &ep]);
+    let (_, text, _) = run(&["history", "pr", "--endpoints", &f.ep]);
     assert!(text.contains("preempted by c (priority 10)"), "{text}");
     for w in [&mut a, &mut b, &mut c] {
         w.signal(libc::SIGTERM);
@@ -528,21 +517,19 @@ fn a_higher_priority_candidate_takes_over_after_the_leaders_min_term_and_lower_o
 
 #[test]
 fn a_preemption_request_lapses_once_the_candidate_that_made_it_has_left() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
     let mut a = spawn(
-        dir.path(),
+        f.dir.path(),
         "a",
-        &run_args("lapse", &ep, &["--id", "a", "--min-term", "1s"], &job),
+        &run_args("lapse", &f.ep, &["--id", "a", "--min-term", "1s"], &job),
     );
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     // A preferred cron worker: it asks the leader to hand over, then gives up at once.
-    let never = script(dir.path(), "echo ran >> $D/never");
+    let never = script(f.dir.path(), "echo ran >> $D/never");
     let (code, _, err) = run(&run_args(
         "lapse",
-        &ep,
+        &f.ep,
         &["--id", "p", "--priority", "5", "--no-wait"],
         &never,
     ));
@@ -553,16 +540,16 @@ fn a_preemption_request_lapses_once_the_candidate_that_made_it_has_left() {
     let judged = wait_until(secs(10), || {
         a.log_text()
             .contains("no higher-priority candidate is in line any more")
-            || lines(&dir.path().join("terms")).len() > 1
+            || lines(&f.dir.path().join("terms")).len() > 1
     });
     assert!(judged, "{}", a.log_text());
     assert_eq!(
-        lines(&dir.path().join("terms")).len(),
+        lines(&f.dir.path().join("terms")).len(),
         1,
         "the job was restarted for a candidate that had left:\n{}",
         a.log_text()
     );
-    assert!(!dir.path().join("never").exists());
+    assert!(!f.dir.path().join("never").exists());
     assert!(
         !a.log_text().contains("handing over to the higher-priority"),
         "{}",
@@ -570,11 +557,11 @@ fn a_preemption_request_lapses_once_the_candidate_that_made_it_has_left() {
     );
     // A later request from a candidate that stays in line is still honoured.
     let mut c = spawn(
-        dir.path(),
+        f.dir.path(),
         "c",
-        &run_args("lapse", &ep, &["--id", "c", "--priority", "5"], &job),
+        &run_args("lapse", &f.ep, &["--id", "c", "--priority", "5"], &job),
     );
-    let ok = wait_until(secs(15), || lines(&dir.path().join("terms")).len() >= 2);
+    let ok = wait_until(secs(15), || lines(&f.dir.path().join("terms")).len() >= 2);
     assert!(ok, "c never took over:\n{}\n{}", a.log_text(), c.log_text());
     for w in [&mut a, &mut c] {
         w.signal(libc::SIGTERM);
@@ -584,17 +571,15 @@ fn a_preemption_request_lapses_once_the_candidate_that_made_it_has_left() {
 
 #[test]
 fn min_term_counts_from_the_jobs_start_after_a_takeover_delay() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // "start ID NANOS" when the job starts, "stop ID NANOS" on TERM.
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo start $LEAD_EXEC_ID $(date +%s%N) >> $D/events; \
          trap 'echo stop $LEAD_EXEC_ID $(date +%s%N) >> $D/events; exit 0' TERM; \
          while :; do sleep 0.05; done",
     );
-    let events = || lines(&dir.path().join("events"));
+    let events = || lines(&f.dir.path().join("events"));
     let at = |what: &str, id: &str| -> Option<i64> {
         events().iter().find_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
@@ -606,7 +591,7 @@ fn min_term_counts_from_the_jobs_start_after_a_takeover_delay() {
         let mut args = vec!["--id", id];
         args.extend_from_slice(&delay);
         args.extend_from_slice(extra);
-        spawn(dir.path(), id, &run_args("mt", &ep, &args, &job))
+        spawn(f.dir.path(), id, &run_args("mt", &f.ep, &args, &job))
     };
     let mut a = worker("a", &[]);
     assert!(wait_until(secs(10), || at("start", "a").is_some()));
@@ -644,16 +629,18 @@ fn min_term_counts_from_the_jobs_start_after_a_takeover_delay() {
 
 #[test]
 fn a_worker_whose_takeover_delay_differs_from_the_elections_is_refused_with_64() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
-    let never = script(dir.path(), "echo ran >> $D/never");
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let never = script(f.dir.path(), "echo ran >> $D/never");
     // A leader without the flag: a worker with one would judge its term by a start record
     // it writes only beside its job, so it is refused instead of trusting that.
-    let mut a = spawn(dir.path(), "a", &run_args("tda", &ep, &["--id", "a"], &job));
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
-    let (code, _, err) = run(&run_args("tda", &ep, &["--takeover-delay", "2s"], &never));
+    let mut a = spawn(
+        f.dir.path(),
+        "a",
+        &run_args("tda", &f.ep, &["--id", "a"], &job),
+    );
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
+    let (code, _, err) = run(&run_args("tda", &f.ep, &["--takeover-delay", "2s"], &never));
     assert_eq!(code, 64, "{err}");
     assert!(
         err.contains("election tda runs with --takeover-delay 0s; this worker has --takeover-delay 2s: all candidates of an election must agree (stop them all to change it)"),
@@ -666,20 +653,20 @@ fn a_worker_whose_takeover_delay_differs_from_the_elections_is_refused_with_64()
     // Once nobody is left, the next first candidate sets it; then a worker without it, or
     // with another delay, is refused.
     let mut b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
-        &run_args("tda", &ep, &["--id", "b", "--takeover-delay", "2s"], &job),
+        &run_args("tda", &f.ep, &["--id", "b", "--takeover-delay", "2s"], &job),
     );
-    let ok = wait_until(secs(10), || lines(&dir.path().join("terms")).len() >= 2);
+    let ok = wait_until(secs(10), || lines(&f.dir.path().join("terms")).len() >= 2);
     assert!(ok, "{}", b.log_text());
-    let stored = etcd.ctl(&[
+    let stored = f.etcd.ctl(&[
         "get",
         "--print-value-only",
         "lead-exec/meta/tda/takeover-delay",
     ]);
     assert_eq!(stored.trim(), "2000");
     for (flags, ours) in [(vec![], "0s"), (vec!["--takeover-delay", "3s"], "3s")] {
-        let (code, _, err) = run(&run_args("tda", &ep, &flags, &never));
+        let (code, _, err) = run(&run_args("tda", &f.ep, &flags, &never));
         assert_eq!(code, 64, "{err}");
         assert!(
             err.contains(&format!(
@@ -688,54 +675,57 @@ fn a_worker_whose_takeover_delay_differs_from_the_elections_is_refused_with_64()
             "{err}"
         );
     }
-    assert!(!dir.path().join("never").exists());
-    assert_eq!(etcd.keys("lead-exec/elections/tda/").len(), 1);
+    assert!(!f.dir.path().join("never").exists());
+    assert_eq!(f.etcd.keys("lead-exec/elections/tda/").len(), 1);
     b.signal(libc::SIGTERM);
     b.wait(secs(10));
 }
 
 #[test]
 fn the_first_leader_with_a_takeover_delay_after_workers_without_one_waits_it_out() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
     // A clean term first: the newest record the next leader can find says "exit 0".
-    let quick = script(dir.path(), RECORD_TERM);
-    let (code, _, err) = run(&run_args("tdk", &ep, &["--id", "z"], &quick));
+    let quick = script(f.dir.path(), RECORD_TERM);
+    let (code, _, err) = run(&run_args("tdk", &f.ep, &["--id", "z"], &quick));
     assert_eq!(code, 0, "{err}");
     // A worker without the delay, whose start record never lands (deleted here as if its
     // write had failed), then is killed outright.
-    let mut a = spawn(dir.path(), "a", &run_args("tdk", &ep, &["--id", "a"], &job));
-    assert!(wait_until(secs(10), || etcd
+    let mut a = spawn(
+        f.dir.path(),
+        "a",
+        &run_args("tdk", &f.ep, &["--id", "a"], &job),
+    );
+    assert!(wait_until(secs(10), || f
+        .etcd
         .keys("lead-exec/meta/tdk/history/")
         .len()
         == 2));
-    let newest = etcd.keys("lead-exec/meta/tdk/history/").pop().unwrap();
-    etcd.ctl(&["del", &newest]);
+    let newest = f.etcd.keys("lead-exec/meta/tdk/history/").pop().unwrap();
+    f.etcd.ctl(&["del", &newest]);
     a.signal(libc::SIGKILL);
     a.wait(secs(5));
     // Once its lease is gone the election is empty, and a worker with a delay may set it.
-    assert!(wait_until(secs(15), || candidates(&etcd, "tdk") == 0));
+    assert!(wait_until(secs(15), || candidates(&f.etcd, "tdk") == 0));
     let mut b = spawn(
-        dir.path(),
+        f.dir.path(),
         "b",
-        &run_args("tdk", &ep, &["--id", "b", "--takeover-delay", "2s"], &job),
+        &run_args("tdk", &f.ep, &["--id", "b", "--takeover-delay", "2s"], &job),
     );
     let judged = wait_until(secs(10), || {
         b.log_text()
             .contains("ran without --takeover-delay until now")
-            || lines(&dir.path().join("terms")).len() >= 3
+            || lines(&f.dir.path().join("terms")).len() >= 3
     });
     let told = std::time::Instant::now();
     assert!(judged, "{}", b.log_text());
     assert_eq!(
-        lines(&dir.path().join("terms")).len(),
+        lines(&f.dir.path().join("terms")).len(),
         2,
         "started at once:\n{}",
         b.log_text()
     );
-    let ok = wait_until(secs(10), || lines(&dir.path().join("terms")).len() >= 3);
+    let ok = wait_until(secs(10), || lines(&f.dir.path().join("terms")).len() >= 3);
     assert!(ok, "b never started:\n{}", b.log_text());
     assert!(
         told.elapsed() >= Duration::from_millis(1500),
@@ -748,19 +738,17 @@ fn the_first_leader_with_a_takeover_delay_after_workers_without_one_waits_it_out
 
 #[test]
 fn equal_priorities_never_preempt() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
     let prio = |id: &'static str| vec!["--id", id, "--priority", "5", "--min-term", "0s"];
-    let mut a = spawn(dir.path(), "a", &run_args("eq", &ep, &prio("a"), &job));
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
-    let mut b = spawn(dir.path(), "b", &run_args("eq", &ep, &prio("b"), &job));
+    let mut a = spawn(f.dir.path(), "a", &run_args("eq", &f.ep, &prio("a"), &job));
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
+    let mut b = spawn(f.dir.path(), "b", &run_args("eq", &f.ep, &prio("b"), &job));
     // A request would be written before b reports its place in line.
     b.wait_log("waiting behind a", secs(10));
-    assert!(etcd.keys("lead-exec/meta/eq/resign").is_empty());
+    assert!(f.etcd.keys("lead-exec/meta/eq/resign").is_empty());
     assert!(!b.log_text().contains("asked"), "{}", b.log_text());
-    assert_eq!(lines(&dir.path().join("terms")).len(), 1);
+    assert_eq!(lines(&f.dir.path().join("terms")).len(), 1);
     for w in [&mut a, &mut b] {
         w.signal(libc::SIGTERM);
         w.wait(secs(10));
@@ -857,14 +845,12 @@ fn wait_running(dir: &std::path::Path, n: usize) -> Vec<(i64, u32, String)> {
 
 #[test]
 fn slots_run_at_most_n_jobs_each_with_its_own_token_and_slot() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let mut w: Vec<Worker> = ["a", "b", "c", "d"]
         .iter()
-        .map(|id| slot_worker(dir.path(), "sl", &ep, "2", id))
+        .map(|id| slot_worker(f.dir.path(), "sl", &f.ep, "2", id))
         .collect();
-    let held = wait_running(dir.path(), 2);
+    let held = wait_running(f.dir.path(), 2);
     let waiting: Vec<&Worker> = w
         .iter()
         .zip(["a", "b", "c", "d"])
@@ -881,39 +867,51 @@ fn slots_run_at_most_n_jobs_each_with_its_own_token_and_slot() {
 
     // One holder's job exits: a waiting candidate takes its slot, at once and once.
     let (token, slot, id) = held[0].clone();
-    std::fs::write(dir.path().join(format!("stop.{token}")), "").unwrap();
+    std::fs::write(f.dir.path().join(format!("stop.{token}")), "").unwrap();
     let i = ["a", "b", "c", "d"].iter().position(|x| *x == id).unwrap();
     assert_eq!(w[i].code(secs(10)), 0, "{}", w[i].log_text());
     let ok = wait_until(secs(10), || {
-        running(dir.path()).iter().any(|r| r.0 != held[1].0)
+        running(f.dir.path()).iter().any(|r| r.0 != held[1].0)
     });
-    assert!(ok, "nobody took the freed slot: {:?}", slot_log(dir.path()));
-    let now = running(dir.path());
+    assert!(
+        ok,
+        "nobody took the freed slot: {:?}",
+        slot_log(f.dir.path())
+    );
+    let now = running(f.dir.path());
     let next = now.iter().find(|r| r.0 != held[1].0).unwrap();
     assert_eq!(next.1, slot, "the freed slot is taken: {now:?}");
     assert!(next.0 > held[0].0.max(held[1].0), "{now:?}");
     assert_eq!(now.len(), 2, "{now:?}");
-    assert_eq!(most_at_once(dir.path()), 2, "{:?}", slot_log(dir.path()));
+    assert_eq!(
+        most_at_once(f.dir.path()),
+        2,
+        "{:?}",
+        slot_log(f.dir.path())
+    );
     for x in &mut w {
         x.signal(libc::SIGTERM);
     }
     for x in &mut w {
         x.wait(secs(10));
     }
-    assert_eq!(most_at_once(dir.path()), 2, "{:?}", slot_log(dir.path()));
+    assert_eq!(
+        most_at_once(f.dir.path()),
+        2,
+        "{:?}",
+        slot_log(f.dir.path())
+    );
 }
 
 #[test]
 fn status_and_check_see_every_holder_with_its_token_and_slot() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let _w: Vec<Worker> = ["a", "b", "c"]
         .iter()
-        .map(|id| slot_worker(dir.path(), "st", &ep, "2", id))
+        .map(|id| slot_worker(f.dir.path(), "st", &f.ep, "2", id))
         .collect();
-    let held = wait_running(dir.path(), 2);
-    let (code, out, err) = run(&["status", "st", "--endpoints", &ep, "-o", "json"]);
+    let held = wait_running(f.dir.path(), 2);
+    let (code, out, err) = run(&["status", "st", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["slots"], 2, "{out}");
@@ -926,7 +924,7 @@ fn status_and_check_see_every_holder_with_its_token_and_slot() {
     }
     assert_eq!(v["waiting"].as_array().unwrap().len(), 1, "{out}");
 
-    let (code, out, _) = run(&["status", "st", "--endpoints", &ep]);
+    let (code, out, _) = run(&["status", "st", "--endpoints", &f.ep]);
     assert_eq!(code, 0);
     assert!(out.contains("slots:     2"), "{out}");
     for (token, slot, id) in &held {
@@ -942,7 +940,7 @@ fn status_and_check_see_every_holder_with_its_token_and_slot() {
             "--election",
             "st",
             "--endpoints",
-            &ep,
+            &f.ep,
             "--token",
             &token.to_string(),
         ])
@@ -962,13 +960,11 @@ fn status_and_check_see_every_holder_with_its_token_and_slot() {
 
 #[test]
 fn candidates_that_disagree_on_slots_are_refused_with_64() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let _a = slot_worker(dir.path(), "dis", &ep, "3", "a");
-    wait_running(dir.path(), 1);
+    let f = Fixture::new();
+    let _a = slot_worker(f.dir.path(), "dis", &f.ep, "3", "a");
+    wait_running(f.dir.path(), 1);
     for (flags, theirs) in [(vec!["--slots", "2"], "2"), (vec![], "1")] {
-        let (code, _, err) = run(&run_args("dis", &ep, &flags, "echo ran >> never"));
+        let (code, _, err) = run(&run_args("dis", &f.ep, &flags, "echo ran >> never"));
         assert_eq!(code, 64, "{err}");
         assert!(
             err.contains(&format!(
@@ -978,39 +974,37 @@ fn candidates_that_disagree_on_slots_are_refused_with_64() {
         );
         assert_eq!(err.lines().count(), 1, "{err}");
     }
-    assert_eq!(running(dir.path()).len(), 1);
+    assert_eq!(running(f.dir.path()).len(), 1);
     // The refused candidates left no key behind.
-    assert_eq!(etcd.keys("lead-exec/elections/dis/").len(), 1);
+    assert_eq!(f.etcd.keys("lead-exec/elections/dis/").len(), 1);
 }
 
 #[test]
 fn slots_can_be_changed_once_every_candidate_has_left() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), "echo $LEAD_EXEC_SLOT >> $D/slots");
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "echo $LEAD_EXEC_SLOT >> $D/slots");
     for n in ["3", "2", "1", "2"] {
-        let (code, _, err) = run(&run_args("chg", &ep, &["--slots", n], &job));
+        let (code, _, err) = run(&run_args("chg", &f.ep, &["--slots", n], &job));
         assert_eq!(code, 0, "--slots {n}: {err}");
-        let stored = etcd.ctl(&["get", "--print-value-only", "lead-exec/meta/chg/slots"]);
+        let stored = f
+            .etcd
+            .ctl(&["get", "--print-value-only", "lead-exec/meta/chg/slots"]);
         let want = if n == "1" { "" } else { n };
         assert_eq!(stored.trim(), want, "after --slots {n}");
     }
-    assert_eq!(lines(&dir.path().join("slots")), ["0", "0", "0", "0"]);
+    assert_eq!(lines(&f.dir.path().join("slots")), ["0", "0", "0", "0"]);
     // The slot keys went with each term.
-    assert!(etcd.keys("lead-exec/meta/chg/slot/").is_empty());
+    assert!(f.etcd.keys("lead-exec/meta/chg/slot/").is_empty());
 }
 
 #[test]
 fn resign_with_a_token_moves_one_holder() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let mut w: Vec<Worker> = ["a", "b", "c"]
         .iter()
-        .map(|id| slot_worker(dir.path(), "rs", &ep, "2", id))
+        .map(|id| slot_worker(f.dir.path(), "rs", &f.ep, "2", id))
         .collect();
-    let held = wait_running(dir.path(), 2);
+    let held = wait_running(f.dir.path(), 2);
     let waiter = ["a", "b", "c"]
         .iter()
         .position(|id| !held.iter().any(|h| h.2 == *id))
@@ -1021,34 +1015,34 @@ fn resign_with_a_token_moves_one_holder() {
         "resign",
         "rs",
         "--endpoints",
-        &ep,
+        &f.ep,
         "--token",
         &token.to_string(),
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("resigned; holders now:"), "{out}");
     let ok = wait_until(secs(10), || {
-        running(dir.path())
+        running(f.dir.path())
             .iter()
             .any(|r| r.2 == ["a", "b", "c"][waiter])
     });
     assert!(
         ok,
         "the waiting candidate did not take over: {:?}",
-        slot_log(dir.path())
+        slot_log(f.dir.path())
     );
-    let log = slot_log(dir.path());
+    let log = slot_log(f.dir.path());
     assert!(log.contains(&SlotEv::End { token }), "{log:?}");
     assert!(
         !log.contains(&SlotEv::End { token: held[1].0 }),
         "the other holder keeps running: {log:?}"
     );
-    let now = running(dir.path());
+    let now = running(f.dir.path());
     let next = now.iter().find(|r| r.2 == ["a", "b", "c"][waiter]).unwrap();
     assert_eq!(next.1, slot, "{now:?}");
-    assert_eq!(most_at_once(dir.path()), 2, "{log:?}");
+    assert_eq!(most_at_once(f.dir.path()), 2, "{log:?}");
     // A token that holds nothing is refused.
-    let (code, _, err) = run(&["resign", "rs", "--endpoints", &ep, "--token", "1"]);
+    let (code, _, err) = run(&["resign", "rs", "--endpoints", &f.ep, "--token", "1"]);
     assert_eq!(code, 4, "{err}");
     assert!(err.contains("token 1 is not a holder's"), "{err}");
     for x in &mut w {
@@ -1059,22 +1053,20 @@ fn resign_with_a_token_moves_one_holder() {
 
 #[test]
 fn resign_without_a_token_with_several_holders_is_refused() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let _w: Vec<Worker> = ["a", "b"]
         .iter()
-        .map(|id| slot_worker(dir.path(), "rn", &ep, "2", id))
+        .map(|id| slot_worker(f.dir.path(), "rn", &f.ep, "2", id))
         .collect();
-    let held = wait_running(dir.path(), 2);
-    let (code, _, err) = run(&["resign", "rn", "--endpoints", &ep]);
+    let held = wait_running(f.dir.path(), 2);
+    let (code, _, err) = run(&["resign", "rn", "--endpoints", &f.ep]);
     assert_eq!(code, 64, "{err}");
     assert!(
         err.contains("election rn runs with --slots 2: name the holder to resign with --token T"),
         "{err}"
     );
-    assert!(etcd.keys("lead-exec/meta/rn/resign").is_empty());
-    assert_eq!(running(dir.path()), held, "nothing moved");
+    assert!(f.etcd.keys("lead-exec/meta/rn/resign").is_empty());
+    assert_eq!(running(f.dir.path()), held, "nothing moved");
 }
 
 #[test]
@@ -1169,24 +1161,20 @@ fn health_leak_worker(
 
 #[test]
 fn a_health_check_does_not_outlive_a_no_wait_exit() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (check, marker) = hanging_check(dir.path(), 0);
-    let mut w = health_leak_worker(dir.path(), "nw", &ep, &check, &["--no-wait"]);
-    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    let f = Fixture::new();
+    let (check, marker) = hanging_check(f.dir.path(), 0);
+    let mut w = health_leak_worker(f.dir.path(), "nw", &f.ep, &check, &["--no-wait"]);
+    wait_line(&f.dir.path().join("hanging"), secs(10), |_| true);
     assert_eq!(w.code(secs(10)), 79, "{}", w.log_text());
     assert_no_check_left(&marker);
 }
 
 #[test]
 fn a_health_check_does_not_outlive_sigterm_while_waiting() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (check, marker) = hanging_check(dir.path(), 0);
-    let mut w = health_leak_worker(dir.path(), "w", &ep, &check, &[]);
-    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    let f = Fixture::new();
+    let (check, marker) = hanging_check(f.dir.path(), 0);
+    let mut w = health_leak_worker(f.dir.path(), "w", &f.ep, &check, &[]);
+    wait_line(&f.dir.path().join("hanging"), secs(10), |_| true);
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
     assert_no_check_left(&marker);
@@ -1194,13 +1182,11 @@ fn a_health_check_does_not_outlive_sigterm_while_waiting() {
 
 #[test]
 fn a_health_check_does_not_outlive_sigterm_while_leading() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (check, marker) = hanging_check(dir.path(), 1);
-    let mut w = health_leak_worker(dir.path(), "l", &ep, &check, &[]);
+    let f = Fixture::new();
+    let (check, marker) = hanging_check(f.dir.path(), 1);
+    let mut w = health_leak_worker(f.dir.path(), "l", &f.ep, &check, &[]);
     w.wait_log("leading: job started", secs(10));
-    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("hanging"), secs(10), |_| true);
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
     assert_no_check_left(&marker);
@@ -1208,13 +1194,11 @@ fn a_health_check_does_not_outlive_sigterm_while_leading() {
 
 #[test]
 fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (check, marker) = hanging_check(dir.path(), 1);
-    let mut w = health_leak_worker(dir.path(), "k", &ep, &check, &[]);
+    let f = Fixture::new();
+    let (check, marker) = hanging_check(f.dir.path(), 1);
+    let mut w = health_leak_worker(f.dir.path(), "k", &f.ep, &check, &[]);
     w.wait_log("leading: job started", secs(10));
-    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("hanging"), secs(10), |_| true);
     w.signal(libc::SIGKILL);
     w.wait(secs(10));
     assert_no_check_left(&marker);
@@ -1225,23 +1209,24 @@ fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
 /// `status` must not go on showing a handover that will never come.
 #[test]
 fn status_drops_a_handover_request_whose_requester_is_gone() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), "echo $FENCING_TOKEN >> $D/terms; exec sleep 60");
-    let mut a = spawn(
-        dir.path(),
-        "a",
-        &run_args("prgone", &ep, &["--id", "a", "--min-term", "60s"], &job),
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "echo $FENCING_TOKEN >> $D/terms; exec sleep 60",
     );
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
+    let mut a = spawn(
+        f.dir.path(),
+        "a",
+        &run_args("prgone", &f.ep, &["--id", "a", "--min-term", "60s"], &job),
+    );
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
     let mut c = spawn(
-        dir.path(),
+        f.dir.path(),
         "c",
-        &run_args("prgone", &ep, &["--id", "c", "--priority", "10"], &job),
+        &run_args("prgone", &f.ep, &["--id", "c", "--priority", "10"], &job),
     );
     c.wait_log("asked a (priority 0", secs(10));
-    let status = || run(&["status", "prgone", "--endpoints", &ep]).1;
+    let status = || run(&["status", "prgone", "--endpoints", &f.ep]).1;
     let out = status();
     assert!(out.contains("handover:  requested by c"), "{out}");
     c.signal(libc::SIGKILL);
@@ -1250,14 +1235,14 @@ fn status_drops_a_handover_request_whose_requester_is_gone() {
     let gone = wait_until(secs(15), || status().contains("waiting:   0"));
     assert!(gone, "c's key stayed:\n{}", status());
     let out = status();
-    let (_, js, _) = run(&["status", "prgone", "--endpoints", &ep, "-o", "json"]);
+    let (_, js, _) = run(&["status", "prgone", "--endpoints", &f.ep, "-o", "json"]);
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
     assert!(!out.contains("handover:"), "{out}");
     let v: serde_json::Value = serde_json::from_str(&js).unwrap();
     assert!(v["leader"]["handover_requested"].is_null(), "{js}");
     assert_eq!(
-        lines(&dir.path().join("terms")).len(),
+        lines(&f.dir.path().join("terms")).len(),
         1,
         "a gave its term up"
     );
@@ -1269,13 +1254,11 @@ fn status_drops_a_handover_request_whose_requester_is_gone() {
 /// to `pgrep` and `ps -o comm`, not as "exe".
 #[test]
 fn a_health_check_does_not_outlive_its_sigkilled_guard() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let marker = format!("1000.{}7", std::process::id());
     // Hangs on its first run only; passes afterwards.
     let check = script(
-        dir.path(),
+        f.dir.path(),
         &format!(
             "n=$(cat $D/count 2>/dev/null || echo 0); echo $((n+1)) > $D/count; \
              [ $n -gt 0 ] && exit 0; echo $$ > $D/hanging; sleep {marker}; exit 0"
@@ -1292,11 +1275,11 @@ fn a_health_check_does_not_outlive_its_sigkilled_guard() {
         "5",
     ];
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "g",
-        &run_args("hguard", &ep, &args, "exec sleep 60"),
+        &run_args("hguard", &f.ep, &args, "exec sleep 60"),
     );
-    wait_line(&dir.path().join("hanging"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("hanging"), secs(10), |_| true);
     let guard = children(w.pid())
         .into_iter()
         .find(|p| comm(*p) == "lexec-health");
@@ -1332,26 +1315,24 @@ fn a_health_check_does_not_outlive_its_sigkilled_guard() {
 
 #[test]
 fn a_stop_signal_during_the_timeouts_grace_keeps_the_timeout_in_the_exit_and_history() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'echo term >> $D/got' TERM; echo $FENCING_TOKEN > $D/token; \
          while :; do sleep 0.05; done",
     );
     let lease = ["--ttl", "10s", "--grace", "3s", "--safety-margin", "500ms"];
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "t",
-        &run_args_with(&lease, "tsig", &ep, &["--timeout", "500ms"], &job),
+        &run_args_with(&lease, "tsig", &f.ep, &["--timeout", "500ms"], &job),
     );
-    wait_line(&dir.path().join("token"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("token"), secs(10), |_| true);
     // The job ignores the timeout's TERM; then a stop arrives, as `systemctl stop` sends.
-    wait_line(&dir.path().join("got"), secs(10), |_| true);
+    wait_line(&f.dir.path().join("got"), secs(10), |_| true);
     w.signal(libc::SIGTERM);
     assert_eq!(w.code(secs(10)), 124, "{}", w.log_text());
-    let (_, out, _) = run(&["history", "tsig", "--endpoints", &ep, "-o", "json"]);
+    let (_, out, _) = run(&["history", "tsig", "--endpoints", &f.ep, "-o", "json"]);
     let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         recs[0]["end"].as_str(),
@@ -1363,24 +1344,25 @@ fn a_stop_signal_during_the_timeouts_grace_keeps_the_timeout_in_the_exit_and_his
 
 #[test]
 fn status_shows_a_leaders_timeout_and_when_it_stops_the_job() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), "echo $FENCING_TOKEN > $D/token; exec sleep 60");
-    let mut w = spawn(
-        dir.path(),
-        "s",
-        &run_args("stt", &ep, &["--timeout", "30s"], &job),
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "echo $FENCING_TOKEN > $D/token; exec sleep 60",
     );
-    wait_line(&dir.path().join("token"), secs(10), |_| true);
+    let mut w = spawn(
+        f.dir.path(),
+        "s",
+        &run_args("stt", &f.ep, &["--timeout", "30s"], &job),
+    );
+    wait_line(&f.dir.path().join("token"), secs(10), |_| true);
     let mut out = String::new();
     let ok = wait_until(secs(10), || {
-        out = run(&["status", "stt", "--endpoints", &ep]).1;
+        out = run(&["status", "stt", "--endpoints", &f.ep]).1;
         out.contains("timeout:")
     });
     assert!(ok, "{out}");
     assert!(out.contains("timeout:   30s, stops the job at "), "{out}");
-    let (_, js, _) = run(&["status", "stt", "--endpoints", &ep, "-o", "json"]);
+    let (_, js, _) = run(&["status", "stt", "--endpoints", &f.ep, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_str(&js).unwrap();
     assert_eq!(v["leader"]["timeout_ms"].as_u64(), Some(30_000), "{js}");
     let since = v["leader"]["since_ms"].as_u64().unwrap();
@@ -1395,31 +1377,33 @@ fn status_shows_a_leaders_timeout_and_when_it_stops_the_job() {
 
 #[test]
 fn status_lists_a_worker_out_of_line_for_a_failing_health_check() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let job = script(dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
-    let health = health_args(dir.path(), "a");
+    let f = Fixture::new();
+    let job = script(f.dir.path(), &format!("{RECORD_TERM}; exec sleep 60"));
+    let health = health_args(f.dir.path(), "a");
     let mut args: Vec<&str> = vec!["--id", "sick"];
     args.extend(health.iter().map(String::as_str));
-    let mut a = spawn(dir.path(), "a", &run_args("hst", &ep, &args, &job));
+    let mut a = spawn(f.dir.path(), "a", &run_args("hst", &f.ep, &args, &job));
     a.wait_log("not campaigning until the health check passes", secs(10));
     let mut out = String::new();
     let shown = wait_until(secs(5), || {
-        out = run(&["status", "hst", "--endpoints", &ep]).1;
+        out = run(&["status", "hst", "--endpoints", &f.ep]).1;
         out.contains("unhealthy: 1")
     });
     assert!(shown, "{out}");
     assert!(out.contains("  - sick (host "), "{out}");
-    assert_eq!(candidates(&etcd, "hst"), 0, "the marker is not a candidate");
-    let (_, js, _) = run(&["status", "hst", "--endpoints", &ep, "-o", "json"]);
+    assert_eq!(
+        candidates(&f.etcd, "hst"),
+        0,
+        "the marker is not a candidate"
+    );
+    let (_, js, _) = run(&["status", "hst", "--endpoints", &f.ep, "-o", "json"]);
     let v: serde_json::Value = serde_json::from_str(&js).unwrap();
     assert_eq!(v["unhealthy"][0]["id"].as_str(), Some("sick"), "{js}");
 
     // Once it passes, it campaigns and is no longer listed.
-    std::fs::write(dir.path().join("ok-a"), "").unwrap();
-    wait_line(&dir.path().join("terms"), secs(10), |_| true);
-    let (code, out, _) = run(&["status", "hst", "--endpoints", &ep]);
+    std::fs::write(f.dir.path().join("ok-a"), "").unwrap();
+    wait_line(&f.dir.path().join("terms"), secs(10), |_| true);
+    let (code, out, _) = run(&["status", "hst", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{out}");
     assert!(!out.contains("unhealthy:"), "{out}");
     a.signal(libc::SIGTERM);
@@ -1428,12 +1412,10 @@ fn status_lists_a_worker_out_of_line_for_a_failing_health_check() {
 
 #[test]
 fn a_draining_holder_whose_key_was_deleted_still_shows_as_taking_its_slot() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // Ignores TERM, so it drains for the whole grace once its key is gone.
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap '' TERM; echo start $FENCING_TOKEN $LEAD_EXEC_SLOT $LEAD_EXEC_ID >> $D/log; \
          while :; do sleep 0.05; done",
     );
@@ -1444,34 +1426,35 @@ fn a_draining_holder_whose_key_was_deleted_still_shows_as_taking_its_slot() {
         .iter()
         .map(|id| {
             spawn(
-                dir.path(),
+                f.dir.path(),
                 id,
                 &run_args_with(
                     &grace,
                     "drs",
-                    &ep,
+                    &f.ep,
                     &["-v", "--slots", "2", "--id", id],
                     &job,
                 ),
             )
         })
         .collect();
-    let held = wait_running(dir.path(), 2);
+    let held = wait_running(f.dir.path(), 2);
     let (token_a, slot_a, _) = held.iter().find(|h| h.2 == "a").unwrap().clone();
-    let key_a = etcd
+    let key_a = f
+        .etcd
         .ctl(&["get", "--prefix", "lead-exec/elections/drs/", "--keys-only"])
         .lines()
         .map(str::to_string)
         .filter(|k| !k.is_empty())
         .find(|k| {
-            let v = etcd.ctl(&["get", k, "--print-value-only"]);
+            let v = f.etcd.ctl(&["get", k, "--print-value-only"]);
             v.contains("\"id\":\"a\"")
         })
         .expect("a's key");
-    etcd.ctl(&["del", &key_a]);
+    f.etcd.ctl(&["del", &key_a]);
     workers[0].wait_log("leading -> draining", secs(10));
 
-    let (code, out, _) = run(&["status", "drs", "--endpoints", &ep]);
+    let (code, out, _) = run(&["status", "drs", "--endpoints", &f.ep]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains(&format!("slot {slot_a}: a draining job, token {token_a}")),
@@ -1480,7 +1463,7 @@ fn a_draining_holder_whose_key_was_deleted_still_shows_as_taking_its_slot() {
     let c = run(&run_args_with(
         &grace,
         "drs",
-        &ep,
+        &f.ep,
         &["-v", "--slots", "2", "--id", "c", "--no-wait"],
         "true",
     ));

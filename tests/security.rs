@@ -354,15 +354,13 @@ fn auth_etcd() -> Etcd {
 
 #[test]
 fn user_auth_takes_the_password_from_env_or_file_and_never_logs_it() {
-    let etcd = auth_etcd();
-    let ep = etcd.endpoints();
-    let dir = tempfile::tempdir().unwrap();
-    let mut args = run_args("authd", &ep, &["--user", "worker", "-vv"], "exit 6");
+    let f = Fixture::with(auth_etcd());
+    let mut args = run_args("authd", &f.ep, &["--user", "worker", "-vv"], "exit 6");
     let (code, _, err) = run_env(&args, &[("LEAD_EXEC_PASSWORD", "s3cret-worker")]);
     assert_eq!(code, 6, "{err}");
     assert!(!err.contains("s3cret"), "password in the log:\n{err}");
 
-    let pw = dir.path().join("pw");
+    let pw = f.dir.path().join("pw");
     std::fs::write(&pw, "s3cret-worker\n").unwrap();
     let pw = pw.display().to_string();
     args.splice(2..2, ["--password-file", pw.as_str()]);
@@ -373,11 +371,10 @@ fn user_auth_takes_the_password_from_env_or_file_and_never_logs_it() {
 
 #[test]
 fn wrong_credentials_exit_77_in_one_line() {
-    let etcd = auth_etcd();
-    let ep = etcd.endpoints();
+    let f = Fixture::with(auth_etcd());
     let start = Instant::now();
     let (code, _, err) = run_env(
-        &run_args("authd", &ep, &["--user", "worker"], "exit 0"),
+        &run_args("authd", &f.ep, &["--user", "worker"], "exit 0"),
         &[("LEAD_EXEC_PASSWORD", "wrong")],
     );
     assert_eq!(code, 77, "{err}");
@@ -387,7 +384,7 @@ fn wrong_credentials_exit_77_in_one_line() {
     assert!(!err.contains("unavailable"), "{err}");
     assert!(!err.contains("wrong"), "{err}");
     // No credentials at all against an auth-enabled cluster.
-    let (code, _, err) = run(&run_args("authd", &ep, &[], "exit 0"));
+    let (code, _, err) = run(&run_args("authd", &f.ep, &[], "exit 0"));
     assert!(code == 77 || code == 69, "{code}: {err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }

@@ -6,41 +6,31 @@ use harness::*;
 
 #[test]
 fn term_is_forwarded_to_a_job_that_traps_it() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let s = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'echo got-term > $D/trap; exit 0' TERM; echo up > $D/up; while :; do sleep 0.05; done",
     );
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("sigs", &etcd.endpoints(), &[], &s),
-    );
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut w = spawn(f.dir.path(), "w", &run_args("sigs", &f.ep, &[], &s));
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
     w.signal(libc::SIGTERM);
     assert_eq!(w.code(secs(10)), 0);
-    assert_eq!(lines(&dir.path().join("trap")), vec!["got-term"]);
+    assert_eq!(lines(&f.dir.path().join("trap")), vec!["got-term"]);
     // Resigned: no candidate key left.
-    assert!(etcd.keys("lead-exec/elections/sigs/").is_empty());
+    assert!(f.etcd.keys("lead-exec/elections/sigs/").is_empty());
 }
 
 #[test]
 fn usr1_and_hup_are_forwarded_too() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let s = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'echo usr1 >> $D/got' USR1; trap 'echo hup >> $D/got; exit 3' HUP; echo up > $D/up; while :; do sleep 0.05; done",
     );
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("fwd", &etcd.endpoints(), &[], &s),
-    );
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    let mut w = spawn(f.dir.path(), "w", &run_args("fwd", &f.ep, &[], &s));
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
     w.signal(libc::SIGUSR1);
-    wait_line(&dir.path().join("got"), secs(5), |l| l == "usr1");
+    wait_line(&f.dir.path().join("got"), secs(5), |l| l == "usr1");
     w.signal(libc::SIGHUP);
     assert_eq!(w.code(secs(10)), 3);
 }
@@ -49,22 +39,20 @@ fn usr1_and_hup_are_forwarded_too() {
 /// forwarded and not the run's end; SIGTERM still ends it.
 #[test]
 fn a_hangup_ignored_at_start_stays_ignored() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let s = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'echo hup >> $D/got' HUP; echo up > $D/up; while :; do sleep 0.05; done",
     );
-    let ep = etcd.endpoints();
     let mut args = vec![bin()];
-    args.extend(run_args("nohup", &ep, &[], &s));
-    let mut w = spawn_program(std::path::Path::new("nohup"), dir.path(), "w", &args, &[]);
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    args.extend(run_args("nohup", &f.ep, &[], &s));
+    let mut w = spawn_program(std::path::Path::new("nohup"), f.dir.path(), "w", &args, &[]);
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
     w.signal(libc::SIGHUP);
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(w.child.try_wait().unwrap().is_none(), "{}", w.log_text());
     assert!(
-        lines(&dir.path().join("got")).is_empty(),
+        lines(&f.dir.path().join("got")).is_empty(),
         "HUP was forwarded"
     );
     w.signal(libc::SIGTERM);
@@ -75,10 +63,12 @@ fn a_hangup_ignored_at_start_stays_ignored() {
 /// stay so (a ^C meant for the foreground does not end the run).
 #[test]
 fn int_and_quit_ignored_at_start_stay_ignored() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let s = script(dir.path(), "echo up > $D/up; while :; do sleep 0.05; done");
-    let le = run_args("bg", &etcd.endpoints(), &[], &s)
+    let f = Fixture::new();
+    let s = script(
+        f.dir.path(),
+        "echo up > $D/up; while :; do sleep 0.05; done",
+    );
+    let le = run_args("bg", &f.ep, &[], &s)
         .iter()
         .map(|a| format!("'{a}'"))
         .collect::<Vec<_>>()
@@ -86,17 +76,17 @@ fn int_and_quit_ignored_at_start_stay_ignored() {
     let line = format!(
         "'{}' {le} & echo $! > {}/pid; wait",
         bin(),
-        dir.path().display()
+        f.dir.path().display()
     );
     let mut sh = spawn_program(
         std::path::Path::new("sh"),
-        dir.path(),
+        f.dir.path(),
         "sh",
         &["-c", &line],
         &[],
     );
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
-    let pid = wait_int(&dir.path().join("pid"), secs(5)) as i32;
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
+    let pid = wait_int(&f.dir.path().join("pid"), secs(5)) as i32;
     signal(pid, libc::SIGINT);
     signal(pid, libc::SIGQUIT);
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -127,16 +117,15 @@ fn beats_still(dir: &std::path::Path, window: std::time::Duration) -> bool {
 /// lead-exec; `fg` (SIGCONT) continues both, in the same term.
 #[test]
 fn ctrl_z_stops_the_job_then_lead_exec_and_fg_continues_both() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let job = heartbeat_job(dir.path());
+    let f = Fixture::new();
+    let job = heartbeat_job(f.dir.path());
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args_with(&WIDE_GRACE, "ctrlz", &etcd.endpoints(), &[], &job),
+        &run_args_with(&WIDE_GRACE, "ctrlz", &f.ep, &[], &job),
     );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
     w.signal(libc::SIGTSTP);
     assert!(
         wait_until(secs(2), || state(w.pid()) == 'T'),
@@ -152,19 +141,19 @@ fn ctrl_z_stops_the_job_then_lead_exec_and_fg_continues_both() {
         (state(pid), state(gc))
     );
     assert!(beats_still(
-        dir.path(),
+        f.dir.path(),
         std::time::Duration::from_millis(300)
     ));
     w.signal(libc::SIGCONT);
     assert!(
         wait_until(secs(2), || !beats_still(
-            dir.path(),
+            f.dir.path(),
             std::time::Duration::from_millis(200)
         )),
         "the job was not continued"
     );
     assert_ne!(state(w.pid()), 'T');
-    assert_eq!(terms(dir.path()).len(), 1, "{}", w.log_text());
+    assert_eq!(terms(f.dir.path()).len(), 1, "{}", w.log_text());
     w.signal(libc::SIGTERM);
     assert_eq!(w.code(secs(10)), 143, "{}", w.log_text());
 }
@@ -173,15 +162,10 @@ fn ctrl_z_stops_the_job_then_lead_exec_and_fg_continues_both() {
 /// killed by the deadline, and lead-exec, once continued, runs it again in a new term.
 #[test]
 fn a_ctrl_z_longer_than_the_lease_kills_the_job_by_the_deadline() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let job = heartbeat_job(dir.path());
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("ctrlzlong", &etcd.endpoints(), &[], &job),
-    );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let f = Fixture::new();
+    let job = heartbeat_job(f.dir.path());
+    let mut w = spawn(f.dir.path(), "w", &run_args("ctrlzlong", &f.ep, &[], &job));
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
     let stopped = std::time::Instant::now();
     w.signal(libc::SIGTSTP);
     assert!(wait_until(secs(2), || state(w.pid()) == 'T'));
@@ -193,11 +177,11 @@ fn a_ctrl_z_longer_than_the_lease_kills_the_job_by_the_deadline() {
     assert!(stopped.elapsed() < std::time::Duration::from_millis(2900));
     w.signal(libc::SIGCONT);
     assert!(
-        wait_until(secs(20), || terms(dir.path()).len() >= 2),
+        wait_until(secs(20), || terms(f.dir.path()).len() >= 2),
         "{}",
         w.log_text()
     );
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
@@ -205,19 +189,14 @@ fn a_ctrl_z_longer_than_the_lease_kills_the_job_by_the_deadline() {
 
 #[test]
 fn job_ignoring_term_is_killed_after_the_grace_with_its_grandchild() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let s = script(
-        dir.path(),
+        f.dir.path(),
         "trap '' TERM; sh -c 'trap \"\" TERM; echo $$ > $D/grandchild; exec sleep 60' & echo up > $D/up; wait",
     );
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("ign", &etcd.endpoints(), &[], &s),
-    );
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
-    let gc = wait_int(&dir.path().join("grandchild"), secs(5)) as i32;
+    let mut w = spawn(f.dir.path(), "w", &run_args("ign", &f.ep, &[], &s));
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
+    let gc = wait_int(&f.dir.path().join("grandchild"), secs(5)) as i32;
     assert!(alive(gc));
     let start = Instant::now();
     w.signal(libc::SIGTERM);
@@ -230,20 +209,22 @@ fn job_ignoring_term_is_killed_after_the_grace_with_its_grandchild() {
 
 #[test]
 fn term_while_campaigning_cancels_and_removes_the_key() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let s = script(dir.path(), "echo up > $D/up; sleep 30");
-    let mut leader = spawn(dir.path(), "leader", &run_args("queue", &ep, &[], &s));
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
-    let mut waiter = spawn(dir.path(), "waiter", &run_args("queue", &ep, &[], "exit 0"));
+    let f = Fixture::new();
+    let s = script(f.dir.path(), "echo up > $D/up; sleep 30");
+    let mut leader = spawn(f.dir.path(), "leader", &run_args("queue", &f.ep, &[], &s));
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
+    let mut waiter = spawn(
+        f.dir.path(),
+        "waiter",
+        &run_args("queue", &f.ep, &[], "exit 0"),
+    );
     waiter.wait_log("waiting behind", secs(10));
-    assert_eq!(etcd.keys("lead-exec/elections/queue/").len(), 2);
+    assert_eq!(f.etcd.keys("lead-exec/elections/queue/").len(), 2);
     let start = Instant::now();
     waiter.signal(libc::SIGTERM);
     assert_eq!(waiter.code(secs(5)), 143);
     assert!(start.elapsed() < secs(3));
-    assert_eq!(etcd.keys("lead-exec/elections/queue/").len(), 1);
+    assert_eq!(f.etcd.keys("lead-exec/elections/queue/").len(), 1);
     leader.signal(libc::SIGTERM);
     leader.wait(secs(10));
 }
@@ -252,20 +233,19 @@ fn term_while_campaigning_cancels_and_removes_the_key() {
 /// so with its phase line, so that a job killed before its grace is accounted for.
 #[test]
 fn a_second_stop_while_draining_logs_the_kill() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let s = script(
-        dir.path(),
+        f.dir.path(),
         "trap 'echo got-term >> $D/trap' TERM; echo up > $D/up; while :; do sleep 0.05; done",
     );
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
-        &run_args_with(&WIDE_GRACE, "sig2", &etcd.endpoints(), &["-v"], &s),
+        &run_args_with(&WIDE_GRACE, "sig2", &f.ep, &["-v"], &s),
     );
-    wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
     w.signal(libc::SIGTERM);
-    wait_line(&dir.path().join("trap"), secs(5), |l| l == "got-term");
+    wait_line(&f.dir.path().join("trap"), secs(5), |l| l == "got-term");
     w.wait_log("leading -> draining", secs(5));
     w.signal(libc::SIGTERM);
     assert_eq!(w.code(secs(5)), 137, "{}", w.log_text());

@@ -26,6 +26,8 @@
 //!
 //! The harness (etcd clusters, the fault proxy, workers, waiting helpers, the history
 //! checker, a throwaway PostgreSQL) is the `harness` crate in `tests/harness`, shared with the examples.
+//! A test opens with `let f = Fixture::new();` (a one-member etcd, a temp dir and the endpoints:
+//! `f.etcd`, `f.dir`, `f.ep`), or `Fixture::with(Etcd::start3())` around another cluster.
 
 mod availability;
 mod chaos;

@@ -27,9 +27,8 @@ fn start_family(dir: &std::path::Path, election: &str, endpoints: &str) -> (Work
 
 #[test]
 fn sigkill_of_lead_exec_kills_the_whole_group_at_once() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (mut w, pid, gc) = start_family(dir.path(), "kill9", &etcd.endpoints());
+    let f = Fixture::new();
+    let (mut w, pid, gc) = start_family(f.dir.path(), "kill9", &f.ep);
     let start = Instant::now();
     w.signal(libc::SIGKILL);
     w.wait(secs(5));
@@ -46,9 +45,8 @@ fn sigkill_of_lead_exec_kills_the_whole_group_at_once() {
 /// and campaigns again on a fresh lease with a larger token.
 #[test]
 fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (mut w, pid, gc) = start_family(dir.path(), "freeze", &etcd.endpoints());
+    let f = Fixture::new();
+    let (mut w, pid, gc) = start_family(f.dir.path(), "freeze", &f.ep);
     let frozen = Instant::now();
     w.signal(libc::SIGSTOP);
     assert!(
@@ -79,11 +77,11 @@ fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
     eprintln!("job died {died:?} after SIGSTOP; slack before D: {slack} ms");
     assert!(slack >= 0, "the group died after D: {slack} ms");
     assert!(
-        wait_until(secs(20), || terms(dir.path()).len() >= 2),
+        wait_until(secs(20), || terms(f.dir.path()).len() >= 2),
         "{}",
         w.log_text()
     );
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
     assert_ne!(t[1].1, t[0].1, "campaigned on the old lease");
     w.signal(libc::SIGTERM);
@@ -92,21 +90,20 @@ fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
 
 #[test]
 fn job_ignoring_term_with_grandchildren_dies_by_the_deadline() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "trap '' TERM; sh -c 'trap \"\" TERM; echo $$ > $D/grandchild; while :; do sleep 1; done' & \
          echo $$ > $D/pid; while :; do sleep 1; done",
     );
     let mut w = spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
         &run_args("stubborn", &proxy.endpoint(), &[], &job),
     );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
     let cut = Instant::now();
     proxy.set(Mode::Blackhole);
     assert!(
@@ -127,18 +124,12 @@ fn job_ignoring_term_with_grandchildren_dies_by_the_deadline() {
 /// one, that is the documented limitation.
 #[test]
 fn setsid_daemon_is_contained_by_the_cgroup() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "setsid sh -c 'echo $$ > $D/daemon; exec sleep 120' & sleep 0.2; echo $$ > $D/pid",
     );
-    let (code, _, err) = run(&run_args(
-        "escape",
-        &etcd.endpoints(),
-        &["--cgroup", "on"],
-        &job,
-    ));
+    let (code, _, err) = run(&run_args("escape", &f.ep, &["--cgroup", "on"], &job));
     if err.contains("cannot create a cgroup") {
         // No cgroup v2 on this host: `--cgroup on` refuses to run, and the limitation is
         // shown by the next test.
@@ -146,7 +137,7 @@ fn setsid_daemon_is_contained_by_the_cgroup() {
         return;
     }
     assert_eq!(code, 0, "{err}");
-    let daemon = wait_int(&dir.path().join("daemon"), secs(5)) as i32;
+    let daemon = wait_int(&f.dir.path().join("daemon"), secs(5)) as i32;
     assert!(
         wait_until(secs(2), || !alive(daemon)),
         "setsid escapee {daemon} survived"
@@ -157,44 +148,41 @@ fn setsid_daemon_is_contained_by_the_cgroup() {
 /// with the term, and lead-exec exits only once it is gone (the escape table has the rest).
 #[test]
 fn without_a_cgroup_a_setsid_daemon_dies_with_the_term() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "setsid sh -c 'echo $$ > $D/daemon; exec sleep 120' & sleep 0.2",
     );
     // Not `run`: the escapee keeps the output pipes open.
-    let ep = etcd.endpoints();
-    let args = run_args("escape2", &ep, &["--cgroup", "off"], &job);
-    let mut w = spawn(dir.path(), "w", &args);
+    let args = run_args("escape2", &f.ep, &["--cgroup", "off"], &job);
+    let mut w = spawn(f.dir.path(), "w", &args);
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
-    let daemon = wait_int(&dir.path().join("daemon"), secs(5)) as i32;
+    let daemon = wait_int(&f.dir.path().join("daemon"), secs(5)) as i32;
     assert!(!alive(daemon), "the setsid daemon outlived the term");
 }
 
 #[test]
 fn the_job_inherits_no_descriptor_of_ours() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     // `exec ls` lists its own descriptors (plus the one it reads the directory with); a
     // pipeline would show the shell's pipes in flight instead.
     let list = "exec ls /proc/self/fd";
-    let job = script(dir.path(), &format!("{list} > $D/job_fds"));
-    let (code, _, err) = run(&run_args("fds", &etcd.endpoints(), &[], &job));
+    let job = script(f.dir.path(), &format!("{list} > $D/job_fds"));
+    let (code, _, err) = run(&run_args("fds", &f.ep, &[], &job));
     assert_eq!(code, 0, "{err}");
     // The same shell started directly by the test: what "the user passed in".
     let direct = std::process::Command::new("sh")
         .args([
             "-c",
-            &script(dir.path(), &format!("{list} > $D/direct_fds")),
+            &script(f.dir.path(), &format!("{list} > $D/direct_fds")),
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
         .unwrap();
     assert!(direct.success());
-    let fds = |f: &str| -> Vec<u32> {
-        let mut v: Vec<u32> = lines(&dir.path().join(f))
+    let fds = |name: &str| -> Vec<u32> {
+        let mut v: Vec<u32> = lines(&f.dir.path().join(name))
             .iter()
             .filter_map(|l| l.parse().ok())
             .collect();
@@ -215,15 +203,13 @@ fn the_job_inherits_no_descriptor_of_ours() {
 
 #[test]
 fn the_job_starts_with_default_signals_and_an_empty_mask() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "exec grep -E '^Sig(Ign|Blk)' /proc/self/status > $D/sig",
     );
     // lead-exec itself starts with signals ignored, real-time ones too, as `nohup` or a
     // shell's `trap ''` leave them: none may reach the job.
-    let ep = etcd.endpoints();
     let out = std::process::Command::new("sh")
         .args([
             "-c",
@@ -231,12 +217,12 @@ fn the_job_starts_with_default_signals_and_an_empty_mask() {
             "sh",
             bin(),
         ])
-        .args(run_args("sigmask", &ep, &[], &job))
+        .args(run_args("sigmask", &f.ep, &[], &job))
         .env_remove("LEAD_EXEC_ENDPOINTS")
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let sig = lines(&dir.path().join("sig"));
+    let sig = lines(&f.dir.path().join("sig"));
     assert_eq!(sig.len(), 2, "{sig:?}");
     for l in sig {
         let (name, mask) = l.split_once(':').unwrap();
@@ -251,22 +237,20 @@ fn the_job_starts_with_default_signals_and_an_empty_mask() {
 /// that cause, on one line even under RUST_BACKTRACE=1.
 #[test]
 fn a_killed_watchdog_takes_the_job_with_it_and_is_logged_as_such() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN $LEAD_EXEC_LEASE_ID >> $D/terms; echo $PPID > $D/watchdog; \
          sh -c 'echo $$ > $D/grandchild; exec sleep 120' & \
          echo $$ > $D/pid; wait",
     );
-    let ep = etcd.endpoints();
-    let args = run_args("wdkill", &ep, &[], &job);
-    let mut w = spawn_env(dir.path(), "w", &args, &[("RUST_BACKTRACE", "1")]);
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
-    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    let args = run_args("wdkill", &f.ep, &[], &job);
+    let mut w = spawn_env(f.dir.path(), "w", &args, &[("RUST_BACKTRACE", "1")]);
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
+    let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
     assert_ne!(wd, w.pid());
-    std::fs::remove_file(dir.path().join("pid")).unwrap();
+    std::fs::remove_file(f.dir.path().join("pid")).unwrap();
     signal(wd, libc::SIGKILL);
     assert!(
         wait_until(secs(2), || !alive(pid) && !alive(gc)),
@@ -274,11 +258,11 @@ fn a_killed_watchdog_takes_the_job_with_it_and_is_logged_as_such() {
     );
     w.wait_log("the watchdog died", secs(5));
     assert!(
-        wait_until(secs(15), || terms(dir.path()).len() >= 2),
+        wait_until(secs(15), || terms(f.dir.path()).len() >= 2),
         "{}",
         w.log_text()
     );
-    let t = terms(dir.path());
+    let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0);
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
@@ -292,26 +276,24 @@ fn a_killed_watchdog_takes_the_job_with_it_and_is_logged_as_such() {
 /// lead-exec re-executes itself as the watchdog, with the same protection.
 #[test]
 fn the_watchdog_binary_is_optional() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let job = script(dir.path(), "readlink /proc/$PPID/exe > $D/wd_exe");
-    let (code, _, err) = run(&run_args("wdbin", &etcd.endpoints(), &[], &job));
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "readlink /proc/$PPID/exe > $D/wd_exe");
+    let (code, _, err) = run(&run_args("wdbin", &f.ep, &[], &job));
     assert_eq!(code, 0, "{err}");
-    let exe = lines(&dir.path().join("wd_exe")).join("");
+    let exe = lines(&f.dir.path().join("wd_exe")).join("");
     assert!(exe.ends_with("/lead-exec-watchdog"), "{exe}");
 
-    let lone = dir.path().join("lead-exec");
+    let lone = f.dir.path().join("lead-exec");
     std::fs::copy(bin(), &lone).unwrap();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "readlink /proc/$PPID/exe > $D/lone_exe; echo $$ > $D/pid; exec sleep 60",
     );
-    let ep = etcd.endpoints();
-    let args = run_args("wdbin", &ep, &[], &job);
-    let mut w = spawn_program(&lone, dir.path(), "lone", &args, &[]);
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
+    let args = run_args("wdbin", &f.ep, &[], &job);
+    let mut w = spawn_program(&lone, f.dir.path(), "lone", &args, &[]);
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
     assert_eq!(
-        lines(&dir.path().join("lone_exe")).join(""),
+        lines(&f.dir.path().join("lone_exe")).join(""),
         lone.display().to_string()
     );
     w.signal(libc::SIGKILL);
@@ -326,10 +308,9 @@ fn the_watchdog_binary_is_optional() {
 fn descriptors_the_caller_passes_reach_the_job() {
     // As with flock(1) and systemd socket activation: a descriptor the caller leaves open
     // across exec is the job's too; lead-exec's own descriptors are close-on-exec.
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = "echo through-fd-7 >&7";
-    let args = run_args("passfd", &etcd.endpoints(), &[], job)
+    let args = run_args("passfd", &f.ep, &[], job)
         .iter()
         .map(|a| format!("'{a}'"))
         .collect::<Vec<_>>()
@@ -337,7 +318,7 @@ fn descriptors_the_caller_passes_reach_the_job() {
     let status = std::process::Command::new("sh")
         .arg("-c")
         .arg(script(
-            dir.path(),
+            f.dir.path(),
             &format!("exec 7> $D/seven; exec {} {args}", bin()),
         ))
         .env_remove("LEAD_EXEC_ENDPOINTS")
@@ -345,7 +326,7 @@ fn descriptors_the_caller_passes_reach_the_job() {
         .status()
         .unwrap();
     assert!(status.success(), "{status:?}");
-    assert_eq!(lines(&dir.path().join("seven")), vec!["through-fd-7"]);
+    assert_eq!(lines(&f.dir.path().join("seven")), vec!["through-fd-7"]);
 }
 
 /// Starts a detached worker (own session) whose job is [`heartbeat_job`] and waits for the
@@ -373,10 +354,8 @@ fn start_heartbeat(
 /// job's own command line contains "lead-exec".
 #[test]
 fn the_watchdog_shares_no_group_session_or_name_with_lead_exec() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (mut w, pid, _, wd, _) = start_heartbeat(dir.path(), &etcd, "names", &ep);
+    let f = Fixture::new();
+    let (mut w, pid, _, wd, _) = start_heartbeat(f.dir.path(), &f.etcd, "names", &f.ep);
     let lead = w.pid();
     assert!(comm(lead).contains("lead-exec"), "{}", comm(lead));
     let cmdline = std::fs::read(format!("/proc/{wd}/cmdline")).unwrap();
@@ -419,16 +398,14 @@ fn the_watchdog_shares_no_group_session_or_name_with_lead_exec() {
 /// expires in etcd.
 #[test]
 fn a_stop_to_lead_exec_s_group_does_not_keep_the_job_past_the_deadline() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (mut w, pid, gc, _, key) = start_heartbeat(dir.path(), &etcd, "grpstop", &ep);
-    let gone = KeyGone::watch(&ep, &key);
+    let f = Fixture::new();
+    let (mut w, pid, gc, _, key) = start_heartbeat(f.dir.path(), &f.etcd, "grpstop", &f.ep);
+    let gone = KeyGone::watch(&f.ep, &key);
     let stopped = now_ns();
     // The worker leads its own group (spawn_detached), so this reaches nothing of ours.
     signal(-w.pid(), libc::SIGSTOP);
     let expired = gone.wait(secs(15));
-    let last = last_heartbeat(dir.path());
+    let last = last_heartbeat(f.dir.path());
     let dead = !alive(pid) && !alive(gc);
     signal(-w.pid(), libc::SIGCONT);
     eprintln!(
@@ -474,10 +451,8 @@ fn pkill_f_by_command_line_spares_the_watchdog() {
 }
 
 fn pkill_lead_exec(flags: &[&str], pattern: &str, election: &str) {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, election, &ep);
+    let f = Fixture::new();
+    let (mut w, pid, gc, wd, _) = start_heartbeat(f.dir.path(), &f.etcd, election, &f.ep);
     let (_, lead_sid) = pgid_sid(w.pid()).unwrap();
     let (_, wd_sid) = pgid_sid(wd).unwrap();
     let killed = now_ns();
@@ -493,7 +468,7 @@ fn pkill_lead_exec(flags: &[&str], pattern: &str, election: &str) {
         wait_until(secs(3), || !alive(pid) && !alive(gc)),
         "job {pid} or grandchild {gc} survived pkill -9 {flags:?} {pattern}"
     );
-    let last = last_heartbeat(dir.path());
+    let last = last_heartbeat(f.dir.path());
     eprintln!(
         "pkill -9 {flags:?} {pattern}: job's last heartbeat {} ms after the kill",
         (last - killed) / 1_000_000
@@ -508,16 +483,16 @@ fn pkill_lead_exec(flags: &[&str], pattern: &str, election: &str) {
 /// SIGSTOP to the watchdog alone, then etcd out of reach: lead-exec enforces D by itself.
 #[test]
 fn a_frozen_watchdog_does_not_keep_the_job_past_the_deadline() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
-    let (mut w, pid, gc, wd, key) = start_heartbeat(dir.path(), &etcd, "wdstop", &proxy.endpoint());
-    let gone = KeyGone::watch(&etcd.endpoints(), &key);
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
+    let (mut w, pid, gc, wd, key) =
+        start_heartbeat(f.dir.path(), &f.etcd, "wdstop", &proxy.endpoint());
+    let gone = KeyGone::watch(&f.ep, &key);
     signal(wd, libc::SIGSTOP);
     let cut = now_ns();
     proxy.set(Mode::Blackhole);
     let expired = gone.wait(secs(15));
-    let last = last_heartbeat(dir.path());
+    let last = last_heartbeat(f.dir.path());
     let dead = !alive(pid) && !alive(gc);
     signal(wd, libc::SIGCONT);
     eprintln!(
@@ -542,15 +517,13 @@ fn a_frozen_watchdog_does_not_keep_the_job_past_the_deadline() {
 /// a lease deadline, and lead-exec campaigned and ran the job a second time.
 #[test]
 fn a_job_that_exits_while_its_watchdog_is_stopped_runs_once() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $FENCING_TOKEN >> $D/terms; echo $PPID > $D/watchdog; sleep 1; exit 3",
     );
-    let mut w = spawn(dir.path(), "w", &run_args("wdexit", &ep, &[], &job));
-    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    let mut w = spawn(f.dir.path(), "w", &run_args("wdexit", &f.ep, &[], &job));
+    let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
     let _stopped = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     // Well past the deadline the watchdog had when it was stopped (TTL 3 s), while
@@ -559,7 +532,7 @@ fn a_job_that_exits_while_its_watchdog_is_stopped_runs_once() {
     signal(wd, libc::SIGCONT);
     assert_eq!(w.code(secs(20)), 3, "{}", w.log_text());
     assert_eq!(
-        lines(&dir.path().join("terms")).len(),
+        lines(&f.dir.path().join("terms")).len(),
         1,
         "the job ran again:\n{}",
         w.log_text()
@@ -570,11 +543,10 @@ fn a_job_that_exits_while_its_watchdog_is_stopped_runs_once() {
 /// not only the job's pid (which read as the watchdog's).
 #[test]
 fn the_log_names_the_frozen_watchdog_it_kills() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
     let (mut w, _pid, _gc, wd, _key) =
-        start_heartbeat(dir.path(), &etcd, "wdname", &proxy.endpoint());
+        start_heartbeat(f.dir.path(), &f.etcd, "wdname", &proxy.endpoint());
     // Frozen in a cgroup, not stopped: a stopped watchdog is continued by lead-exec once
     // the job's main process is dead, and then reports the end itself.
     let cg = TestCgroup::new("wdname").expect("a writable cgroup v2 (run as root)");
@@ -610,27 +582,25 @@ impl Drop for StoppedWatchdog {
 /// its own exit code, and the next worker's job starts within the grace (0.5 s, FAST) plus
 /// 2 s of the job's end. Returns the first worker's log and the watchdog's pid.
 fn a_job_exits_while_its_watchdog_is_held(election: &str, hold: impl FnOnce(i32)) -> (String, i32) {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "echo $PPID > $D/watchdog; while [ ! -e $D/go ]; do sleep 0.01; done; date +%s%N > $D/ended; exit 3",
     );
-    let mut first = spawn(dir.path(), "first", &run_args(election, &ep, &[], &job));
-    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
+    let mut first = spawn(f.dir.path(), "first", &run_args(election, &f.ep, &[], &job));
+    let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
     hold(wd);
-    let next_job = script(dir.path(), "date +%s%N > $D/next");
+    let next_job = script(f.dir.path(), "date +%s%N > $D/next");
     let mut second = spawn(
-        dir.path(),
+        f.dir.path(),
         "second",
-        &run_args(election, &ep, &[], &next_job),
+        &run_args(election, &f.ep, &[], &next_job),
     );
-    std::fs::write(dir.path().join("go"), "").unwrap();
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
     assert_eq!(first.code(secs(10)), 3, "{}", first.log_text());
     assert_eq!(second.code(secs(10)), 0, "{}", second.log_text());
-    let ended = wait_int(&dir.path().join("ended"), secs(1)) as i128;
-    let next = wait_int(&dir.path().join("next"), secs(1)) as i128;
+    let ended = wait_int(&f.dir.path().join("ended"), secs(1)) as i128;
+    let next = wait_int(&f.dir.path().join("next"), secs(1)) as i128;
     let gap = Duration::from_nanos((next - ended) as u64);
     eprintln!("{election}: next job {gap:?} after the job's end");
     assert!(gap < Duration::from_millis(2500), "{gap:?}");
@@ -675,10 +645,8 @@ fn a_job_that_exits_while_its_watchdog_is_frozen_ends_its_term() {
 /// then the watchdog, and exits.
 #[test]
 fn a_stop_goes_through_a_frozen_watchdog() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, "wdstopterm", &ep);
+    let f = Fixture::new();
+    let (mut w, pid, gc, wd, _) = start_heartbeat(f.dir.path(), &f.etcd, "wdstopterm", &f.ep);
     let _cleanup = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     let asked = Instant::now();
@@ -701,20 +669,15 @@ fn a_stop_goes_through_a_frozen_watchdog() {
 /// left a zombie until the job's main process exits.
 #[test]
 fn orphaned_grandchildren_are_reaped_while_the_job_runs() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "sh -c 'sh -c \"echo \\$\\$ > $D/orphan; sleep 0.3\" & exit 0'; \
          echo $$ > $D/pid; exec sleep 120",
     );
-    let mut w = spawn(
-        dir.path(),
-        "w",
-        &run_args("orphan", &etcd.endpoints(), &[], &job),
-    );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let orphan = wait_int(&dir.path().join("orphan"), secs(10)) as i32;
+    let mut w = spawn(f.dir.path(), "w", &run_args("orphan", &f.ep, &[], &job));
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let orphan = wait_int(&f.dir.path().join("orphan"), secs(10)) as i32;
     assert!(
         wait_until(secs(5), || !exists(orphan)),
         "orphan {orphan} left unreaped while the job runs"
@@ -728,19 +691,17 @@ fn orphaned_grandchildren_are_reaped_while_the_job_runs() {
 /// watchdog waits without spinning on the exited process's pidfd.
 #[test]
 fn a_lingering_group_does_not_make_the_watchdog_spin() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "sh -c 'trap \"\" TERM; echo $$ > $D/lingering; while :; do sleep 0.1; done' & \
          echo $PPID > $D/watchdog; echo $$ > $D/pid; sleep 0.3",
     );
-    let ep = etcd.endpoints();
-    let args = run_args_with(&WIDE_GRACE, "linger", &ep, &[], &job);
-    let mut w = spawn(dir.path(), "w", &args);
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
-    let lingering = wait_int(&dir.path().join("lingering"), secs(10)) as i32;
+    let args = run_args_with(&WIDE_GRACE, "linger", &f.ep, &[], &job);
+    let mut w = spawn(f.dir.path(), "w", &args);
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
+    let lingering = wait_int(&f.dir.path().join("lingering"), secs(10)) as i32;
     assert!(
         wait_until(secs(5), || !alive(pid)),
         "main process did not exit"
@@ -828,19 +789,17 @@ fn the_watchdog_never_starts_a_job_after_the_deadline() {
 /// not just removed once empty, by the next job start on the host.
 #[test]
 fn a_stale_job_cgroup_is_killed_by_the_next_start() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "cat /proc/self/cgroup > $D/cgroup; echo $PPID > $D/watchdog; \
          sh -c 'echo $$ > $D/grandchild; exec sleep 120' & echo $$ > $D/pid; wait",
     );
-    let mut a = spawn(dir.path(), "a", &run_args("stale", &ep, &[], &job));
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
-    let wd = wait_int(&dir.path().join("watchdog"), secs(10)) as i32;
-    if !lines(&dir.path().join("cgroup"))
+    let mut a = spawn(f.dir.path(), "a", &run_args("stale", &f.ep, &[], &job));
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
+    let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
+    if !lines(&f.dir.path().join("cgroup"))
         .join("")
         .contains("lead-exec-job-")
     {
@@ -854,7 +813,7 @@ fn a_stale_job_cgroup_is_killed_by_the_next_start() {
     a.wait(secs(5));
     assert!(wait_until(secs(5), || !alive(pid)), "PR_SET_PDEATHSIG");
     assert!(alive(gc), "the grandchild should have outlived both");
-    let (code, _, err) = run(&run_args("stale2", &ep, &[], "true"));
+    let (code, _, err) = run(&run_args("stale2", &f.ep, &[], "true"));
     assert_eq!(code, 0, "{err}");
     assert!(
         wait_until(secs(5), || !alive(gc)),
@@ -876,15 +835,13 @@ fn job_cgroup_of(parent: &std::path::Path, wd: i32) -> Option<std::path::PathBuf
 /// candidate, whether lead-exec exits on SIGTERM or is SIGKILLed.
 #[test]
 fn a_waiting_candidates_cgroup_goes_with_it() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "cat /proc/self/cgroup > $D/cgroup; exec sleep 120",
     );
-    let _a = spawn(dir.path(), "a", &run_args("ahead", &ep, &[], &job));
-    let own = wait_line(&dir.path().join("cgroup"), secs(10), |l| {
+    let _a = spawn(f.dir.path(), "a", &run_args("ahead", &f.ep, &[], &job));
+    let own = wait_line(&f.dir.path().join("cgroup"), secs(10), |l| {
         l.starts_with("0::")
     });
     let Some(rel) = own
@@ -901,7 +858,7 @@ fn a_waiting_candidates_cgroup_goes_with_it() {
         .expect("the job's cgroup directory");
     let parent = job_dir.parent().unwrap().to_path_buf();
     for (name, sig) in [("b", libc::SIGTERM), ("c", libc::SIGKILL)] {
-        let mut w = spawn(dir.path(), name, &run_args("ahead", &ep, &[], "true"));
+        let mut w = spawn(f.dir.path(), name, &run_args("ahead", &f.ep, &[], "true"));
         // lead-exec's one child is its watchdog.
         let children = format!("/proc/{0}/task/{0}/children", w.pid());
         let mut wd = 0;
@@ -931,11 +888,10 @@ fn a_waiting_candidates_cgroup_goes_with_it() {
 /// goes out of reach it still kills the job itself by D.
 #[test]
 fn a_frozen_watchdog_with_a_full_pipe_does_not_block_lead_exec() {
-    let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.endpoints());
-    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
     let (mut w, pid, gc, wd, key) =
-        start_heartbeat(dir.path(), &etcd, "wdflood", &proxy.endpoint());
+        start_heartbeat(f.dir.path(), &f.etcd, "wdflood", &proxy.endpoint());
     let _cleanup = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     // 20,000 forwards of 5 bytes: 100 KB, past the pipe's 64 KiB.
@@ -945,11 +901,11 @@ fn a_frozen_watchdog_with_a_full_pipe_does_not_block_lead_exec() {
         std::thread::sleep(Duration::from_micros(200));
     }
     eprintln!("flood of 20000 SIGUSR1 took {:?}", flood.elapsed());
-    let gone = KeyGone::watch(&etcd.endpoints(), &key);
+    let gone = KeyGone::watch(&f.ep, &key);
     let cut = now_ns();
     proxy.set(Mode::Blackhole);
     let expired = gone.wait(secs(30));
-    let last = last_heartbeat(dir.path());
+    let last = last_heartbeat(f.dir.path());
     let dead = !alive(pid) && !alive(gc);
     signal(wd, libc::SIGCONT);
     eprintln!(
@@ -972,10 +928,8 @@ fn a_frozen_watchdog_with_a_full_pipe_does_not_block_lead_exec() {
 /// the closed pipe, lead-exec kills the rest of the job and campaigns again.
 #[test]
 fn a_watchdog_killed_with_a_full_pipe_is_seen_as_dead() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let (mut w, pid, gc, wd, _) = start_heartbeat(dir.path(), &etcd, "wdfullkill", &ep);
+    let f = Fixture::new();
+    let (mut w, pid, gc, wd, _) = start_heartbeat(f.dir.path(), &f.etcd, "wdfullkill", &f.ep);
     let _cleanup = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     for _ in 0..15_000 {
@@ -990,7 +944,7 @@ fn a_watchdog_killed_with_a_full_pipe_is_seen_as_dead() {
     );
     w.wait_log("the watchdog died", secs(5));
     assert!(
-        wait_until(secs(15), || terms(dir.path()).len() >= 2),
+        wait_until(secs(15), || terms(f.dir.path()).len() >= 2),
         "{}",
         w.log_text()
     );
@@ -1096,23 +1050,21 @@ fn a_job_start_in_another_pid_namespace_leaves_a_host_job_alone() {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
     };
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = format!(
         "cat /proc/self/cgroup > $D/cgroup; {}",
-        heartbeat_job(dir.path())
+        heartbeat_job(f.dir.path())
     );
-    let job = script(dir.path(), &job);
+    let job = script(f.dir.path(), &job);
     let mut host = cg.spawn(
-        dir.path(),
+        f.dir.path(),
         "host",
         &[bin()],
-        &run_args("nshost", &ep, &[], &job),
+        &run_args("nshost", &f.ep, &[], &job),
     );
-    let pid = wait_int(&dir.path().join("pid"), secs(10)) as i32;
-    let gc = wait_int(&dir.path().join("grandchild"), secs(10)) as i32;
-    if !lines(&dir.path().join("cgroup"))
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
+    if !lines(&f.dir.path().join("cgroup"))
         .join("")
         .contains("lead-exec-job-")
     {
@@ -1122,15 +1074,15 @@ fn a_job_start_in_another_pid_namespace_leaves_a_host_job_alone() {
     let mut other = NEW_PID_NS.to_vec();
     other.push(bin());
     let mut ns = cg.spawn(
-        dir.path(),
+        f.dir.path(),
         "ns",
         &other,
-        &run_args("nsother", &ep, &[], "true"),
+        &run_args("nsother", &f.ep, &[], "true"),
     );
     assert_eq!(ns.code(secs(20)), 0, "{}", ns.log_text());
     let done = now_ns();
     assert!(
-        alive(pid) && alive(gc) && beats_after(dir.path(), done),
+        alive(pid) && alive(gc) && beats_after(f.dir.path(), done),
         "the host job was killed by a start in another PID namespace:\n{}",
         host.log_text()
     );
@@ -1152,26 +1104,24 @@ fn a_job_start_on_the_host_leaves_a_job_in_a_pid_namespace_alone() {
         eprintln!("no writable cgroup v2 here; nothing to check");
         return;
     };
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     let job = format!(
         "cat /proc/self/cgroup > $D/cgroup; {}",
-        heartbeat_job(dir.path())
+        heartbeat_job(f.dir.path())
     );
-    let job = script(dir.path(), &job);
+    let job = script(f.dir.path(), &job);
     let mut program = NEW_PID_NS.to_vec();
     program.push(bin());
     let ns = cg.spawn(
-        dir.path(),
+        f.dir.path(),
         "ns",
         &program,
-        &run_args("nsjob", &ep, &[], &job),
+        &run_args("nsjob", &f.ep, &[], &job),
     );
-    let nspid = wait_int(&dir.path().join("pid"), secs(10));
-    let wd = wait_int(&dir.path().join("watchdog"), secs(10));
+    let nspid = wait_int(&f.dir.path().join("pid"), secs(10));
+    let wd = wait_int(&f.dir.path().join("watchdog"), secs(10));
     eprintln!("in its namespace: job {nspid}, watchdog {wd}");
-    if !lines(&dir.path().join("cgroup"))
+    if !lines(&f.dir.path().join("cgroup"))
         .join("")
         .contains("lead-exec-job-")
     {
@@ -1179,15 +1129,15 @@ fn a_job_start_on_the_host_leaves_a_job_in_a_pid_namespace_alone() {
         return;
     }
     let mut host = cg.spawn(
-        dir.path(),
+        f.dir.path(),
         "host",
         &[bin()],
-        &run_args("nshost2", &ep, &[], "true"),
+        &run_args("nshost2", &f.ep, &[], "true"),
     );
     assert_eq!(host.code(secs(20)), 0, "{}", host.log_text());
     let done = now_ns();
     assert!(
-        beats_after(dir.path(), done),
+        beats_after(f.dir.path(), done),
         "the job in the PID namespace was killed by a start on the host:\n{}",
         ns.log_text()
     );
@@ -1211,13 +1161,11 @@ fn a_leftover_cgroup_by_the_same_name_neither_uncontains_nor_spares_the_job() {
     for pid in 1..=300 {
         std::fs::create_dir(cg.0.join(format!("lead-exec-job-{pid}"))).unwrap();
     }
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // The job (its first term only) kills its own watchdog when told to: its pid is one of
     // the namespace's. Each term's member writes heartbeats to a file of its own.
     let job = script(
-        dir.path(),
+        f.dir.path(),
         "cat /proc/self/cgroup > $D/cgroup; echo $FENCING_TOKEN >> $D/terms; \
          sh -c 'while :; do date +%s%N >> $D/hb-$FENCING_TOKEN; sleep 0.05; done' & \
          while ! mv $D/go $D/went 2>/dev/null; do sleep 0.05; done; kill -9 $PPID; wait",
@@ -1225,12 +1173,12 @@ fn a_leftover_cgroup_by_the_same_name_neither_uncontains_nor_spares_the_job() {
     let mut program = NEW_PID_NS.to_vec();
     program.push(bin());
     let w = cg.spawn(
-        dir.path(),
+        f.dir.path(),
         "w",
         &program,
-        &run_args("leftover", &ep, &[], &job),
+        &run_args("leftover", &f.ep, &[], &job),
     );
-    let own = wait_line(&dir.path().join("cgroup"), secs(10), |l| {
+    let own = wait_line(&f.dir.path().join("cgroup"), secs(10), |l| {
         l.starts_with("0::")
     });
     assert!(
@@ -1238,11 +1186,11 @@ fn a_leftover_cgroup_by_the_same_name_neither_uncontains_nor_spares_the_job() {
         "the job runs outside a job cgroup: {own}\n{}",
         w.log_text()
     );
-    let first = wait_int(&dir.path().join("terms"), secs(10));
-    std::fs::write(dir.path().join("go"), "").unwrap();
+    let first = wait_int(&f.dir.path().join("terms"), secs(10));
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
     w.wait_log("the watchdog died", secs(10));
     let killed = now_ns();
-    let hb = dir.path().join(format!("hb-{first}"));
+    let hb = f.dir.path().join(format!("hb-{first}"));
     let beats = || -> Option<i128> {
         lines(&hb)
             .iter()
@@ -1278,22 +1226,24 @@ fn standby_watchdog(w: &Worker) -> i32 {
 /// A waiting candidate whose watchdog, started ahead, is stopped or SIGKILLed when its term
 /// comes: the term must neither hang on it nor fail, the job runs under a new watchdog.
 fn a_broken_standby_is_replaced(sig: i32, election: &str) {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
-    let first = script(dir.path(), "echo $$ > $D/a; exec sleep 120");
-    let mut a = spawn(dir.path(), "a", &run_args(election, &ep, &[], &first));
-    wait_int(&dir.path().join("a"), secs(10));
-    let second = script(dir.path(), "echo $PPID > $D/b; exec sleep 120");
+    let f = Fixture::new();
+    let first = script(f.dir.path(), "echo $$ > $D/a; exec sleep 120");
+    let mut a = spawn(f.dir.path(), "a", &run_args(election, &f.ep, &[], &first));
+    wait_int(&f.dir.path().join("a"), secs(10));
+    let second = script(f.dir.path(), "echo $PPID > $D/b; exec sleep 120");
     let extra = ["--command-timeout", "1s"];
-    let mut b = spawn(dir.path(), "b", &run_args(election, &ep, &extra, &second));
+    let mut b = spawn(
+        f.dir.path(),
+        "b",
+        &run_args(election, &f.ep, &extra, &second),
+    );
     let wd = standby_watchdog(&b);
     let _cleanup = StoppedWatchdog(wd);
     signal(wd, sig);
     let handed = Instant::now();
     a.signal(libc::SIGTERM);
     a.wait(secs(10));
-    let runs_under = wait_int(&dir.path().join("b"), secs(15)) as i32;
+    let runs_under = wait_int(&f.dir.path().join("b"), secs(15)) as i32;
     eprintln!(
         "standby watchdog {wd} got signal {sig}; the job ran {:?} after the handover, under watchdog {runs_under}",
         handed.elapsed()
@@ -1339,9 +1289,7 @@ fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
         eprintln!("this root runs nothing as nobody (mode of /?); nothing to check");
         return;
     }
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
     // Without cargo's LD_LIBRARY_PATH, which may point into a directory only root can read
     // (a toolchain under /root): the system's libraries are what an unprivileged user gets.
     let mut args = vec![
@@ -1355,11 +1303,17 @@ fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
     ];
     args.extend(run_args(
         "nocg",
-        &ep,
+        &f.ep,
         &["--cgroup", "auto"],
         "exec sleep 60",
     ));
-    let mut w = spawn_program(std::path::Path::new("setpriv"), dir.path(), "w", &args, &[]);
+    let mut w = spawn_program(
+        std::path::Path::new("setpriv"),
+        f.dir.path(),
+        "w",
+        &args,
+        &[],
+    );
     w.wait_log("leading: job started", secs(10));
     let log = w.log_text();
     assert_eq!(
@@ -1372,12 +1326,12 @@ fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
     let mut out = String::new();
     assert!(
         wait_until(secs(5), || {
-            out = run(&["status", "nocg", "--endpoints", &ep]).1;
+            out = run(&["status", "nocg", "--endpoints", &f.ep]).1;
             out.contains("job:       no cgroup (process group and tree)")
         }),
         "{out}"
     );
-    let (code, json, err) = run(&["status", "nocg", "--endpoints", &ep, "-o", "json"]);
+    let (code, json, err) = run(&["status", "nocg", "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(

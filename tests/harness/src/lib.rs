@@ -4,6 +4,10 @@
 //! checker ([`chaos`]) with liveness gaps and their causes ([`liveness`]), a testbed of real
 //! partitions in network namespaces ([`netns`]), and what the benchmarks measure with
 //! ([`measure`]).
+//!
+//! A test opens with a [`Fixture`]: `let f = Fixture::new();` starts a one-member etcd and
+//! gives its endpoints (`f.ep`), a temp dir for the test's files (`f.dir`) and the cluster
+//! itself (`f.etcd`); `Fixture::with(Etcd::start3())` does the same around three members.
 
 pub mod chaos;
 pub mod liveness;
@@ -396,6 +400,52 @@ impl Etcd {
             .filter(|l| !l.is_empty())
             .map(str::to_string)
             .collect()
+    }
+}
+
+/// What most tests open with: an etcd, a directory of the test's own (its scripts, the
+/// workers' logs, what the job records) and the cluster's endpoints, `--endpoints`' value.
+///
+/// ```no_run
+/// # use harness::*;
+/// let f = Fixture::new();
+/// let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/token");
+/// let (code, _, err) = run(&run_args("example", &f.ep, &[], &job));
+/// assert_eq!(code, 0, "{err}");
+/// assert!(wait_int(&f.dir.path().join("token"), secs(10)) > 0);
+/// f.etcd.ctl(&["put", "lead-exec-test/k", "v"]);
+/// ```
+///
+/// Another cluster comes in through [`Fixture::with`] (`Fixture::with(Etcd::start3())`);
+/// tests that set etcd up otherwise (TLS, auth) keep their own locals.
+///
+/// It has no `Drop` of its own, so a test can still move a field out (`drop(f.etcd)`). The
+/// fields drop in the order declared, as the three locals it replaces did (in reverse): the
+/// test's directory first, then etcd, whose members are killed by pid in [`Member`]'s `Drop`.
+/// Workers a test starts after the fixture are gone before either.
+pub struct Fixture {
+    /// The test's own directory; etcd's data is in [`Etcd::dir`], another one.
+    pub dir: TempDir,
+    /// `etcd.endpoints()`: it holds for the cluster's life, as members restart on their ports.
+    pub ep: String,
+    pub etcd: Etcd,
+}
+
+impl Fixture {
+    /// A one-member etcd ([`Etcd::start`]), a temp dir and the endpoints.
+    // No `Default`: starting an etcd is not a default value.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Fixture {
+        Fixture::with(Etcd::start())
+    }
+
+    /// The same around a cluster started otherwise ([`Etcd::start3`], say).
+    pub fn with(etcd: Etcd) -> Fixture {
+        Fixture {
+            dir: tempfile::tempdir().unwrap(),
+            ep: etcd.endpoints(),
+            etcd,
+        }
     }
 }
 
