@@ -260,22 +260,21 @@ fn a_second_stop_while_draining_logs_the_kill() {
 /// it is dropped, said at debug level, and the candidate keeps its place and leads later.
 #[test]
 fn a_signal_for_the_job_while_waiting_in_line_is_dropped_and_the_place_kept() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ep = etcd.endpoints();
+    let f = Fixture::new();
+    let (dir, ep) = (&f.dir, &f.ep);
     let s = script(dir.path(), "echo up > $D/up; sleep 30");
-    let mut leader = spawn(dir.path(), "leader", &run_args("usr-q", &ep, &[], &s));
+    let mut leader = spawn(dir.path(), "leader", &run_args("usr-q", ep, &[], &s));
     wait_line(&dir.path().join("up"), secs(10), |l| l == "up");
     let waiter_job = script(dir.path(), "echo ran > $D/waiter-ran");
     let mut waiter = spawn(
         dir.path(),
         "waiter",
-        &run_args("usr-q", &ep, &["-v"], &waiter_job),
+        &run_args("usr-q", ep, &["-v"], &waiter_job),
     );
     waiter.wait_log("waiting behind", secs(10));
     waiter.signal(libc::SIGUSR1);
     waiter.wait_log("a signal for the job is dropped", secs(5));
-    assert_eq!(etcd.keys("lead-exec/elections/usr-q/").len(), 2);
+    assert_eq!(f.etcd.keys("lead-exec/elections/usr-q/").len(), 2);
     leader.signal(libc::SIGTERM);
     leader.wait(secs(10));
     assert_eq!(waiter.code(secs(10)), 0);
