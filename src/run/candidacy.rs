@@ -16,42 +16,23 @@ use crate::election::leader::LeaderWatch;
 use crate::election::lease::{Lease, LeaseState};
 use crate::election::{unix_ms, Candidate, Ctx};
 use crate::exit::Exit;
-use crate::records::history::{Start, TermEnd};
+
 use crate::supervisor::Standby;
 use crate::{etcd, metrics, notify};
 
+use super::env::{token_regressed, Env, Failure};
 use super::events::{HealthFailures, Settings, TermEvents, Timer};
 use super::health::{self, Health};
+use super::lifecycle::Arrived;
 use super::lifecycle::{BackoffEnd, CampaignEnd, Cause};
-use super::signals::Arrived;
-use super::term::{already_done, Launcher, Term};
-use super::{signals, token_regressed, Driver, Env, Failure, Held};
+use super::signals;
+use super::term::{already_done, Closing, EndAfterRevoke, Launcher, Term};
 
 /// Our lease, in line or holding a term on it. Only [`Candidacy::revoke`] ends it.
 pub struct Candidacy {
     pub lease: Lease,
     /// What the end of its term did to the key the lease holds.
     pub closing: Closing,
-}
-
-/// How a term's end left the lease it ran on, for the revoke that follows.
-pub enum Closing {
-    /// Our key is still in line (or there was no term).
-    Open,
-    /// The end record also deleted our key: the lease holds nothing any more, so revoking
-    /// it can wait in the background (or be left to expire when lead-exec exits).
-    KeyDeleted,
-    /// The end record could not close the term in one commit with the key: the revoke
-    /// deletes the key first, so that the next term does not wait for the record, and the
-    /// record follows, guarded by itself since the key that guarded it is gone.
-    RecordAfterRevoke(Box<EndAfterRevoke>),
-}
-
-/// A term's end record, to be written once its lease is revoked.
-pub struct EndAfterRevoke {
-    pub token: i64,
-    pub start: Option<Start>,
-    pub reason: TermEnd,
 }
 
 impl Candidacy {
@@ -121,7 +102,7 @@ const CONNECT_POLLS: usize = 4;
 
 /// Connects, probes etcd and starts what the first campaign needs; `Err` is how the run
 /// ended already (its run key was done).
-pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>> {
+pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>> {
     metrics::describe(cfg.election.name(), &cfg.id, cfg.slots, cfg.grace);
     let refusals = match cfg.metrics_addr {
         Some(addr) => metrics::serve(addr).await?,
@@ -176,7 +157,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>>
         Wait::For(d) => Some(Instant::now() + d),
         _ => None,
     };
-    let driver = Driver {
+    let process = Process {
         env: Env {
             cfg,
             ctx,
@@ -191,10 +172,31 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Driver, StartUp), Exit>>
             warned_uncontained: false,
         },
         give_up_at,
-        last_token: None,
         etcd_warning,
     };
-    Ok(Ok((driver, StartUp { probe, first_lease })))
+    Ok(Ok((process, StartUp { probe, first_lease })))
+}
+
+/// What start-up made that lives as long as the process: the driver is made of it.
+pub struct Process {
+    pub env: Env,
+    pub health: Option<watch::Receiver<Health>>,
+    pub signals: mpsc::UnboundedReceiver<Arrived>,
+    pub launcher: Launcher,
+    /// When `--wait` gives up, if it does.
+    pub give_up_at: Option<Instant>,
+    /// What etcd's version is worth saying, once the first job starts.
+    pub etcd_warning: Option<String>,
+}
+
+/// What a campaign leaves: no lease, our lease (in line, or to be given up as the step
+/// decides), or a term won on it.
+// One per campaign, moved once into the driver's state: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Campaigned {
+    Nothing,
+    Lease(Candidacy),
+    Term(Candidacy, Term),
 }
 
 /// What a campaign uses of the process, lent for one campaign.
@@ -216,7 +218,7 @@ pub struct Ask<'a> {
 pub async fn campaign(
     ask: Ask<'_>,
     startup: Option<StartUp>,
-) -> Result<(CampaignEnd<Failure>, Held)> {
+) -> Result<(CampaignEnd<Failure>, Campaigned)> {
     let Ask {
         env,
         signals,
@@ -231,11 +233,14 @@ pub async fn campaign(
         // `--wait` also bounds retries after etcd trouble; after a term it counts afresh.
         let give_up = *give_up_at.get_or_insert(started + d);
         if started >= give_up {
-            return Ok((CampaignEnd::NotAcquired { unhealthy: false }, Held::Nothing));
+            return Ok((
+                CampaignEnd::NotAcquired { unhealthy: false },
+                Campaigned::Nothing,
+            ));
         }
     }
     if let Some(ev) = wait_healthy(env, signals, health, *give_up_at).await {
-        return Ok((ev, Held::Nothing));
+        return Ok((ev, Campaigned::Nothing));
     }
     // The watchdog starts while we campaign: a won term then pays only for the job's own fork
     // and exec.
@@ -254,7 +259,7 @@ pub async fn campaign(
                 what: "cannot grant a lease",
                 error,
             }));
-            return Ok((failed, Held::Nothing));
+            return Ok((failed, Campaigned::Nothing));
         }
     };
     let outcome = {
@@ -295,18 +300,18 @@ pub async fn campaign(
     let candidacy = Candidacy::new(lease);
     let outcome = match outcome {
         Ok(o) => o,
-        Err(ev) => return Ok((ev, Held::Lease(candidacy))),
+        Err(ev) => return Ok((ev, Campaigned::Lease(candidacy))),
     };
     let (token, key, slot, learned) = match outcome {
         Ok((Outcome::Elected { token, key, slot }, learned)) => (token, key, slot, learned),
         Ok((Outcome::NotAcquired, _)) => {
             let ev = CampaignEnd::NotAcquired { unhealthy: false };
-            return Ok((ev, Held::Lease(candidacy)));
+            return Ok((ev, Campaigned::Lease(candidacy)));
         }
         Ok((Outcome::Lost(r), _)) => {
             tracing::warn!("candidacy lost while queued: {}", r.as_str());
             let ev = CampaignEnd::Failed(Cause::CandidacyLost(r));
-            return Ok((ev, Held::Lease(candidacy)));
+            return Ok((ev, Campaigned::Lease(candidacy)));
         }
         // A refusal (a slot count the election does not run with) would only repeat.
         Err(error) if crate::exit::exit_of(&error) == Exit::Usage => {
@@ -314,14 +319,14 @@ pub async fn campaign(
                 what: "campaign refused",
                 error,
             });
-            return Ok((ev, Held::Lease(candidacy)));
+            return Ok((ev, Campaigned::Lease(candidacy)));
         }
         Err(error) => {
             let ev = CampaignEnd::Failed(Cause::Etcd(Failure {
                 what: "campaign failed",
                 error,
             }));
-            return Ok((ev, Held::Lease(candidacy)));
+            return Ok((ev, Campaigned::Lease(candidacy)));
         }
     };
     if token_regressed(*last_token, token) {
@@ -355,7 +360,7 @@ pub async fn campaign(
         token,
         delay: delay.is_some(),
     };
-    Ok((ev, Held::Term(candidacy, term)))
+    Ok((ev, Campaigned::Term(candidacy, term)))
 }
 
 /// The first campaign's lease, granted at start-up beside the probe. What etcd says to the

@@ -26,8 +26,8 @@ use crate::supervisor::Job;
 use crate::supervisor::JobEnd;
 
 use super::health::{self, Health};
+use super::lifecycle::Arrived;
 use super::lifecycle::{DelayEnd, DrainEvent, TermEvent};
-use super::signals::Arrived;
 
 /// A deadline that may not be set; unset, it never fires.
 #[derive(Debug, Default, Clone, Copy)]

@@ -28,46 +28,28 @@
 //! [`lifecycle::leading`].
 
 pub mod candidacy;
+pub mod env;
 pub mod events;
 pub mod health;
 pub mod lifecycle;
 pub mod signals;
 pub mod term;
 
-use std::path::PathBuf;
 use std::time::Duration;
 use tracing::Instrument;
 
 use anyhow::Result;
-use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
 
 use crate::config::RunConfig;
 use crate::election::campaign::Wait;
-use crate::election::{Candidate, Ctx};
+
 use crate::exit::{fail, Exit};
 use crate::metrics;
-use candidacy::{Candidacy, StartUp};
+use candidacy::{Campaigned, Candidacy, Process, StartUp};
+pub use env::{Env, Failure};
 use events::{Around, RunningJob};
-use health::Health;
 use lifecycle::{Action, DrainEvent, Phase, Policy, StopReason, TermEvent};
-use signals::Arrived;
-use term::{Launcher, Term};
-
-/// An etcd error on the way, with what was being done.
-pub struct Failure {
-    pub what: &'static str,
-    pub error: anyhow::Error,
-}
-
-/// What failed, only: the event it travels in is printed on the phase line, and the error has
-/// a line of its own ([`Action::Report`], or the run's error). An error's debug form would
-/// put its whole stack backtrace on the phase line whenever RUST_BACKTRACE is set.
-impl std::fmt::Debug for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.what)
-    }
-}
+use term::Term;
 
 /// Runs until the job is done (or leadership is given up) and returns how it ended.
 ///
@@ -76,9 +58,13 @@ impl std::fmt::Debug for Failure {
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
     let span = tracing::error_span!("run", election = cfg.election.name(), id = cfg.id.as_str());
     async move {
-        let (mut driver, startup) = match candidacy::start_up(cfg).await? {
+        let (process, startup) = match candidacy::start_up(cfg).await? {
             Ok(started) => started,
             Err(done) => return Ok(done),
+        };
+        let mut driver = Driver {
+            process,
+            last_token: None,
         };
         driver.drive(startup).await
     }
@@ -86,32 +72,14 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     .await
 }
 
-/// What every scope may read of the run, lent to its behaviour for one call.
-pub struct Env {
-    pub cfg: RunConfig,
-    /// The etcd scope: client, router, election, command timeout.
-    pub ctx: Ctx,
-    /// Our candidate key's value.
-    pub candidate: Candidate,
-    /// The file a job's `lead-exec check` counts its refusals in (`--metrics-addr`).
-    pub refusals: Option<PathBuf>,
-}
-
 /// The process's side of a run: what lives as long as lead-exec does.
 pub struct Driver {
-    env: Env,
-    /// What `--health-cmd` says, if given.
-    health: Option<watch::Receiver<Health>>,
-    signals: mpsc::UnboundedReceiver<Arrived>,
-    /// What starts the jobs: the watchdog started ahead, job control.
-    launcher: Launcher,
-    /// When `--wait` gives up. A term that ran a job clears it: `--wait` bounds a wait in
-    /// line, not the life of the process, so the next campaign counts afresh.
-    give_up_at: Option<Instant>,
+    /// What start-up made: the environment, health verdicts, signals, the launcher, the
+    /// `--wait` limit (cleared by a term that ran a job: `--wait` bounds a wait in line, not
+    /// the life of the process), the version warning (said when the first job starts).
+    process: Process,
     /// The token of this process's previous term.
     last_token: Option<i64>,
-    /// What etcd's version is worth saying (it lacks a lease fix), until the first job starts.
-    etcd_warning: Option<String>,
 }
 
 /// The run between two steps: its phase, with exactly the scopes of that phase.
@@ -199,9 +167,9 @@ impl Held {
 impl Driver {
     async fn drive(&mut self, startup: StartUp) -> Result<Exit> {
         let policy = Policy {
-            on_loss: self.env.cfg.on_loss,
-            conflict_exit_code: self.env.cfg.conflict_exit_code,
-            no_wait: self.env.cfg.wait == Wait::No,
+            on_loss: self.process.env.cfg.on_loss,
+            conflict_exit_code: self.process.env.cfg.conflict_exit_code,
+            no_wait: self.process.env.cfg.wait == Wait::No,
         };
         let mut startup = Some(startup);
         let mut state = State::Campaigning { attempt: 0 };
@@ -210,36 +178,51 @@ impl Driver {
             let (held, (next, actions), seen) = match state {
                 State::Campaigning { attempt } => {
                     let ask = candidacy::Ask {
-                        env: &self.env,
-                        signals: &mut self.signals,
-                        health: &mut self.health,
-                        give_up_at: &mut self.give_up_at,
+                        env: &self.process.env,
+                        signals: &mut self.process.signals,
+                        health: &mut self.process.health,
+                        give_up_at: &mut self.process.give_up_at,
                         last_token: &mut self.last_token,
-                        launcher: &mut self.launcher,
+                        launcher: &mut self.process.launcher,
                     };
-                    let (ev, held) = candidacy::campaign(ask, startup.take()).await?;
+                    let (ev, campaigned) = candidacy::campaign(ask, startup.take()).await?;
+                    let held = match campaigned {
+                        Campaigned::Nothing => Held::Nothing,
+                        Campaigned::Lease(c) => Held::Lease(c),
+                        Campaigned::Term(c, t) => Held::Term(c, t),
+                    };
                     let seen = ev.to_string();
                     (held, lifecycle::campaigned(attempt, ev, &policy), seen)
                 }
                 State::BackingOff { attempt, wait } => {
-                    let ev = candidacy::backoff(wait, self.give_up_at, &mut self.signals).await;
+                    let ev = candidacy::backoff(
+                        wait,
+                        self.process.give_up_at,
+                        &mut self.process.signals,
+                    )
+                    .await;
                     let step = lifecycle::backed_off(attempt, ev);
                     (Held::Nothing, step, ev.to_string())
                 }
                 State::Delaying(c, mut t) => {
                     let around = Around {
-                        ctx: &self.env.ctx,
+                        ctx: &self.process.env.ctx,
                         lease: &c.lease,
-                        signals: &mut self.signals,
+                        signals: &mut self.process.signals,
                     };
                     let ev = t.events.next_while_delaying(t.token, around).await;
                     let step = lifecycle::delaying(t.token, ev, &policy);
                     (Held::Term(c, t), step, ev.to_string())
                 }
                 State::Elected(c, mut t) => {
-                    let health = self.health.as_ref();
+                    let health = self.process.health.as_ref();
                     let (ev, job) = t
-                        .start(&self.env, &c.lease, &mut self.launcher, health)
+                        .start(
+                            &self.process.env,
+                            &c.lease,
+                            &mut self.process.launcher,
+                            health,
+                        )
                         .await;
                     let seen = ev.to_string();
                     let step = lifecycle::started(t.token, ev, &policy);
@@ -254,9 +237,9 @@ impl Driver {
                 }
                 State::Leading(c, mut t, mut j) => {
                     let around = Around {
-                        ctx: &self.env.ctx,
+                        ctx: &self.process.env.ctx,
                         lease: &c.lease,
-                        signals: &mut self.signals,
+                        signals: &mut self.process.signals,
                     };
                     let ev = t.events.next_term_event(t.token, &mut j, around).await;
                     let step = lifecycle::leading(t.token, ev, &policy);
@@ -268,7 +251,7 @@ impl Driver {
                     (held, step, ev.to_string())
                 }
                 State::Draining(c, t, mut j, why) => {
-                    let ev = events::next_drain_event(&mut j, &mut self.signals).await;
+                    let ev = events::next_drain_event(&mut j, &mut self.process.signals).await;
                     let step = lifecycle::draining(t.token, why, ev, &policy);
                     let held = match ev {
                         DrainEvent::JobEnded { .. } => Held::Term(c, t),
@@ -335,7 +318,7 @@ impl Driver {
 
     /// Carries out one action of a step on what the state holds, and returns what is left.
     async fn perform(&mut self, held: Held, action: Action<Failure>) -> Result<Held> {
-        let grace = self.env.cfg.grace;
+        let grace = self.process.env.cfg.grace;
         match (action, held) {
             (Action::StopJob { signal }, Held::Job(c, t, mut j)) => {
                 j.job.stop(signal, grace);
@@ -373,7 +356,7 @@ impl Driver {
             }),
             // The term ends here: its record closes it, and what is left is its lease.
             (Action::RecordEnd(reason), Held::Term(mut c, t)) => {
-                t.end(&self.env, &mut c, reason).await;
+                c.closing = t.end(&self.process.env, reason).await;
                 Ok(Held::Lease(c))
             }
             (Action::RevokeLease, held) => {
@@ -381,7 +364,7 @@ impl Driver {
                 match held {
                     Held::Nothing => {}
                     // A term given up before its job ran needs no end record.
-                    Held::Lease(c) | Held::Term(c, _) => c.revoke(&self.env).await,
+                    Held::Lease(c) | Held::Term(c, _) => c.revoke(&self.process.env).await,
                     job @ Held::Job(..) => return unheld("giving the lease up", job),
                 }
                 Ok(Held::Nothing)
@@ -397,11 +380,11 @@ impl Driver {
 
     /// A job started: what the process says and resets once its first job runs.
     fn job_started(&mut self) {
-        if let Some(w) = self.etcd_warning.take() {
+        if let Some(w) = self.process.etcd_warning.take() {
             tracing::warn!("{w}");
         }
         // A term ran: `--wait` counts afresh from the next campaign.
-        self.give_up_at = None;
+        self.process.give_up_at = None;
     }
 }
 
@@ -412,11 +395,4 @@ fn unheld(what: &str, held: Held) -> Result<Held> {
         Exit::Software,
         format!("internal error: {what} while holding {}", held.name()),
     ))
-}
-
-/// Whether a new term's token is not above the previous one's: etcd's revisions went back
-/// (a wiped data directory, or a restore without `--bump-revision`), and the fencing contract
-/// no longer holds for the resources this job writes to.
-pub fn token_regressed(last: Option<i64>, token: i64) -> bool {
-    last.is_some_and(|l| token <= l)
 }

@@ -14,36 +14,11 @@ use tokio::sync::mpsc;
 
 use crate::supervisor::JobControl;
 
+use super::lifecycle::Arrived;
+
 /// Signals that lead-exec catches. TERM, INT, HUP and QUIT stop (or cancel) the run; USR1 and
 /// USR2 are only forwarded to a running job.
 pub const CAUGHT: [i32; 6] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
-
-/// A signal to lead-exec, typed where it arrives: on the signal thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arrived {
-    /// TERM, INT, HUP or QUIT: the run ends, a running job stopped with this signal first.
-    Stop(i32),
-    /// USR1 or USR2: for the job alone. What it means while no job runs is each phase's to
-    /// say ([`super::lifecycle`]).
-    Forward(i32),
-}
-
-impl Arrived {
-    /// What a caught signal is for.
-    pub fn of(sig: i32) -> Arrived {
-        if matches!(sig, SIGTERM | SIGINT | SIGHUP | SIGQUIT) {
-            Arrived::Stop(sig)
-        } else {
-            Arrived::Forward(sig)
-        }
-    }
-
-    pub fn number(self) -> i32 {
-        match self {
-            Arrived::Stop(s) | Arrived::Forward(s) => s,
-        }
-    }
-}
 
 /// Whether `sig` was ignored when this process started: under `nohup` (HUP), or as a
 /// background command of a shell without job control (INT, QUIT).

@@ -15,11 +15,10 @@ use crate::records::Writer;
 use crate::supervisor::{JobControl, JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
 
-use super::candidacy::{Candidacy, Closing, EndAfterRevoke};
+use super::env::{Env, Failure};
 use super::events::{RunningJob, TermEvents};
 use super::health::Health;
 use super::lifecycle::StartEnd;
-use super::{Env, Failure};
 
 /// What starts the jobs, for the life of the process.
 pub struct Launcher {
@@ -335,9 +334,9 @@ impl Term {
     }
 
     /// Writes how the term ended, while our key still guards the write; also the run key.
-    /// This ends the term: what is left is its lease, whose revoke follows (`closing` says
-    /// what that revoke must do).
-    pub async fn end(mut self, env: &Env, candidacy: &mut Candidacy, reason: TermEnd) {
+    /// This ends the term: what is left is its lease, whose revoke follows, told by what is
+    /// returned what it must do.
+    pub async fn end(mut self, env: &Env, reason: TermEnd) -> Closing {
         // The end record goes after the start record, or in its place: one still being written
         // is stopped, and goes in whole with the end.
         let mut start = match self.start_record.take() {
@@ -388,13 +387,10 @@ impl Term {
             None => Ok(false),
         };
         match (released, &start) {
-            (Ok(true), _) => {
-                candidacy.closing = Closing::KeyDeleted;
-                return;
-            }
+            (Ok(true), _) => return Closing::KeyDeleted,
             // Our key is gone or the record changed: nothing of ours to close; the revoke
             // ends the lease.
-            (Ok(false), Some(Start::Written(_))) => return,
+            (Ok(false), Some(Start::Written(_))) => return Closing::Open,
             // Our key is gone: the term ended unseen, as one whose record was written and never
             // closed. Its start record goes in as that (open, read as a lost lease) if none of
             // its attempts landed, so that history shows the term ran; the revoke follows.
@@ -404,7 +400,7 @@ impl Term {
                     Ok(false) => tracing::debug!("history: the start record had landed"),
                     Err(e) => tracing::warn!("history: {e:#}"),
                 }
-                return;
+                return Closing::Open;
             }
             // No start record to close: the record is written whole, after the revoke.
             (Ok(false), None) => {}
@@ -414,12 +410,32 @@ impl Term {
         }
         // The key goes first, so that the next term does not wait for the record: the revoke
         // deletes it (and our slot key), and the record follows it.
-        candidacy.closing = Closing::RecordAfterRevoke(Box::new(EndAfterRevoke {
+        Closing::RecordAfterRevoke(Box::new(EndAfterRevoke {
             token: self.token,
             start,
             reason,
-        }));
+        }))
     }
+}
+
+/// How a term's end left the lease it ran on, for the revoke that follows.
+pub enum Closing {
+    /// Our key is still in line (or there was no term).
+    Open,
+    /// The end record also deleted our key: the lease holds nothing any more, so revoking
+    /// it can wait in the background (or be left to expire when lead-exec exits).
+    KeyDeleted,
+    /// The end record could not close the term in one commit with the key: the revoke
+    /// deletes the key first, so that the next term does not wait for the record, and the
+    /// record follows, guarded by itself since the key that guarded it is gone.
+    RecordAfterRevoke(Box<EndAfterRevoke>),
+}
+
+/// A term's end record, to be written once its lease is revoked.
+pub struct EndAfterRevoke {
+    pub token: i64,
+    pub start: Option<Start>,
+    pub reason: TermEnd,
 }
 
 impl Launcher {

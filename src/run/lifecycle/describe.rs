@@ -146,7 +146,7 @@ impl fmt::Display for DrainEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::signals::Arrived;
+    use crate::run::lifecycle::Arrived;
 
     #[test]
     fn events_read_as_words() {

@@ -46,8 +46,6 @@ use crate::election::lease::Loss;
 use crate::exit::Exit;
 use crate::records::history::TermEnd;
 
-use super::signals::Arrived;
-
 mod describe;
 pub use describe::SignalName;
 
@@ -244,6 +242,36 @@ pub enum TermEvent {
     },
     /// Whether a higher-priority candidate is still in line (`None`: etcd did not answer).
     Outranked(Option<bool>),
+}
+
+/// A signal to lead-exec, typed where it arrives: on the signal thread ([`super::signals`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrived {
+    /// TERM, INT, HUP or QUIT: the run ends, a running job stopped with this signal first.
+    Stop(i32),
+    /// USR1 or USR2: for the job alone. What it means while no job runs is each phase's to
+    /// say.
+    Forward(i32),
+}
+
+impl Arrived {
+    /// What a caught signal is for.
+    pub fn of(sig: i32) -> Arrived {
+        if matches!(
+            sig,
+            libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT
+        ) {
+            Arrived::Stop(sig)
+        } else {
+            Arrived::Forward(sig)
+        }
+    }
+
+    pub fn number(self) -> i32 {
+        match self {
+            Arrived::Stop(s) | Arrived::Forward(s) => s,
+        }
+    }
 }
 
 /// What reaches a term while its job is being stopped.
