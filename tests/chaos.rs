@@ -309,7 +309,8 @@ fn compaction_past_a_watchers_revision() {
     done(c);
 }
 
-/// A short seeded soak of mixed faults; `cargo run --release --example chaos` runs long ones.
+/// A short seeded soak of mixed faults; `cargo run --release -p lead-exec-harness --bin chaos`
+/// runs long ones.
 #[test]
 fn short_seeded_soak() {
     let report = soak(3, 1, 6, 7, TTL, |line| eprintln!("{line}"));

@@ -29,7 +29,6 @@ pub fn mono_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
-/// The fenced ledger binary (`examples/ledger.rs`), built beside lead-exec.
 /// A fresh fenced ledger and an empty event log in `dir`: (the ledger's database, the log).
 pub fn new_ledger(dir: &Path) -> (PathBuf, PathBuf) {
     let db = dir.join("ledger.db");
@@ -43,6 +42,7 @@ pub fn new_ledger(dir: &Path) -> (PathBuf, PathBuf) {
     (db, events)
 }
 
+/// The fenced ledger binary (the example `examples/ledger/`), built beside lead-exec.
 pub fn ledger_bin() -> PathBuf {
     let bin_dir = Path::new(bin())
         .parent()

@@ -8,6 +8,11 @@
 //! A test opens with a [`Fixture`]: `let f = Fixture::new();` starts a one-member etcd and
 //! gives its endpoints (`f.ep`), a temp dir for the test's files (`f.dir`) and the cluster
 //! itself (`f.etcd`); `Fixture::with(Etcd::start3())` does the same around three members.
+//!
+//! The tools built on it are this crate's binaries (`src/bin/`): the chaos soak (`chaos`), the
+//! partition soak (`partitions`) and the benchmarks (`bench`), each run as
+//! `cargo run --release -p lead-exec-harness --bin NAME -- ARGS`; they build the lead-exec
+//! binaries they drive first ([`build_binaries`]).
 
 pub mod chaos;
 pub mod liveness;
@@ -26,18 +31,53 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-/// The binary under test: `lead-exec` in the target directory of the test or example that
-/// runs (they live one level below it, in `deps/` or `examples/`), else from PATH.
+/// The binary under test: `lead-exec` in the target directory of the program that runs (this
+/// crate's tools live in it, tests and examples one level below it, in `deps/` or
+/// `examples/`), else from PATH.
 pub fn bin() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|e| Some(e.parent()?.parent()?.join("lead-exec")))
-            .filter(|p| p.is_file())
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "lead-exec".into())
+        let exe = std::env::current_exe().unwrap_or_default();
+        let found = exe
+            .ancestors()
+            .skip(1)
+            .take(2)
+            .map(|d| d.join("lead-exec"))
+            .find(|p| p.is_file());
+        found.map_or_else(|| "lead-exec".into(), |p| p.to_string_lossy().into_owned())
     })
+}
+
+/// For this crate's tools (`src/bin/`), which run from `TARGET/PROFILE/`: builds lead-exec and
+/// its watchdog (with `ledger`, the fenced ledger example too) into the same target directory,
+/// in the release profile or else in the tool's own, and returns the directory they are in.
+/// Always run, so that a binary left from an older build is never the one driven (a no-op
+/// when they are fresh).
+pub fn build_binaries(release: bool, ledger: bool) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
+    let own = exe.parent().ok_or("no directory")?;
+    let target = own.parent().ok_or("not in a target directory")?;
+    let release = release || own.ends_with("release");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let example: &[&str] = if ledger {
+        &["--example", "ledger"]
+    } else {
+        &[]
+    };
+    let ok = Command::new(cargo)
+        .args(["build", "-p", "lead-exec", "--bins"])
+        .args(example)
+        .args(release.then_some("--release"))
+        .env("CARGO_TARGET_DIR", target)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .status()
+        .is_ok_and(|s| s.success());
+    let dir = target.join(if release { "release" } else { "debug" });
+    if ok && dir.join("lead-exec").is_file() {
+        Ok(dir)
+    } else {
+        Err(format!("could not build lead-exec into {}", dir.display()))
+    }
 }
 
 /// Lease settings that keep tests fast and still pass the safety check: a 2 s window before

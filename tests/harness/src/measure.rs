@@ -1,4 +1,4 @@
-//! The benchmarks' measuring kit (`examples/bench`): a single etcd spoken to over its HTTP
+//! The benchmarks' measuring kit (`src/bin/bench`): a single etcd spoken to over its HTTP
 //! gateway ([`etcd`]), a proxy that blackholes right after a keepalive answer ([`blackhole`]),
 //! FIFOs that jobs report on ([`fifo`]), wrapper processes in process groups of their own,
 //! killed whole on the way out ([`worker`], [`reap`]), statistics ([`stats`]) and the report

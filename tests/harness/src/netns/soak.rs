@@ -1,6 +1,6 @@
 //! The partition soak: a [`Testbed`], the [`Nemesis`] for a while, then the checker over the
 //! history, with every liveness gap attributed to a cause. Shared by the integration test and
-//! `examples/partitions`.
+//! the `partitions` tool (`src/bin/partitions`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -5,12 +5,13 @@
 //! after a newer token, stale writes and liveness gaps, each gap with its cause.
 //!
 //! ```text
-//! cargo run --release --example partitions -- --minutes 60 --seed 7 [--ttl 4s] [--workers 3]
+//! cargo run --release -p lead-exec-harness --bin partitions -- --minutes 60 --seed 7 [--ttl 4s] [--workers 3]
 //! ```
 //!
 //! Needs root, `ip` (iproute2) and `nft` (nftables). Exits 1 on a safety violation or a gap
 //! over TTL + 2 s with no cause, 2 on bad arguments. The testbed and the checker are the
-//! integration tests' own (`tests/harness`); this file parses and builds, `report.rs` prints.
+//! integration tests' own (this crate, `tests/harness`); this file parses and builds lead-exec
+//! and the ledger example, `report.rs` prints.
 
 mod report;
 
@@ -61,24 +62,6 @@ fn settings(args: &[String]) -> Result<Settings, String> {
     Ok(s)
 }
 
-/// lead-exec and the ledger live in the target directory this example was built into.
-fn build_binaries() {
-    let exe = std::env::current_exe().expect("current exe");
-    let examples = exe.parent().expect("examples dir").to_path_buf();
-    let target = examples.parent().expect("target dir").to_path_buf();
-    if target.join("lead-exec").is_file() && examples.join("ledger").is_file() {
-        return;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let release = target.ends_with("release");
-    let ok = std::process::Command::new(cargo)
-        .args(["build", "--bin", "lead-exec", "--example", "ledger"])
-        .args(release.then_some("--release"))
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "could not build lead-exec and the ledger");
-}
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
@@ -96,7 +79,11 @@ fn main() -> ExitCode {
         eprintln!("partitions: {e}");
         return ExitCode::FAILURE;
     }
-    build_binaries();
+    // lead-exec and the ledger, built beside this tool, where the harness finds them.
+    if let Err(e) = harness::build_binaries(false, true) {
+        eprintln!("partitions: {e}");
+        return ExitCode::FAILURE;
+    }
     println!(
         "partition soak: {} members, {} workers, ttl {}, {} min, seed {}, {} cores, load {}",
         s.members,

@@ -1,7 +1,7 @@
 //! Benchmarks lead-exec against `etcdctl lock` on one throwaway etcd.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--quick] [--keep-logs] [--candidates N] [--scenario NAME[,NAME...]]
+//! cargo run --release -p lead-exec-harness --bin bench -- [--quick] [--keep-logs] [--candidates N] [--scenario NAME[,NAME...]]
 //! ```
 //!
 //! `--keep-logs` keeps the temporary directory with every wrapper's stderr and etcd's log.
@@ -50,12 +50,12 @@ mod wholerun;
 use std::fs;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use harness::measure::etcd::HttpEtcd;
 use harness::measure::fifo::Fifo;
 use harness::measure::reap;
@@ -128,7 +128,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo run --release --example bench -- [--quick] [--keep-logs] [--candidates N] [--scenario {}]",
+        "usage: cargo run --release -p lead-exec-harness --bin bench -- [--quick] [--keep-logs] [--candidates N] [--scenario {}]",
         SCENARIOS.join("|")
     );
     ExitCode::from(2)
@@ -295,23 +295,10 @@ pub(crate) fn start_pair(cx: &Cx, tool: Tool, election: &str, on_term: &str) -> 
     Ok(Pair { a, b, fa, fb })
 }
 
-/// Finds target/release/lead-exec next to this example's binary, building it if missing.
+/// Builds the release lead-exec and its watchdog (lead-exec uses the watchdog beside it) into
+/// this tool's target directory and returns lead-exec's path: always, so that a binary left
+/// from an older build is never measured instead of this tree's (a no-op when it is fresh).
 fn lead_exec_binary() -> Result<PathBuf> {
-    let me = std::env::current_exe()?;
-    let release = me
-        .parent()
-        .and_then(Path::parent)
-        .context("unexpected location of the bench binary")?;
-    let bin = release.join("lead-exec");
-    // Always: a binary left from an older build would be measured instead of this tree's
-    // (a no-op when it is fresh). Both binaries: lead-exec uses the watchdog beside it.
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let ok = Command::new(cargo)
-        .args(["build", "--release", "--bins"])
-        .status()?
-        .success();
-    if !ok || !bin.is_file() {
-        bail!("could not build {}", bin.display());
-    }
-    Ok(bin)
+    let dir = harness::build_binaries(true, false).map_err(anyhow::Error::msg)?;
+    Ok(dir.join("lead-exec"))
 }

@@ -2,11 +2,12 @@
 //! writing to a fenced SQLite ledger, then checks the history.
 //!
 //! ```text
-//! cargo run --release --example chaos -- --workers 4 --trials 50 --seed 1 [--ttl 3s] [--slots N]
+//! cargo run --release -p lead-exec-harness --bin chaos -- --workers 4 --trials 50 --seed 1 [--ttl 3s] [--slots N]
 //! ```
 //!
 //! Prints per-fault counts, failover times (min, median, max) and the checker's verdict; exits
-//! 1 on any violation. The harness is the integration tests' own (`tests/harness`).
+//! 1 on any violation. It builds lead-exec and the ledger example first. The harness is the
+//! integration tests' own (this crate, `tests/harness`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -35,27 +36,11 @@ fn main() -> ExitCode {
     let ttl: String = arg(&args, "--ttl", "3s".to_string());
     let ttl = humantime::parse_duration(&ttl).expect("--ttl");
 
-    // lead-exec and the ledger live in the target directory this example was built into.
-    let exe = std::env::current_exe().expect("current exe");
-    let examples = exe.parent().expect("examples dir").to_path_buf();
-    let target = examples.parent().expect("target dir").to_path_buf();
-    if !target.join("lead-exec").is_file() || !examples.join("ledger").is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let profile = if target.ends_with("release") {
-            vec!["--release"]
-        } else {
-            vec![]
-        };
-        let ok = std::process::Command::new(cargo)
-            .args(["build", "--bin", "lead-exec", "--example", "ledger"])
-            .args(profile)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "could not build lead-exec and the ledger");
+    // lead-exec and the ledger, built beside this tool, where the harness finds them.
+    if let Err(e) = harness::build_binaries(false, true) {
+        eprintln!("chaos: {e}");
+        return ExitCode::FAILURE;
     }
-    let path = std::env::var("PATH").unwrap_or_default();
-    std::env::set_var("PATH", format!("{}:{path}", target.display()));
 
     println!(
         "chaos soak: {workers} workers, {slots} slot(s), {trials} trials, seed {seed}, ttl {}",
