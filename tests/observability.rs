@@ -1312,3 +1312,214 @@ fn the_refusals_file_goes_in_the_services_runtime_directory() {
     w.wait(secs(10));
     assert!(!file.exists(), "left behind: {}", file.display());
 }
+
+/// `GET /leader` on a `--metrics-addr` port on loopback: the status, the Content-Type and the
+/// body as JSON; `None` when nothing answers there.
+fn leader_check(port: u16) -> Option<(u16, String, serde_json::Value)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(secs(5))).ok()?;
+    s.write_all(b"GET /leader HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type: ")
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {out}"));
+    Some((status, content_type, json))
+}
+
+/// Polls `/leader` on `port` until it answers `status`; that answer.
+fn wait_leader_check(port: u16, status: u16) -> (u16, String, serde_json::Value) {
+    let mut got = None;
+    let ok = wait_until(secs(10), || {
+        got = leader_check(port);
+        got.as_ref().is_some_and(|g| g.0 == status)
+    });
+    assert!(ok, "/leader on {port} never said {status}: {got:?}");
+    got.unwrap()
+}
+
+/// A body's keys, in name order.
+fn keys(body: &serde_json::Value) -> Vec<&str> {
+    let mut k: Vec<&str> = body
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    k.sort();
+    k
+}
+
+#[test]
+fn leader_check_is_200_on_the_leader_503_in_line_and_follows_a_handover() {
+    let f = Fixture::new();
+    let (pa, pb) = (free_port(), free_port());
+    let (ma, mb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
+    let before = std::time::SystemTime::now();
+    let mut a = spawn(
+        f.dir.path(),
+        "a",
+        &run_args(
+            "lb",
+            &f.ep,
+            &["--metrics-addr", &ma, "--id", "a"],
+            &job(f.dir.path(), "a"),
+        ),
+    );
+    let ta = wait_int(&f.dir.path().join("a.token"), secs(10));
+    // The job can write its token before lead-exec has taken in the watchdog's "started".
+    let (_, content_type, body) = wait_leader_check(pa, 200);
+    assert_eq!(content_type, "application/json");
+    assert_eq!(keys(&body), ["election", "id", "since", "token"], "{body}");
+    assert_eq!(body["election"], "lb", "{body}");
+    assert_eq!(body["id"], "a", "{body}");
+    assert_eq!(body["token"], ta, "{body}");
+    // RFC 3339 in UTC, to the millisecond: lead_exec_job_start_time_seconds.
+    let since = body["since"].as_str().expect("since");
+    assert!(since.ends_with('Z') && since.len() == 24, "{since}");
+    let started = humantime::parse_rfc3339(since).unwrap();
+    assert!(started >= before - secs(1) && started <= std::time::SystemTime::now());
+    let text = scrape(pa).unwrap();
+    let gauge = metric(&text, "lead_exec_job_start_time_seconds").expect(&text);
+    let ms = started.duration_since(std::time::UNIX_EPOCH).unwrap();
+    assert_eq!(ms.as_millis() as f64, (gauge * 1000.0).round(), "{text}");
+    // HEAD answers as GET without the body; other methods are 405.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", pa)).unwrap();
+    let head = exchange(&mut s, "HEAD /leader HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(!head.contains("\"token\""), "HEAD sent a body: {head}");
+    let post = exchange(
+        &mut s,
+        "POST /leader HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    drop(s);
+
+    let b = spawn(
+        f.dir.path(),
+        "b",
+        &run_args(
+            "lb",
+            &f.ep,
+            &["--metrics-addr", &mb, "--id", "b"],
+            &job(f.dir.path(), "b"),
+        ),
+    );
+    b.wait_log("waiting behind", secs(10));
+    let (status, content_type, body) = leader_check(pb).expect("b answers");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(content_type, "application/json");
+    assert_eq!(
+        body,
+        serde_json::json!({"election": "lb", "id": "b", "token": null, "since": null})
+    );
+    assert_eq!(leader_check(pa).map(|g| g.0), Some(200));
+
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    let tb = wait_int(&f.dir.path().join("b.token"), secs(10));
+    assert!(tb > ta, "{tb} after {ta}");
+    let (_, _, body) = wait_leader_check(pb, 200);
+    assert_eq!(body["token"], tb, "{body}");
+    assert_eq!(body["id"], "b", "{body}");
+    assert!(leader_check(pa).is_none(), "a is gone, yet answers");
+    drop(b);
+}
+
+/// A lost term answers 503 from the moment it is known lost, before its job is stopped: the
+/// next holder may start meanwhile. The job still runs (`lead_exec_is_leader` 1), but the
+/// worker holds no slot (-1); its next term answers 200 again with a larger token.
+#[test]
+fn leader_check_says_503_once_a_term_is_lost_while_its_job_is_still_stopping() {
+    let f = Fixture::new();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let body = "echo $FENCING_TOKEN > $D/w.token; \
+                trap 'touch $D/stopping; while [ ! -e $D/release ]; do sleep 0.05; done; exit 0' TERM; \
+                while :; do sleep 0.05; done";
+    let mut w = spawn(
+        f.dir.path(),
+        "w",
+        &run_args_with(
+            &WIDE_GRACE,
+            "lost",
+            &f.ep,
+            &["--metrics-addr", &addr],
+            &script(f.dir.path(), body),
+        ),
+    );
+    let first = wait_int(&f.dir.path().join("w.token"), secs(10));
+    wait_leader_check(port, 200);
+    std::fs::remove_file(f.dir.path().join("w.token")).unwrap();
+    let key = f.etcd.keys("lead-exec/elections/lost/").remove(0);
+    f.etcd.ctl(&["del", &key]);
+    // The job has its SIGTERM and waits for the test to let it end.
+    let stopping = f.dir.path().join("stopping");
+    assert!(wait_until(secs(10), || stopping.exists()), "no SIGTERM");
+    let (status, _, body) = leader_check(port).expect("answers");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["token"], serde_json::Value::Null, "{body}");
+    let text = scrape(port).unwrap();
+    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "lead_exec_slot"), Some(-1.0), "{text}");
+    std::fs::write(f.dir.path().join("release"), "").unwrap();
+    let next = wait_int(&f.dir.path().join("w.token"), secs(10));
+    assert!(next > first, "{next} after {first}");
+    let (_, _, body) = wait_leader_check(port, 200);
+    assert_eq!(body["token"], next, "{body}");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
+/// With `--slots`, each holder answers 200 with its slot, and a waiting candidate 503 with a
+/// null slot.
+#[test]
+fn leader_check_names_the_slot_with_slots() {
+    let f = Fixture::new();
+    let ports = [free_port(), free_port(), free_port()];
+    let mut workers = Vec::new();
+    for (id, port) in ["a", "b", "c"].into_iter().zip(ports) {
+        let (addr, body) = (format!("127.0.0.1:{port}"), job(f.dir.path(), id));
+        let args = run_args(
+            "slotted",
+            &f.ep,
+            &["--slots", "2", "--id", id, "--metrics-addr", &addr],
+            &body,
+        );
+        workers.push(spawn(f.dir.path(), id, &args));
+        if id != "c" {
+            wait_int(&f.dir.path().join(format!("{id}.token")), secs(10));
+        }
+    }
+    workers[2].wait_log("waiting for one of 2 slots", secs(10));
+    let mut slots = Vec::new();
+    for (id, port) in ["a", "b"].into_iter().zip(ports) {
+        let (_, _, body) = wait_leader_check(port, 200);
+        assert_eq!(keys(&body), ["election", "id", "since", "slot", "token"]);
+        assert_eq!(body["id"], id, "{body}");
+        slots.push(body["slot"].as_i64().expect("a slot"));
+    }
+    slots.sort();
+    assert_eq!(slots, [0, 1]);
+    let (status, _, body) = leader_check(ports[2]).expect("c answers");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body,
+        serde_json::json!({"election": "slotted", "id": "c", "slot": null, "token": null, "since": null})
+    );
+    for w in &workers {
+        w.signal(libc::SIGTERM);
+    }
+    for w in &mut workers {
+        w.wait(secs(10));
+    }
+}

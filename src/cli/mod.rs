@@ -301,7 +301,7 @@ pub struct RunArgs {
     #[arg(long, env = "LEAD_EXEC_CGROUP", value_enum, default_value_t = CgroupMode::Auto, help_heading = "Job")]
     pub cgroup: CgroupMode,
 
-    /// Serve Prometheus metrics on HOST:PORT.
+    /// Serve Prometheus metrics (/metrics) and a leader check (/leader) on HOST:PORT.
     #[arg(
         long,
         env = "LEAD_EXEC_METRICS_ADDR",

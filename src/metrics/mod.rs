@@ -1,7 +1,9 @@
-//! Prometheus metrics, served by `run --metrics-addr HOST:PORT` at `/metrics`.
+//! Prometheus metrics, served by `run --metrics-addr HOST:PORT` at `/metrics`, and the
+//! `/leader` check read off them.
 //!
 //! The values live in one process-wide registry; the election and supervisor code update them
-//! through the small functions below, so no metrics type leaks into their signatures.
+//! through the small functions below, so no metrics type leaks into their signatures. The
+//! registry holds metrics only: `/leader` (the `leader` module) answers from the same gauges.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -12,6 +14,7 @@ use prometheus::{
 };
 use std::sync::{Mutex, OnceLock};
 
+mod leader;
 mod refusals;
 mod serve;
 
@@ -23,6 +26,7 @@ struct Metrics {
     is_leader: IntGauge,
     token: IntGauge,
     slot: IntGauge,
+    job_start: Gauge,
     ttl_remaining: Gauge,
     keepalive_rtt: Histogram,
     campaigns_won: IntCounter,
@@ -94,6 +98,13 @@ fn metrics() -> Metrics {
             IntGauge::new(
                 "lead_exec_slot",
                 "Slot (LEAD_EXEC_SLOT) this worker holds (0 with one slot); -1 while it holds none",
+            ),
+        ),
+        job_start: made(
+            r,
+            Gauge::new(
+                "lead_exec_job_start_time_seconds",
+                "Unix time the current (or last) term's job started; 0 before the first",
             ),
         ),
         ttl_remaining: made(
@@ -374,6 +385,14 @@ pub fn leading(on: bool) {
     }
 }
 
+/// The term is lost (its key is gone, or will be before anything can be done about it):
+/// this worker holds no slot from now on, while its job is still being stopped
+/// (`lead_exec_is_leader` stays 1 until the job's group is gone). `/leader` answers 503 from
+/// here, since the next holder's job may start at any moment.
+pub fn term_lost() {
+    METRICS.slot.set(-1);
+}
+
 pub fn ttl_remaining(d: Duration) {
     METRICS.ttl_remaining.set(d.as_secs_f64());
 }
@@ -385,6 +404,11 @@ pub fn lost(reason: &str) {
 /// A job started; `handover_from` is when the key its term waited behind was deleted, for a
 /// term won by waiting in line.
 pub fn job_started(handover_from: Option<std::time::Instant>) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // Whole milliseconds, so that `/leader` reads back the time it was given.
+    METRICS.job_start.set(now.as_millis() as f64 / 1000.0);
     METRICS.job_starts.inc();
     if let Some(gone) = handover_from {
         METRICS.handover.observe(gone.elapsed().as_secs_f64());

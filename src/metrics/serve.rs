@@ -1,4 +1,4 @@
-//! The `/metrics` endpoint: hyper, one task per connection, bounded.
+//! The `/metrics` and `/leader` endpoints: hyper, one task per connection, bounded.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -6,6 +6,7 @@ use tracing::Instrument;
 
 use anyhow::Result;
 
+use super::leader::leader;
 use super::refusals::create_check_file;
 use super::render;
 
@@ -36,7 +37,7 @@ pub async fn serve(addr: SocketAddr) -> Result<Option<std::path::PathBuf>> {
         )
     })?;
     if let Ok(bound) = listener.local_addr() {
-        tracing::info!("metrics at http://{bound}/metrics");
+        tracing::info!("metrics at http://{bound}/metrics, the leader check at /leader");
     }
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(
@@ -68,34 +69,51 @@ pub async fn serve(addr: SocketAddr) -> Result<Option<std::path::PathBuf>> {
 
 type Body = http_body_util::Full<hyper::body::Bytes>;
 
-/// `GET` or `HEAD /metrics`; 404 elsewhere, 405 for other methods.
+/// `GET` or `HEAD /metrics` and `/leader`; 404 elsewhere, 405 for other methods.
 async fn answer(
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Result<hyper::Response<Body>, std::convert::Infallible> {
+    use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
     use hyper::{Method, StatusCode};
     let reply = |status: StatusCode, body: String| {
         let mut r = hyper::Response::new(Body::new(body.into()));
         *r.status_mut() = status;
         r
     };
-    let mut resp = match (req.method(), req.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => {
+    let read = matches!(req.method(), &Method::GET | &Method::HEAD);
+    let mut resp = match req.uri().path() {
+        "/metrics" | "/leader" if !read => {
+            let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into());
+            r.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+            r
+        }
+        "/metrics" => {
             let mut r = reply(StatusCode::OK, render());
             r.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
             );
             r
         }
-        (_, "/metrics") => {
-            let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n".into());
-            r.headers_mut().insert(
-                hyper::header::ALLOW,
-                hyper::header::HeaderValue::from_static("GET, HEAD"),
-            );
+        "/leader" => {
+            let (leads, body) = leader();
+            let status = if leads {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let mut r = reply(status, body);
+            let h = r.headers_mut();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            // A health check must see the term as it is now, never a cached answer.
+            h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
             r
         }
-        _ => reply(StatusCode::NOT_FOUND, "not found: try /metrics\n".into()),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics or /leader\n".into(),
+        ),
     };
     if req.method() == Method::HEAD {
         // hyper sends no body for HEAD; keep the length a GET would have.

@@ -338,6 +338,9 @@ impl TermEvents {
                 Raw::Lease(LeaseUpdate::Lost(r)) => TermEvent::Lost(r),
                 Raw::Lease(LeaseUpdate::Silent) => TermEvent::LeaseTaskEnded,
                 Raw::Leader(LeaderEvent::KeyDeleted) => {
+                    // Whatever the answer below, the term is over: the next holder may
+                    // start while we ask, so `/leader` must not say 200 meanwhile.
+                    metrics::term_lost();
                     // A revoked or expired lease deletes the key too, and then the next
                     // leader may already run: ask, so the job gets SIGKILL at once.
                     let gone = a.lease.is_gone(s.ask_within).await;

@@ -269,6 +269,8 @@ impl Driver {
                 },
             ) = (phase, next)
             {
+                // Before the job is stopped: the next holder may start at any moment.
+                metrics::term_lost();
                 metrics::lost(r.label());
             }
             // A step that stays in its phase is quiet only when it passes a signal on or

@@ -318,8 +318,9 @@ impl Term {
             }
         };
         tracing::info!(token, pid = job.pid, "leading: job started");
-        metrics::leading(true);
+        // The start time first: `/leader` reads it as soon as the worker leads.
         metrics::job_started(self.predecessor_gone);
+        metrics::leading(true);
         notify::status(&format!("leading, token {token}"));
         let mut job = *job;
         job.under_job_control(&launcher.job_control);
