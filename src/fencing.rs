@@ -45,6 +45,9 @@ pub fn job_env(
     if let Some(k) = &cfg.run_key {
         env.push(("LEAD_EXEC_RUN_KEY".to_string(), k.clone()));
     }
+    if let Some(p) = &cfg.period {
+        env.push(("LEAD_EXEC_PERIOD_START".to_string(), p.start.clone()));
+    }
     // Empty without --metrics-addr: a lead-exec run inside a job must not count its own job's
     // refusals in the outer lead-exec's file.
     let refusals = refusals
@@ -56,24 +59,51 @@ pub fn job_env(
 
 #[cfg(test)]
 mod tests {
-    /// The man pages' ENVIRONMENT section names every variable a job gets, with --run-key and
-    /// --metrics-addr (which add theirs).
-    #[test]
-    fn the_manual_names_every_variable_of_the_job() {
+    fn config(flags: &[&str]) -> crate::config::RunConfig {
         use clap::Parser;
-        let args = ["lead-exec", "run", "x", "--run-key", "k", "--", "true"];
+        let args = [&["lead-exec", "run", "x"], flags, &["--", "true"]].concat();
         let crate::cli::Command::Run(a) = crate::cli::Cli::try_parse_from(args).unwrap().command
         else {
             unreachable!()
         };
-        let cfg = crate::config::RunConfig::from_args(&a).unwrap();
-        for (name, _) in super::job_env(&cfg, 2, 0, "k", 1, Some(std::path::Path::new("/run/x"))) {
-            assert!(
-                crate::cli::manual::JOB_ENVIRONMENT
-                    .iter()
-                    .any(|(n, _)| *n == name),
-                "{name} is not in the manual"
-            );
+        crate::config::RunConfig::from_args(&a).unwrap()
+    }
+
+    /// The man pages' ENVIRONMENT section names every variable a job gets, with --run-key,
+    /// --every and --metrics-addr (which add theirs).
+    #[test]
+    fn the_manual_names_every_variable_of_the_job() {
+        for flags in [&["--run-key", "k"][..], &["--every", "1h"]] {
+            let cfg = config(flags);
+            let refusals = Some(std::path::Path::new("/run/x"));
+            for (name, _) in super::job_env(&cfg, 2, 0, "k", 1, refusals) {
+                assert!(
+                    crate::cli::manual::JOB_ENVIRONMENT
+                        .iter()
+                        .any(|(n, _)| *n == name),
+                    "{name} is not in the manual"
+                );
+            }
         }
+    }
+
+    /// `--every` gives the job its period's key as the run key, and the period's start.
+    #[test]
+    fn every_gives_the_job_the_run_key_and_the_period_start() {
+        let cfg = config(&["--every", "1h"]);
+        let env = super::job_env(&cfg, 2, 0, "k", 1, None);
+        let get = |name: &str| {
+            env.iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        let p = cfg.period.clone().unwrap();
+        assert_eq!(get("LEAD_EXEC_RUN_KEY"), p.key);
+        assert_eq!(get("LEAD_EXEC_PERIOD_START"), p.start);
+        assert!(p.start.ends_with(":00:00Z"), "{}", p.start);
+        // Without --every there is no period.
+        let env = super::job_env(&config(&["--run-key", "k"]), 2, 0, "k", 1, None);
+        assert!(!env.iter().any(|(n, _)| n == "LEAD_EXEC_PERIOD_START"));
     }
 }

@@ -37,8 +37,10 @@
 //! The scheduling controls change when and where the job runs, never that rule: `--timeout`
 //! ends a term, `--takeover-delay` holds a new leader's start after an unclean end (judged by
 //! the previous term's history record), `--health-cmd` keeps an unhealthy worker out of line,
-//! and `--priority` makes lower candidates step aside at the head of the line and asks a lower
-//! leader to hand over, with the same token-guarded request as `resign`.
+//! `--priority` makes lower candidates step aside at the head of the line and asks a lower
+//! leader to hand over, with the same token-guarded request as `resign`, and `--splay` holds
+//! the first campaign back by a random time. `--every` is a run key made from the wall clock
+//! (see [`period`]).
 //!
 //! With `--slots N` the N oldest keys hold instead of the first alone (see
 //! [`election::campaign::slots`]); each holder gets its own token and a slot index no other
@@ -94,8 +96,9 @@
 //!   processes through [`supervisor::procs`]: the process group and cgroup, and the tree of
 //!   the watchdog's descendants, everything a stop reaches and the term waits for.
 //!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
-//! - [`exit`], [`clock`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
-//!   CLOCK_BOOTTIME, Prometheus, systemd, values made safe to print.
+//! - [`exit`], [`clock`], [`period`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
+//!   CLOCK_BOOTTIME, `--every`'s periods in UTC, Prometheus, systemd, values made safe to
+//!   print.
 //!
 //! The safety decisions are pure functions with unit and property tests:
 //! the step functions of [`run::lifecycle`], [`supervisor::watchdog::enforcer::Enforcer`],
@@ -113,6 +116,7 @@ pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
+pub mod period;
 pub mod records;
 pub mod run;
 pub mod supervisor;

@@ -555,7 +555,10 @@ fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
             "{bin} run -- true 2> $D/noname.err; echo $? > $D/noname.code; \
              {bin} run outer -- true 2> $D/same.err; echo $? > $D/same.code; \
              {bin} run inner --ttl 3s --grace 500ms --safety-margin 500ms -- \
-               sh -c 'env > $D/inner.env' 2> $D/inner.err; echo $? > $D/inner.code"
+               sh -c 'env > $D/inner.env' 2> $D/inner.err; echo $? > $D/inner.code; \
+             {bin} run every --every 1h --ttl 3s --grace 500ms --safety-margin 500ms -- \
+               sh -c 'echo $LEAD_EXEC_RUN_KEY > $D/every.key' 2> $D/every.err; \
+               echo $? > $D/every.code"
         ),
     );
     let (code, _, err) = run(&run_args(
@@ -589,6 +592,11 @@ fn a_run_inside_a_job_does_not_take_the_outer_jobs_settings() {
     assert!(!env.contains("LEAD_EXEC_ID=outer-id"), "{env}");
     // The outer run key was not taken as the inner run's: nothing recorded for it.
     assert!(f.etcd.keys("lead-exec/meta/inner/runs/").is_empty());
+    // The outer run key is not read as a --run-key beside --every either: --every makes its
+    // own.
+    assert_eq!(read("every.code").trim(), "0", "{}", read("every.err"));
+    let key = read("every.key");
+    assert!(key.trim().ends_with("00Z"), "{key}");
     // The endpoints are inherited on purpose: the same cluster.
     assert!(
         env.contains(&format!("LEAD_EXEC_ENDPOINTS={}", f.ep)),
@@ -717,6 +725,7 @@ fn huge_durations_are_usage_errors_naming_the_flag_and_the_longest_run() {
 fn run_key_ttl_needs_a_run_key_as_health_interval_needs_a_health_cmd() {
     for (flag, value, needs) in [
         ("--run-key-ttl", "1d", "--run-key"),
+        ("--every-offset", "5m", "--every"),
         ("--health-interval", "1s", "--health-cmd"),
         ("--health-failures", "2", "--health-cmd"),
     ] {
@@ -857,5 +866,99 @@ fn an_etcd_without_the_lease_fixes_is_warned_of_once_and_its_version_is_a_metric
             r#"lead_exec_etcd_server_info{{election="ver",lease_fixes="{fixes}",version="{version}"}} 1"#
         )),
         "{out}"
+    );
+}
+
+/// `--every`, `--every-offset` and `--splay` refuse what cannot name one period, in one line
+/// with 64, before anything is written to etcd.
+#[test]
+fn every_and_splay_refuse_bad_input_with_64_before_touching_etcd() {
+    let f = Fixture::new();
+    // The flags, the variables beside them, what the one line says.
+    type Case = (
+        &'static [&'static str],
+        &'static [(&'static str, &'static str)],
+        &'static str,
+    );
+    let cases: &[Case] = &[
+        (&["--every", "0s"], &[], "--every must be greater than zero"),
+        (
+            &["--every", "-1h"],
+            &[],
+            "invalid value '-1h' for '--every': negative values are not allowed",
+        ),
+        (
+            &["--every", "hourly"],
+            &[],
+            "invalid value 'hourly' for '--every",
+        ),
+        (
+            &["--every", "1500ms"],
+            &[],
+            "--every 1s 500ms is not a whole number of seconds",
+        ),
+        (
+            &["--every", "1h", "--every-offset", "1h"],
+            &[],
+            "--every-offset 1h is not shorter than --every 1h",
+        ),
+        (
+            &["--every", "1h", "--every-offset", "2h"],
+            &[],
+            "--every-offset 2h is not shorter than --every 1h",
+        ),
+        (
+            &["--every-offset", "5m"],
+            &[],
+            "the following required arguments were not provided: --every <PERIOD>",
+        ),
+        (
+            &["--every", "1h", "--run-key", "nightly"],
+            &[],
+            "--every 1h with --run-key nightly: --every makes the run key from the time",
+        ),
+        (
+            &["--every", "1h"],
+            &[("LEAD_EXEC_RUN_KEY", "nightly")],
+            "--every 1h with --run-key nightly",
+        ),
+        (
+            &["--every", "5m", "--splay", "5m"],
+            &[],
+            "--splay 5m is not shorter than --every 5m",
+        ),
+        (
+            &["--every", "5m", "--splay", "10m"],
+            &[],
+            "--splay 10m is not shorter than --every 5m",
+        ),
+        (&["--splay", "-1s"], &[], "negative values are not allowed"),
+        (
+            &["--splay", "101years"],
+            &[],
+            "--splay 101years is too long",
+        ),
+        (
+            &["--every", "1h", "--slots", "2"],
+            &[],
+            "a run key runs the job once",
+        ),
+    ];
+    for (flags, env, want) in cases {
+        let args = [
+            &["run", "bad", "--endpoints", &f.ep],
+            *flags,
+            &["--", "true"],
+        ]
+        .concat();
+        let (code, out, err) = run_env(&args, env);
+        assert_eq!(code, 64, "{flags:?}: {err}");
+        assert!(out.is_empty(), "{flags:?}");
+        assert_eq!(err.lines().count(), 1, "{flags:?}: not one line:\n{err}");
+        assert!(err.contains(want), "{flags:?}: want {want:?}, got {err}");
+    }
+    assert!(
+        f.etcd.keys("lead-exec/").is_empty(),
+        "a refused run wrote to etcd"
     );
 }

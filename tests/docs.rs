@@ -252,45 +252,56 @@ fn path_with_lead_exec(dir: &Path) -> String {
     format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap())
 }
 
-/// The README's crontab line, as cron runs it (`\%` is `%`) on two workers at the same tick:
-/// the job runs once, the loser exits 75 without a word, and the tick run again is skipped.
+/// The README's crontab line, as cron runs it on two workers at the same tick: the job runs
+/// once, the loser exits 75 without a word, and the tick run again is skipped. The line makes
+/// its run key itself (`--every`: no `date`, so no `%` for cron to take as a newline). The
+/// workers' clocks (the test builds' clock skew) read two seconds either side of a tick, as
+/// two hosts' clocks that disagree would when cron fires on both: both name that tick, and a
+/// period's boundary cannot fall in the middle of the test.
 #[test]
 fn the_readmes_cron_line_runs_the_tick_once_across_workers() {
     let f = Fixture::new();
     let block = readme_block("### cron");
     let line = block.lines().next().unwrap();
     let command = line.splitn(6, char::is_whitespace).nth(5).unwrap().trim();
+    assert!(
+        !command.contains('%') && !command.contains("date"),
+        "the cron line still makes its key with date: {command}"
+    );
+    let every = command
+        .split_whitespace()
+        .skip_while(|w| *w != "--every")
+        .nth(1)
+        .expect("the cron line has --every");
+    let period_ms = humantime::parse_duration(every).unwrap().as_millis() as i128;
+    assert_eq!(period_ms, 5 * 60_000, "the line is */5: --every 5m");
     let job = f.dir.path().join("settle");
     std::fs::write(
         &job,
         format!(
-            "#!/bin/sh\necho $FENCING_TOKEN >> {0}/ran; sleep 1\n",
+            "#!/bin/sh\necho $FENCING_TOKEN $LEAD_EXEC_RUN_KEY $LEAD_EXEC_PERIOD_START >> {0}/ran; sleep 1\n",
             f.dir.path().display()
         ),
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&job, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let command = command
-        .replace("\\%", "%")
-        .replace("/opt/settle/run", job.to_str().unwrap());
+    let command = command.replace("/opt/settle/run", job.to_str().unwrap());
     let path = path_with_lead_exec(f.dir.path());
-    // Every tick of this test is the same tick: a clock that stays at 18:05 UTC, so that a
-    // minute turning over mid-test cannot make two ticks of one.
-    let date = f.dir.path().join("bin/date");
-    std::fs::write(&date, "#!/bin/sh\necho 20261205T1805\n").unwrap();
-    std::fs::set_permissions(&date, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let tick = || {
+    // A tick a day ahead, away from the real clock's.
+    let tick_ms = (now_ns() / 1_000_000 / period_ms + 288) * period_ms;
+    let tick = |late_ms: i128| {
         std::process::Command::new("/bin/sh")
             .args(["-c", &command])
             .env("PATH", &path)
             .env("LEAD_EXEC_ENDPOINTS", &f.ep)
+            .env(CLOCK_SKEW_VAR, skew_to(tick_ms - late_ms))
             .output()
             .unwrap()
     };
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(tick);
-        let b = s.spawn(tick);
+        let a = s.spawn(|| tick(2000));
+        let b = s.spawn(|| tick(-2000));
         (a.join().unwrap(), b.join().unwrap())
     });
     let mut codes = [a.status.code(), b.status.code()];
@@ -299,9 +310,17 @@ fn the_readmes_cron_line_runs_the_tick_once_across_workers() {
     for out in [&a, &b] {
         assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
     }
-    assert_eq!(lines(&f.dir.path().join("ran")).len(), 1);
-    // The same tick again: its key is done, so it is skipped with exit 0.
-    let again = tick();
+    let ran = lines(&f.dir.path().join("ran"));
+    assert_eq!(ran.len(), 1);
+    let (key, start) = period_names((tick_ms / 1000) as u64);
+    assert!(
+        ran[0].ends_with(&format!(" {key} {start}")),
+        "{:?} is not tick {key}",
+        ran[0]
+    );
+    // The same tick again, from a clock a minute late: its key is done, so it is skipped
+    // with exit 0.
+    let again = tick(60_000);
     assert_eq!(again.status.code(), Some(0), "{again:?}");
     assert_eq!(lines(&f.dir.path().join("ran")).len(), 1);
 }

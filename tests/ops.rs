@@ -1295,3 +1295,124 @@ fn an_election_nothing_is_known_of_says_so_in_status_and_history() {
     let (_, _, err) = run(&["history", "settlement", "--endpoints", &f.ep]);
     assert!(!err.contains("no terms recorded"), "{err}");
 }
+
+/// The period start nearest to `now_ms` on the grid of `period_s` shifted by `offset_s`, in
+/// seconds: counted here from the definition, to check lead-exec's against.
+fn nearest_start(now_ms: i128, period_s: i128, offset_s: i128) -> u64 {
+    let (p, o) = (period_s * 1000, offset_s * 1000);
+    let k = (now_ms - o + p / 2).div_euclid(p);
+    ((o + k * p) / 1000) as u64
+}
+
+/// `--every` gives the job the run key and the start of the period nearest to the clock, from
+/// the real clock: the test names the periods before and after the run, one of which is the
+/// run's (both the same unless the run straddled a half-period). The key is a run key: the
+/// same period again is skipped, with exit 0.
+#[test]
+fn every_gives_the_job_the_key_and_start_of_the_nearest_period_and_skips_it_once_done() {
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "echo $LEAD_EXEC_RUN_KEY $LEAD_EXEC_PERIOD_START >> $D/runs",
+    );
+    for (flags, period, offset) in [
+        (&["--every", "1h"][..], 3600, 0),
+        (&["--every", "1h", "--every-offset", "20m"], 3600, 1200),
+        (&["--every", "7m", "--every-offset", "30s"], 420, 30),
+    ] {
+        let _ = std::fs::remove_file(f.dir.path().join("runs"));
+        let now = || now_ns() / 1_000_000;
+        let before = nearest_start(now(), period, offset);
+        let (code, _, err) = run(&run_args("every", &f.ep, flags, &job));
+        let after = nearest_start(now(), period, offset);
+        assert_eq!(code, 0, "{flags:?}: {err}");
+        let ran = lines(&f.dir.path().join("runs"));
+        assert_eq!(ran.len(), 1, "{flags:?}: {ran:?}");
+        let names = |s: u64| {
+            let (key, start) = period_names(s);
+            format!("{key} {start}")
+        };
+        assert!(
+            ran[0] == names(before) || ran[0] == names(after),
+            "{flags:?}: the job got {:?}, not {:?} or {:?}",
+            ran[0],
+            names(before),
+            names(after)
+        );
+        // Recorded under that key: the same period again is skipped.
+        let key = ran[0].split(' ').next().unwrap();
+        assert_eq!(
+            f.etcd
+                .keys(&format!("lead-exec/meta/every/runs/{key}"))
+                .len(),
+            1
+        );
+        // Again with the clock at that period's start, wherever the real clock is by now.
+        let ran_in = if ran[0] == names(before) {
+            before
+        } else {
+            after
+        };
+        let skew = skew_to(i128::from(ran_in) * 1000);
+        let (code, _, err) = run_env(
+            &run_args("every", &f.ep, flags, &job),
+            &[(CLOCK_SKEW_VAR, &skew)],
+        );
+        assert_eq!(code, 0, "{flags:?}: {err}");
+        assert_eq!(lines(&f.dir.path().join("runs")).len(), 1, "{flags:?}");
+    }
+}
+
+/// Three workers whose clocks read the tick, a third of a period early and a third late, all
+/// started for each of three hourly ticks: each tick's job runs once, with that tick's key
+/// and start, and the others exit 0 without running it (they wait in line, then find the key
+/// done). The clocks are set with the test builds' clock skew, so the test does not wait for
+/// real hours to pass.
+#[test]
+fn workers_whose_clocks_differ_by_a_third_of_the_period_run_each_period_once() {
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "echo $LEAD_EXEC_RUN_KEY $LEAD_EXEC_PERIOD_START $LEAD_EXEC_ID >> $D/runs; sleep 0.3",
+    );
+    const HOUR_MS: i128 = 3_600_000;
+    // An hour's start in the future, so that no key of the real clock is among them.
+    let first = (now_ns() / 1_000_000 / HOUR_MS + 24) * HOUR_MS;
+    let ticks: Vec<i128> = (0..3).map(|n| first + n * HOUR_MS).collect();
+    for (n, tick) in ticks.iter().enumerate() {
+        let mut workers: Vec<Worker> = [-HOUR_MS / 3, 0, HOUR_MS / 3]
+            .iter()
+            .enumerate()
+            .map(|(i, off)| {
+                let id = format!("t{n}w{i}");
+                let skew = skew_to(tick + off);
+                spawn_env(
+                    f.dir.path(),
+                    &id,
+                    &run_args("skewed", &f.ep, &["--every", "1h", "--id", &id], &job),
+                    &[(CLOCK_SKEW_VAR, &skew)],
+                )
+            })
+            .collect();
+        for w in &mut workers {
+            assert_eq!(w.code(secs(20)), 0, "{}", w.log_text());
+        }
+        let ran = lines(&f.dir.path().join("runs"));
+        assert_eq!(ran.len(), n + 1, "tick {n}: {ran:?}");
+        let (key, start) = period_names((tick / 1000) as u64);
+        assert!(
+            ran[n].starts_with(&format!("{key} {start} t{n}w")),
+            "tick {n}: {}",
+            ran[n]
+        );
+    }
+    assert_eq!(f.etcd.keys("lead-exec/meta/skewed/runs/").len(), 3);
+    // A late worker of the first tick, its clock a third of a period behind: skipped.
+    let skew = skew_to(ticks[0] - HOUR_MS / 3);
+    let (code, _, err) = run_env(
+        &run_args("skewed", &f.ep, &["--every", "1h"], &job),
+        &[(CLOCK_SKEW_VAR, &skew)],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&f.dir.path().join("runs")).len(), 3);
+}

@@ -1,4 +1,5 @@
-//! Scheduling controls: `--timeout`, `--takeover-delay`, `--health-cmd`, `--slots`, `--priority`.
+//! Scheduling controls: `--timeout`, `--takeover-delay`, `--health-cmd`, `--slots`, `--priority`,
+//! `--splay`.
 
 use std::time::Duration;
 
@@ -1478,4 +1479,89 @@ fn a_draining_holder_whose_key_was_deleted_still_shows_as_taking_its_slot() {
     for w in &mut workers {
         w.signal(libc::SIGKILL);
     }
+}
+
+/// The wait a worker drew for `--splay`, from its log line ("waiting 1s 234ms (--splay 3s)
+/// before campaigning").
+fn drawn_splay(log: &str) -> Duration {
+    let line = log
+        .lines()
+        .find(|l| l.contains("before campaigning"))
+        .unwrap_or_else(|| panic!("no splay in the log:\n{log}"));
+    let drawn = line
+        .split("waiting ")
+        .nth(1)
+        .and_then(|r| r.split(" (--splay").next())
+        .unwrap_or_else(|| panic!("{line}"));
+    humantime::parse_duration(drawn).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+/// Each worker waits its own random time under the splay before campaigning: its job starts
+/// no sooner than the wait it drew, and within the splay (plus what a start takes).
+#[test]
+fn a_splay_delays_the_first_campaign_by_a_random_time_under_its_bound() {
+    let f = Fixture::new();
+    let splay = Duration::from_secs(3);
+    let started = now_ns();
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| {
+            let (name, job) = (
+                format!("splay{i}"),
+                script(f.dir.path(), &format!("date +%s%N > $D/start{i}")),
+            );
+            let args = run_args(&name, &f.ep, &["--splay", "3s"], &job);
+            spawn(f.dir.path(), &name, &args)
+        })
+        .collect();
+    let mut draws = Vec::new();
+    for (i, w) in workers.iter_mut().enumerate() {
+        assert_eq!(w.code(secs(30)), 0, "{}", w.log_text());
+        let drawn = drawn_splay(&w.log_text());
+        assert!(drawn < splay, "drew {drawn:?}");
+        let start = wait_int(&f.dir.path().join(format!("start{i}")), secs(1));
+        let after = Duration::from_nanos((i128::from(start) - started) as u64);
+        // The log rounds the wait to the millisecond.
+        assert!(
+            after + Duration::from_millis(1) >= drawn,
+            "worker {i} started its job {after:?} after launch, before its splay of {drawn:?}"
+        );
+        assert!(
+            after < splay + Duration::from_secs(10),
+            "worker {i} started its job {after:?} after launch"
+        );
+        draws.push(drawn);
+    }
+    assert!(
+        draws.iter().any(|d| *d != draws[0]),
+        "three workers drew the same splay: {draws:?}"
+    );
+}
+
+/// Without `--splay` nothing waits (and nothing says so); a stop signal during a splay ends
+/// the run as one in line does (128+N), before the worker ever joined the line.
+#[test]
+fn no_splay_by_default_and_a_stop_signal_during_one_exits_as_in_line() {
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "echo ran >> $D/ran");
+    let (code, _, err) = run(&run_args("unspread", &f.ep, &["-v"], &job));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("splay"), "{err}");
+    assert_eq!(lines(&f.dir.path().join("ran")).len(), 1);
+
+    // A year's splay: the worker is still waiting when the signal comes.
+    let mut w = spawn(
+        f.dir.path(),
+        "splayed",
+        &run_args("splayed", &f.ep, &["--splay", "365days"], &job),
+    );
+    w.wait_log("before campaigning", secs(10));
+    assert_eq!(
+        candidates(&f.etcd, "splayed"),
+        0,
+        "in line during its splay"
+    );
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.code(secs(10)), 128 + libc::SIGTERM, "{}", w.log_text());
+    assert_eq!(lines(&f.dir.path().join("ran")).len(), 1, "the job ran");
+    assert_eq!(candidates(&f.etcd, "splayed"), 0);
 }

@@ -24,7 +24,7 @@ pub const EXIT_STATUS: [(&str, &str); 17] = [
 ];
 
 /// The variables every job gets (see [`crate::fencing::job_env`]).
-pub const JOB_ENVIRONMENT: [(&str, &str); 9] = [
+pub const JOB_ENVIRONMENT: [(&str, &str); 10] = [
     ("FENCING_TOKEN", "this term's token: decimal, strictly larger than every earlier term's. Pass it to every write, and have the resource refuse a lower one."),
     ("LEAD_EXEC_SLOT", "the slot this term holds, 0 to N-1 under --slots N (0 with one slot)"),
     ("LEAD_EXEC_ELECTION", "the election name"),
@@ -32,7 +32,8 @@ pub const JOB_ENVIRONMENT: [(&str, &str); 9] = [
     ("LEAD_EXEC_LEASE_ID", "the lease ID, in hex"),
     ("LEAD_EXEC_ID", "the candidate ID (--id)"),
     ("LEAD_EXEC_ENDPOINTS", "the etcd endpoints, so that lead-exec check works inside the job"),
-    ("LEAD_EXEC_RUN_KEY", "the --run-key, when given"),
+    ("LEAD_EXEC_RUN_KEY", "the --run-key, when given, or the one --every made (20261206T0100Z)"),
+    ("LEAD_EXEC_PERIOD_START", "with --every, the start of the period this run is for, in RFC 3339 UTC (2026-12-06T01:00:00Z)"),
     ("LEAD_EXEC_CHECK_REFUSALS", "with --metrics-addr, the file where lead-exec check counts its refusals"),
 ];
 
@@ -51,8 +52,8 @@ fn examples(sub: &str) -> &'static [(&'static str, &'static str)] {
     match sub {
         "" | "run" => &[
             (
-                "One settlement per 5 minutes across the fleet, from every worker's crontab (UTC, so that every worker's tick gets the same key):",
-                "*/5 * * * * lead-exec run settle -q --no-wait --run-key \"$(date -u +\\%Y\\%m\\%dT\\%H\\%M)\" -- /opt/settle",
+                "One settlement per 5 minutes across the fleet, from every worker's crontab (the run key is the tick's start in UTC, the same on every worker):",
+                "*/5 * * * * lead-exec run settle -q --no-wait --every 5m -- /opt/settle",
             ),
             (
                 "A long-running leader under systemd (ExecStart=):",

@@ -152,6 +152,9 @@ pub enum CgroupMode {
 }
 
 #[derive(Debug, Args)]
+// --run-key-ttl needs a run key, given or made by --every. Whether both may be given is
+// decided in `config`, after the variables of an outer job are forgotten.
+#[command(group(clap::ArgGroup::new("run_key_source").args(["run_key", "every"]).multiple(true)))]
 pub struct RunArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
@@ -227,9 +230,20 @@ pub struct RunArgs {
     )]
     pub run_key: Option<String>,
 
-    /// How long a --run-key record is kept (whole seconds, rounded up).
-    #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", requires = "run_key", help_heading = "Election")]
+    /// How long a --run-key record is kept (whole seconds, rounded up); also --every's.
+    #[arg(long, env = "LEAD_EXEC_RUN_KEY_TTL", default_value = "7days", value_parser = duration, value_name = "DURATION", requires = "run_key_source", help_heading = "Election")]
     pub run_key_ttl: Duration,
+
+    /// Run the job once per PERIOD across the fleet: a --run-key made of the UTC start of the
+    /// period nearest to now (20261206T0100Z), so clocks within PERIOD/2 of it agree on it.
+    /// Whole seconds; not with --run-key.
+    #[arg(long, env = "LEAD_EXEC_EVERY", value_parser = duration, value_name = "PERIOD", help_heading = "Election")]
+    pub every: Option<Duration>,
+
+    /// Shift --every's periods from the Unix epoch by DURATION, less than the period
+    /// (--every 1d --every-offset 2h: 02:00 UTC).
+    #[arg(long, env = "LEAD_EXEC_EVERY_OFFSET", default_value = "0s", value_parser = duration, value_name = "DURATION", requires = "every", help_heading = "Election")]
+    pub every_offset: Duration,
 
     /// Run the job on at most N workers at once (an N-of-M semaphore); every candidate of the
     /// election must give the same N.
@@ -296,6 +310,11 @@ pub struct RunArgs {
     /// than this).
     #[arg(long, env = "LEAD_EXEC_MIN_TERM", default_value = "60s", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]
     pub min_term: Duration,
+
+    /// Wait a random time under DURATION before campaigning, so that workers started by the
+    /// same tick do not reach etcd at once (shorter than --every's period).
+    #[arg(long, env = "LEAD_EXEC_SPLAY", default_value = "0s", value_parser = duration, value_name = "DURATION", help_heading = "Scheduling")]
+    pub splay: Duration,
 
     /// Contain the job's processes in a cgroup v2 (kills setsid escapees too).
     #[arg(long, env = "LEAD_EXEC_CGROUP", value_enum, default_value_t = CgroupMode::Auto, help_heading = "Job")]

@@ -25,6 +25,7 @@ use crate::election::lease::check_lease_safety;
 use crate::election::{hostname, Election};
 use crate::etcd::Conn;
 use crate::exit::{fail, Exit};
+use crate::period::{Grid, Period};
 use crate::supervisor::CgroupMode;
 pub use exec::check_exec_size;
 use values::metrics_addr;
@@ -55,8 +56,13 @@ pub struct RunConfig {
     pub wait: Wait,
     pub conflict_exit_code: u8,
     pub history_keep: u32,
+    /// `--run-key`, or the key of the `--every` period.
     pub run_key: Option<String>,
     pub run_key_ttl: Duration,
+    /// `--every`: the period this run is for; its start is `run_key`.
+    pub period: Option<Period>,
+    /// `--splay`: the longest random wait before the first campaign; zero for none.
+    pub splay: Duration,
     pub cgroup: CgroupMode,
     /// `--slots`: how many holders may run the job at once.
     pub slots: u32,
@@ -106,19 +112,20 @@ const MIN_JOB_TIMEOUT: Duration = Duration::from_millis(10);
 /// and a semaphore that wide is better served by a work queue.
 pub const MAX_SLOTS: u32 = 1024;
 
-/// Refuses a slot count out of range, and slots with a run key.
-fn check_slots(slots: u32, run_key: Option<&str>) -> Result<u32> {
+/// Refuses a slot count out of range, and slots with a run key (`once`: the flag that gives
+/// it, with its value).
+fn check_slots(slots: u32, once: Option<&str>) -> Result<u32> {
     if !(1..=MAX_SLOTS).contains(&slots) {
         return Err(fail(
             Exit::Usage,
             format!("--slots {slots}: must be between 1 and {MAX_SLOTS}"),
         ));
     }
-    if let (true, Some(k)) = (slots > 1, run_key) {
+    if let (true, Some(once)) = (slots > 1, once) {
         return Err(fail(
             Exit::Usage,
             format!(
-                "--slots {slots} with --run-key {k}: a run key runs the job once, and {slots} slots would run it up to {slots} times at once before any of them records it done"
+                "--slots {slots} with {once}: a run key runs the job once, and {slots} slots would run it up to {slots} times at once before any of them records it done"
             ),
         ));
     }
@@ -146,6 +153,45 @@ fn command_timeout_within(mut conn: Conn, given: Option<Duration>, ttl: Duration
     }
 }
 
+/// The period of `--every PERIOD --every-offset OFFSET` that `now_ms` (the wall clock, in ms
+/// since the Unix epoch) belongs to, with `--splay`'s bound checked against it.
+fn every_period(every: Duration, offset: Duration, splay: Duration, now_ms: i64) -> Result<Period> {
+    let usage = |m: String| Err(fail(Exit::Usage, m));
+    if every.is_zero() {
+        return usage("--every must be greater than zero".into());
+    }
+    for (flag, d) in [("--every", every), ("--every-offset", offset)] {
+        if d.subsec_nanos() != 0 {
+            return usage(format!(
+                "{flag} {} is not a whole number of seconds: the run key names the period's start to the second",
+                human(d)
+            ));
+        }
+    }
+    if offset >= every {
+        return usage(format!(
+            "--every-offset {} is not shorter than --every {}: the offset shifts the periods by less than one period",
+            human(offset),
+            human(every)
+        ));
+    }
+    if splay >= every {
+        return usage(format!(
+            "--splay {} is not shorter than --every {}: a worker could campaign in the next period with this one's run key",
+            human(splay),
+            human(every)
+        ));
+    }
+    match Grid::new(every, offset) {
+        Some(grid) => Ok(grid.period_at(now_ms)),
+        None => usage(format!(
+            "--every {} --every-offset {}: not a grid of whole seconds",
+            human(every),
+            human(offset)
+        )),
+    }
+}
+
 impl RunConfig {
     pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
         let election = Election::new(&a.election.election)?;
@@ -158,6 +204,9 @@ impl RunConfig {
             ("--takeover-delay", Some(a.takeover_delay)),
             ("--health-interval", Some(a.health_interval)),
             ("--min-term", Some(a.min_term)),
+            ("--every", a.every),
+            ("--every-offset", Some(a.every_offset)),
+            ("--splay", Some(a.splay)),
         ] {
             if let Some(d) = d {
                 bounded_duration(flag, d)?;
@@ -199,10 +248,35 @@ impl RunConfig {
             }
             None => format!("{}:{}", hostname(), std::process::id()),
         };
-        if let Some(k) = &a.run_key {
+        let every = match a.every {
+            None => None,
+            Some(every) => Some((
+                every,
+                every_period(every, a.every_offset, a.splay, crate::period::now_unix_ms())?,
+            )),
+        };
+        let (run_key, once) = match (&a.run_key, &every) {
+            (Some(k), Some((every, _))) => {
+                return Err(fail(
+                    Exit::Usage,
+                    format!(
+                        "--every {} with --run-key {}: --every makes the run key from the time; give one of them",
+                        human(*every),
+                        crate::text::quoted(k)
+                    ),
+                ))
+            }
+            (Some(k), None) => (Some(k.clone()), Some(format!("--run-key {k}"))),
+            (None, Some((every, p))) => (
+                Some(p.key.clone()),
+                Some(format!("--every {} (run key {})", human(*every), p.key)),
+            ),
+            (None, None) => (None, None),
+        };
+        if let Some(k) = &run_key {
             crate::election::validate_run_key(k)?;
         }
-        let slots = check_slots(a.slots, a.run_key.as_deref())?;
+        let slots = check_slots(a.slots, once.as_deref())?;
         // Both rank one holder against the others: with several holders there is no "the
         // leader" to preempt, and no one "previous term" whose end could be judged.
         if slots > 1 && a.priority > 0 {
@@ -281,8 +355,10 @@ impl RunConfig {
             wait,
             conflict_exit_code: a.conflict_exit_code,
             history_keep: a.history_keep,
-            run_key: a.run_key.clone(),
+            run_key,
             run_key_ttl,
+            period: every.map(|(_, p)| p),
+            splay: a.splay,
             cgroup: match a.cgroup {
                 cli::CgroupMode::Auto => CgroupMode::Auto,
                 cli::CgroupMode::On => CgroupMode::On,
@@ -330,20 +406,27 @@ mod tests {
     fn slots_are_bounded_and_refused_with_a_run_key() {
         assert_eq!(check_slots(1, None).unwrap(), 1);
         assert_eq!(check_slots(MAX_SLOTS, None).unwrap(), MAX_SLOTS);
-        assert_eq!(check_slots(1, Some("nightly")).unwrap(), 1);
+        assert_eq!(check_slots(1, Some("--run-key nightly")).unwrap(), 1);
         for bad in [0, MAX_SLOTS + 1] {
             let e = check_slots(bad, None).unwrap_err();
             assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
             assert!(e.to_string().contains("must be between 1 and"), "{e}");
         }
-        let e = check_slots(2, Some("nightly")).unwrap_err();
+        let e = check_slots(2, Some("--run-key nightly")).unwrap_err();
         assert_eq!(crate::exit::exit_of(&e), Exit::Usage);
         assert!(e.to_string().contains("a run key runs the job once"), "{e}");
     }
 
     /// Every duration flag, with the most it takes and what it needs beside it.
-    const DURATION_FLAGS: [(&str, Duration, &[&str]); 11] = [
+    const DURATION_FLAGS: [(&str, Duration, &[&str]); 14] = [
         ("--timeout", MAX_DURATION, &[]),
+        ("--every", MAX_DURATION, &[]),
+        (
+            "--every-offset",
+            MAX_DURATION.saturating_sub(Duration::from_secs(1)),
+            &["--every", "100years"],
+        ),
+        ("--splay", MAX_DURATION, &[]),
         ("--wait", MAX_DURATION, &[]),
         ("--health-interval", MAX_DURATION, &["--health-cmd", "true"]),
         ("--grace", MAX_DURATION, &[]),
@@ -480,6 +563,80 @@ mod tests {
         // A long lease keeps the default.
         let long = config_with("--ttl", "60s", &[]).unwrap();
         assert_eq!(long.conn.command_timeout, s(5));
+    }
+
+    #[test]
+    fn every_makes_the_run_key_of_the_nearest_period_start() {
+        // 2026-12-06T00:59:58Z: two seconds before the 01:00 tick.
+        let now_ms = 1_796_518_798_000;
+        let p = every_period(s(3600), s(0), s(0), now_ms).unwrap();
+        assert_eq!(p.key, "20261206T0100Z");
+        assert_eq!(p.start, "2026-12-06T01:00:00Z");
+        let p = every_period(s(86_400), s(2 * 3600), s(60), now_ms).unwrap();
+        assert_eq!(p.start, "2026-12-06T02:00:00Z");
+        // From the flags: the key is the run key, and the job is told the period.
+        let cfg = config_with("--every", "5m", &[]).unwrap();
+        let period = cfg.period.unwrap();
+        assert_eq!(cfg.run_key.as_deref(), Some(period.key.as_str()));
+        assert_eq!(period.start_unix_s % 300, 0);
+        assert!(config_with("--every", "1h", &["--every-offset", "30m"]).is_ok());
+        assert!(config_with("--every", "1h", &["--run-key-ttl", "2h"]).is_ok());
+    }
+
+    #[test]
+    fn every_refuses_what_cannot_name_one_period() {
+        let refused = |flag: &str, value: &str, extra: &[&str], want: &str| {
+            let e = config_with(flag, value, extra).unwrap_err();
+            assert_eq!(crate::exit::exit_of(&e), Exit::Usage, "{e}");
+            let msg = e.to_string();
+            assert!(!msg.contains('\n'), "{msg}");
+            assert!(msg.starts_with(want), "{flag} {value} {extra:?}: {msg}");
+        };
+        refused("--every", "0s", &[], "--every must be greater than zero");
+        refused(
+            "--every",
+            "1500ms",
+            &[],
+            "--every 1s 500ms is not a whole number of seconds",
+        );
+        refused(
+            "--every",
+            "1h",
+            &["--every-offset", "1h"],
+            "--every-offset 1h is not shorter than --every 1h",
+        );
+        refused(
+            "--every",
+            "1h",
+            &["--every-offset", "90m"],
+            "--every-offset 1h 30m is not shorter than --every 1h",
+        );
+        refused(
+            "--every",
+            "1h",
+            &["--every-offset", "1500ms"],
+            "--every-offset 1s 500ms is not a whole number of seconds",
+        );
+        refused(
+            "--every",
+            "5m",
+            &["--splay", "5m"],
+            "--splay 5m is not shorter than --every 5m",
+        );
+        refused(
+            "--every",
+            "1h",
+            &["--run-key", "nightly"],
+            "--every 1h with --run-key nightly: --every makes the run key from the time",
+        );
+        refused(
+            "--every",
+            "1h",
+            &["--slots", "2"],
+            "--slots 2 with --every 1h (run key ",
+        );
+        // Without --every, the splay is only bounded.
+        assert_eq!(config_with("--splay", "2h", &[]).unwrap().splay, s(7200));
     }
 
     #[test]

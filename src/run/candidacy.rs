@@ -131,7 +131,8 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
     };
     // Without a health check or a run key to consult first, the first campaign's lease grant
     // goes out beside the probe, on the connection it opens.
-    let grant_beside_probe = cfg.health.is_none() && cfg.run_key.is_none();
+    // Nor with a splay, which would hold that lease idle through its wait.
+    let grant_beside_probe = cfg.health.is_none() && cfg.run_key.is_none() && cfg.splay.is_zero();
     let first_lease = grant_beside_probe.then(|| {
         let (c, ttl, grace, margin) = (ctx.clone(), cfg.ttl, cfg.grace, cfg.safety_margin);
         tokio::spawn(async move { Lease::grant(&c, ttl, grace, margin).await }.in_current_span())
@@ -228,6 +229,16 @@ pub async fn campaign(
         launcher,
     } = ask;
     let cfg = &env.cfg;
+    // `--splay`, before the first campaign only (the one start-up leads to). `--wait` bounds
+    // the wait in line, so it counts from the end of the splay.
+    if startup.is_some() && !cfg.splay.is_zero() {
+        if let Some(signal) = splay(cfg.splay, signals).await {
+            return Ok((CampaignEnd::Interrupted { signal }, Campaigned::Nothing));
+        }
+        if let Wait::For(d) = cfg.wait {
+            *give_up_at = Some(Instant::now() + d);
+        }
+    }
     let started = Instant::now();
     if let Wait::For(d) = cfg.wait {
         // `--wait` also bounds retries after etcd trouble; after a term it counts afresh.
@@ -510,6 +521,32 @@ async fn wait_healthy(
     out
 }
 
+/// Waits a random time under `max` (`--splay`); `Some` is the stopping signal that cut it
+/// short.
+async fn splay(max: Duration, signals: &mut mpsc::UnboundedReceiver<Arrived>) -> Option<i32> {
+    use std::hash::BuildHasher;
+    // Seeded from the system's randomness once per process: a draw apart from every other
+    // worker's, which a seed from the clock, the same tick everywhere, would not be.
+    let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    let d = splay_of(max, random);
+    tracing::info!(
+        "waiting {} (--splay {}) before campaigning",
+        crate::clock::human(d),
+        crate::clock::human(max)
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(d) => None,
+        signal = stopping(signals) => Some(signal),
+    }
+}
+
+/// `random` (uniform over u64) scaled to a wait in `[0, max)`.
+fn splay_of(max: Duration, random: u64) -> Duration {
+    // max is at most 100 years, under 2^62 ns: the product fits, and the quotient is below max.
+    let ns = (max.as_nanos() * u128::from(random)) >> 64;
+    Duration::from_nanos(ns as u64)
+}
+
 /// Waits out the backoff between two campaigns (with jitter, and never past `--wait`), or a
 /// stopping signal.
 pub async fn backoff(
@@ -586,5 +623,22 @@ async fn stopping(signals: &mut mpsc::UnboundedReceiver<Arrived>) -> i32 {
             }
             None => std::future::pending::<()>().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_splay_is_under_its_bound_and_spread_over_it() {
+        let max = Duration::from_secs(300);
+        assert_eq!(splay_of(max, 0), Duration::ZERO);
+        assert!(splay_of(max, u64::MAX) < max);
+        assert!(splay_of(max, u64::MAX) > max - Duration::from_micros(1));
+        assert_eq!(splay_of(max, 1 << 63), max / 2);
+        assert_eq!(splay_of(Duration::ZERO, u64::MAX), Duration::ZERO);
+        let longest = crate::config::MAX_DURATION;
+        assert!(splay_of(longest, u64::MAX) < longest);
     }
 }

@@ -588,6 +588,31 @@ pub fn now_ns() -> i128 {
         .as_nanos() as i128
 }
 
+/// Shifts the wall clock that a test build of lead-exec reads for `run --every`, in ms
+/// (ignored by release builds).
+pub const CLOCK_SKEW_VAR: &str = "LEAD_EXEC_TEST_CLOCK_SKEW_MS";
+
+/// The [`CLOCK_SKEW_VAR`] value that makes a worker started now read `at_unix_ms` (plus the
+/// time it takes to start).
+pub fn skew_to(at_unix_ms: i128) -> String {
+    (at_unix_ms - now_ns() / 1_000_000).to_string()
+}
+
+/// How `run --every` names the period starting at `start_unix_s` to the job:
+/// (`LEAD_EXEC_RUN_KEY`, `LEAD_EXEC_PERIOD_START`). Made from humantime's RFC 3339, apart
+/// from lead-exec's own calendar arithmetic.
+pub fn period_names(start_unix_s: u64) -> (String, String) {
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(start_unix_s);
+    let start = humantime::format_rfc3339_seconds(at).to_string();
+    let compact: String = start.chars().filter(|c| !matches!(c, '-' | ':')).collect();
+    // Seconds only when the start is off the whole minute.
+    let key = match compact.strip_suffix("00Z") {
+        Some(hm) => format!("{hm}Z"),
+        None => compact,
+    };
+    (key, start)
+}
+
 /// A job that records its term, its pid, its watchdog's pid and a grandchild's pid, and
 /// writes a heartbeat (`date +%s%N`) every 50 ms from both processes into `$D/hb`.
 pub fn heartbeat_job(dir: &Path) -> String {
