@@ -23,6 +23,9 @@ pub enum Exit {
     Unhealthy,
     /// Leadership was lost while the job ran and `--on-loss exit` was given.
     LeadershipLost,
+    /// `--attempts N`: N attempts at the run key failed, on whichever workers ran them, and
+    /// none may run another. Every worker of the election exits with it.
+    AttemptsExhausted,
     /// The job ran past `--timeout` and was stopped: 124, as timeout(1) exits.
     TimedOut,
     /// `status`, `resign`: the election has no leader right now (none, or paused).
@@ -59,6 +62,7 @@ impl Exit {
             Exit::NotAcquired(code) => code,
             Exit::LeadershipLost => 76,
             Exit::Unhealthy => 79,
+            Exit::AttemptsExhausted => 80,
             Exit::TimedOut => 124,
             Exit::NoLeader => 3,
             Exit::StaleToken => 4,

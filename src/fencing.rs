@@ -17,16 +17,32 @@ use std::path::Path;
 
 use crate::config::RunConfig;
 
+/// What the job is told of the term it runs in.
+#[derive(Debug, Clone, Copy)]
+pub struct TermFacts<'a> {
+    pub token: i64,
+    pub slot: u32,
+    /// The leader key.
+    pub key: &'a str,
+    pub lease: i64,
+    /// With `--attempts`, the attempt at the run key this term claimed.
+    pub attempt: Option<u32>,
+}
+
 /// The variables set for the job. `refusals` is the file its `lead-exec check` counts
 /// refusals in, with `--metrics-addr`.
 pub fn job_env(
     cfg: &RunConfig,
-    token: i64,
-    slot: u32,
-    key: &str,
-    lease: i64,
+    term: TermFacts<'_>,
     refusals: Option<&Path>,
 ) -> Vec<(String, String)> {
+    let TermFacts {
+        token,
+        slot,
+        key,
+        lease,
+        attempt,
+    } = term;
     let mut env = vec![
         ("FENCING_TOKEN".to_string(), token.to_string()),
         ("LEAD_EXEC_SLOT".to_string(), slot.to_string()),
@@ -47,6 +63,9 @@ pub fn job_env(
     }
     if let Some(p) = &cfg.period {
         env.push(("LEAD_EXEC_PERIOD_START".to_string(), p.start.clone()));
+    }
+    if let Some(n) = attempt {
+        env.push(("LEAD_EXEC_ATTEMPT".to_string(), n.to_string()));
     }
     // Empty without --metrics-addr: a lead-exec run inside a job must not count its own job's
     // refusals in the outer lead-exec's file.
@@ -69,14 +88,24 @@ mod tests {
         crate::config::RunConfig::from_args(&a).unwrap()
     }
 
+    fn term(attempt: Option<u32>) -> super::TermFacts<'static> {
+        super::TermFacts {
+            token: 2,
+            slot: 0,
+            key: "k",
+            lease: 1,
+            attempt,
+        }
+    }
+
     /// The man pages' ENVIRONMENT section names every variable a job gets, with --run-key,
-    /// --every and --metrics-addr (which add theirs).
+    /// --every, --attempts and --metrics-addr (which add theirs).
     #[test]
     fn the_manual_names_every_variable_of_the_job() {
         for flags in [&["--run-key", "k"][..], &["--every", "1h"]] {
             let cfg = config(flags);
             let refusals = Some(std::path::Path::new("/run/x"));
-            for (name, _) in super::job_env(&cfg, 2, 0, "k", 1, refusals) {
+            for (name, _) in super::job_env(&cfg, term(Some(1)), refusals) {
                 assert!(
                     crate::cli::manual::JOB_ENVIRONMENT
                         .iter()
@@ -91,7 +120,7 @@ mod tests {
     #[test]
     fn every_gives_the_job_the_run_key_and_the_period_start() {
         let cfg = config(&["--every", "1h"]);
-        let env = super::job_env(&cfg, 2, 0, "k", 1, None);
+        let env = super::job_env(&cfg, term(None), None);
         let get = |name: &str| {
             env.iter()
                 .find(|(n, _)| n == name)
@@ -103,7 +132,7 @@ mod tests {
         assert_eq!(get("LEAD_EXEC_PERIOD_START"), p.start);
         assert!(p.start.ends_with(":00:00Z"), "{}", p.start);
         // Without --every there is no period.
-        let env = super::job_env(&config(&["--run-key", "k"]), 2, 0, "k", 1, None);
+        let env = super::job_env(&config(&["--run-key", "k"]), term(None), None);
         assert!(!env.iter().any(|(n, _)| n == "LEAD_EXEC_PERIOD_START"));
     }
 }

@@ -874,13 +874,7 @@ fn an_etcd_without_the_lease_fixes_is_warned_of_once_and_its_version_is_a_metric
 #[test]
 fn every_and_splay_refuse_bad_input_with_64_before_touching_etcd() {
     let f = Fixture::new();
-    // The flags, the variables beside them, what the one line says.
-    type Case = (
-        &'static [&'static str],
-        &'static [(&'static str, &'static str)],
-        &'static str,
-    );
-    let cases: &[Case] = &[
+    let cases: &[Refusal] = &[
         (&["--every", "0s"], &[], "--every must be greater than zero"),
         (
             &["--every", "-1h"],
@@ -944,6 +938,19 @@ fn every_and_splay_refuse_bad_input_with_64_before_touching_etcd() {
             "a run key runs the job once",
         ),
     ];
+    refused_before_etcd(&f, cases);
+}
+
+/// The flags of a `run`, the variables beside them, and what its one line must say.
+type Refusal = (
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
+/// Each case is refused with 64 and one line naming the problem, and nothing is written to
+/// etcd.
+fn refused_before_etcd(f: &Fixture, cases: &[Refusal]) {
     for (flags, env, want) in cases {
         let args = [
             &["run", "bad", "--endpoints", &f.ep],
@@ -961,4 +968,51 @@ fn every_and_splay_refuse_bad_input_with_64_before_touching_etcd() {
         f.etcd.keys("lead-exec/").is_empty(),
         "a refused run wrote to etcd"
     );
+}
+
+#[test]
+fn attempts_and_retry_delay_refuse_bad_input_with_64_before_touching_etcd() {
+    let f = Fixture::new();
+    let cases: &[Refusal] = &[
+        (
+            &["--every", "5m", "--attempts", "0"],
+            &[],
+            "--attempts 0: must be between 1 and 1000",
+        ),
+        (&["--every", "5m", "--attempts", "-1"], &[], "--attempts"),
+        (&["--every", "5m", "--attempts", "many"], &[], "--attempts"),
+        (
+            &["--attempts", "3"],
+            &[],
+            "the following required arguments were not provided",
+        ),
+        (
+            &["--every", "5m", "--attempts", "3", "--no-wait"],
+            &[],
+            "cannot be used with",
+        ),
+        (
+            &["--every", "5m", "--retry-delay", "1m"],
+            &[],
+            "the following required arguments were not provided: --attempts <N>",
+        ),
+        (
+            &["--every", "5m", "--attempts", "3", "--retry-delay", "5m"],
+            &[],
+            "--retry-delay 5m is not shorter than --every 5m",
+        ),
+        (
+            &[
+                "--run-key",
+                "k",
+                "--attempts",
+                "3",
+                "--retry-delay",
+                "101years",
+            ],
+            &[],
+            "--retry-delay 101years is too long",
+        ),
+    ];
+    refused_before_etcd(&f, cases);
 }

@@ -1,5 +1,5 @@
 //! Scheduling controls: `--timeout`, `--takeover-delay`, `--health-cmd`, `--slots`, `--priority`,
-//! `--splay`.
+//! `--splay`, `--attempts` and `--retry-delay`.
 
 use std::time::Duration;
 
@@ -1564,4 +1564,175 @@ fn no_splay_by_default_and_a_stop_signal_during_one_exits_as_in_line() {
     assert_eq!(w.code(secs(10)), 128 + libc::SIGTERM, "{}", w.log_text());
     assert_eq!(lines(&f.dir.path().join("ran")).len(), 1, "the job ran");
     assert_eq!(candidates(&f.etcd, "splayed"), 0);
+}
+
+/// A job for `--attempts`: notes "TOKEN ATTEMPT ID START_NS" in `att`, waits for `go`, notes its
+/// end in `end`, and exits 0 on the worker named `wins`, else 3.
+fn attempt_job(dir: &std::path::Path, wins: &str) -> String {
+    script(
+        dir,
+        &format!(
+            "echo $FENCING_TOKEN $LEAD_EXEC_ATTEMPT $LEAD_EXEC_ID $(date +%s%N) >> $D/att; \
+             while [ ! -e $D/go ]; do sleep 0.05; done; date +%s%N >> $D/end; \
+             [ \"$LEAD_EXEC_ID\" = {wins} ] && exit 0; exit 3"
+        ),
+    )
+}
+
+/// (token, attempt, id, start ns) of each attempt's job, in order.
+fn attempts_run(dir: &std::path::Path) -> Vec<(i64, u32, String, i128)> {
+    lines(&dir.join("att"))
+        .iter()
+        .map(|l| {
+            let v: Vec<&str> = l.split(' ').collect();
+            (
+                v[0].parse().unwrap(),
+                v[1].parse().unwrap(),
+                v[2].to_string(),
+                v[3].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Starts workers `ids` of election `name` one after the other, each in line before the next,
+/// the first one's job running.
+fn attempt_workers(
+    f: &Fixture,
+    name: &str,
+    ids: &[&str],
+    flags: &[&str],
+    job: &str,
+) -> Vec<Worker> {
+    let mut workers = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let extra = [flags, &["--id", id]].concat();
+        workers.push(spawn(f.dir.path(), id, &run_args(name, &f.ep, &extra, job)));
+        if n == 0 {
+            wait_line(&f.dir.path().join("att"), secs(10), |l| l.contains(" a "));
+        } else {
+            let ok = wait_until(secs(10), || candidates(&f.etcd, name) == n + 1);
+            assert!(ok, "{id} never queued");
+        }
+    }
+    workers
+}
+
+fn history_of(f: &Fixture, name: &str) -> Vec<serde_json::Value> {
+    let (code, out, err) = run(&["history", name, "--endpoints", &f.ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn a_failed_attempt_is_retried_by_the_next_worker_with_a_larger_token_and_the_rest_exit_0() {
+    let f = Fixture::new();
+    let job = attempt_job(f.dir.path(), "b");
+    let flags = ["--attempts", "3", "--run-key", "k1"];
+    let mut w = attempt_workers(&f, "att", &["a", "b", "c"], &flags, &job);
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    // The failed attempt's worker leaves with the job's code; the one that succeeded, and the
+    // one that found the key done, exit 0.
+    assert_eq!(w[0].code(secs(20)), 3, "{}", w[0].log_text());
+    assert_eq!(w[1].code(secs(20)), 0, "{}", w[1].log_text());
+    assert_eq!(w[2].code(secs(20)), 0, "{}", w[2].log_text());
+    assert!(
+        w[2].log_text().contains("run key already done"),
+        "{}",
+        w[2].log_text()
+    );
+    let ran = attempts_run(f.dir.path());
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!((ran[0].1, ran[0].2.as_str()), (1, "a"), "{ran:?}");
+    assert_eq!((ran[1].1, ran[1].2.as_str()), (2, "b"), "{ran:?}");
+    assert!(ran[1].0 > ran[0].0, "tokens not increasing: {ran:?}");
+    // History names the run key, the attempt, the host and the outcome of each term.
+    let hist = history_of(&f, "att");
+    let by_attempt: Vec<(u64, &str, &str)> = hist
+        .iter()
+        .map(|r| {
+            assert_eq!(r["run_key"], "k1", "{r}");
+            assert!(r["host"].as_str().is_some_and(|h| !h.is_empty()), "{r}");
+            (
+                r["attempt"].as_u64().unwrap(),
+                r["id"].as_str().unwrap(),
+                r["end"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(by_attempt, [(1, "a", "exit 3"), (2, "b", "exit 0")]);
+    let (_, text, _) = run(&["history", "att", "--endpoints", &f.ep]);
+    assert!(text.contains("k1 #2"), "{text}");
+}
+
+#[test]
+fn once_every_attempt_failed_every_worker_exits_80_and_none_runs_the_job_again() {
+    let f = Fixture::new();
+    let job = attempt_job(f.dir.path(), "nobody");
+    let flags = ["--attempts", "2", "--run-key", "k2"];
+    let mut w = attempt_workers(&f, "all", &["a", "b", "c"], &flags, &job);
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    assert_eq!(w[0].code(secs(20)), 3, "{}", w[0].log_text());
+    assert_eq!(w[1].code(secs(20)), 3, "{}", w[1].log_text());
+    assert_eq!(w[2].code(secs(20)), 80, "{}", w[2].log_text());
+    assert!(
+        w[2].log_text()
+            .contains("all 2 attempts at the run key failed"),
+        "{}",
+        w[2].log_text()
+    );
+    // A worker that comes late for the same key ends the same way, without a run.
+    let extra = [&flags[..], &["--id", "d"]].concat();
+    let (code, _, err) = run(&run_args("all", &f.ep, &extra, &job));
+    assert_eq!(code, 80, "{err}");
+    let ran = attempts_run(f.dir.path());
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!(history_of(&f, "all").len(), 2);
+}
+
+#[test]
+fn a_lost_term_is_a_failed_attempt_its_worker_leaves_and_the_next_runs_attempt_2() {
+    let f = Fixture::new();
+    let job = attempt_job(f.dir.path(), "b");
+    let flags = ["--attempts", "2", "--run-key", "k3"];
+    let mut w = attempt_workers(&f, "lost", &["a", "b"], &flags, &job);
+    // a freezes: its watchdog kills the job, its lease runs out, b takes the term.
+    w[0].signal(libc::SIGSTOP);
+    let b_started = wait_line(&f.dir.path().join("att"), secs(20), |l| l.contains(" b "));
+    assert!(b_started.contains(" 2 b "), "{b_started}");
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    assert_eq!(w[1].code(secs(20)), 0, "{}", w[1].log_text());
+    // Continued, a finds its term lost and leaves (--attempts implies --on-loss exit).
+    w[0].signal(libc::SIGCONT);
+    assert_eq!(w[0].code(secs(20)), 76, "{}", w[0].log_text());
+    let ran = attempts_run(f.dir.path());
+    assert!(ran[1].0 > ran[0].0, "{ran:?}");
+    assert_eq!(
+        lines(&f.dir.path().join("end")).len(),
+        1,
+        "a's job ran to its end"
+    );
+}
+
+#[test]
+fn the_worker_after_a_failed_attempt_waits_the_retry_delay_before_its_attempt() {
+    let f = Fixture::new();
+    let job = attempt_job(f.dir.path(), "b");
+    let flags = ["--attempts", "2", "--run-key", "k4", "--retry-delay", "2s"];
+    let mut w = attempt_workers(&f, "rd", &["a", "b"], &flags, &job);
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    assert_eq!(w[0].code(secs(20)), 3, "{}", w[0].log_text());
+    assert_eq!(w[1].code(secs(20)), 0, "{}", w[1].log_text());
+    let log = w[1].log_text();
+    assert!(
+        log.contains("attempt 1 of 2 at run key k4 failed: waiting --retry-delay 2s"),
+        "{log}"
+    );
+    let failed_at: i128 = lines(&f.dir.path().join("end"))[0].parse().unwrap();
+    let retried_at = attempts_run(f.dir.path())[1].3;
+    assert!(
+        retried_at - failed_at >= 2_000_000_000,
+        "retried {} ms after the failure",
+        (retried_at - failed_at) / 1_000_000
+    );
 }

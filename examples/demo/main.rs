@@ -17,7 +17,11 @@
 //!    takes over at once;
 //! 4. replays a write with the first leader's token, as a frozen old leader would: the ledger
 //!    rejects it, because it has already seen a higher token;
-//! 5. stops everything and prints the ledger and a summary.
+//! 5. stops the workers;
+//! 6. runs one cron tick on the three workers with `--every 1h --attempts 3`: the first
+//!    leader's attempt fails (exit 1), the next worker retries it with a larger token and
+//!    succeeds, and the last finds the tick done (exit 0);
+//! 7. prints the ledger and a summary.
 //!
 //! Everything it starts is killed on the way out, on success, error, panic or Ctrl-C.
 //!
@@ -41,7 +45,9 @@ use anyhow::{Context, Result};
 use crate::binaries::{ledger, locate_binaries, require_etcd, status};
 use crate::etcd::{start_etcd, wait_until_etcd_answers};
 use crate::narrate::{banner, catch_interrupts, print_indented, say, sleep, start};
-use crate::steps::{first_leader, kill_leader, stale_write, stop_all, terminate_leader, Outcome};
+use crate::steps::{
+    first_leader, kill_leader, retried_attempt, stale_write, stop_all, terminate_leader, Outcome,
+};
 use crate::store::{Kind, Store};
 use crate::summary::summary;
 use crate::workers::{Monitor, Workers};
@@ -52,6 +58,15 @@ pub(crate) const WORKERS: [&str; 3] = ["worker-a", "worker-b", "worker-c"];
 pub(crate) const TTL: &str = "3s";
 pub(crate) const GRACE: &str = "500ms";
 pub(crate) const SAFETY_MARGIN: &str = "500ms";
+/// The lease flags every worker of the demo runs with.
+pub(crate) const LEASE: [&str; 6] = [
+    "--ttl",
+    TTL,
+    "--grace",
+    GRACE,
+    "--safety-margin",
+    SAFETY_MARGIN,
+];
 /// Interval between two settlement batches, in milliseconds.
 pub(crate) const EVERY_MS: &str = "300";
 /// Batches each new leader settles before the next step, so every term is visible.
@@ -146,8 +161,16 @@ fn run() -> Result<()> {
     let stale = stale_write(&bins, &db, first.token)?;
 
     sleep(READING_PAUSE)?;
-    banner(5, "stop the remaining workers and look at the ledger");
+    banner(5, "stop the remaining workers");
     stop_all(&mut workers)?;
+
+    sleep(READING_PAUSE)?;
+    banner(
+        6,
+        "a cron tick with --attempts 3: the first attempt fails, another worker retries it",
+    );
+    let retry = retried_attempt(&bins, &db, &etcd.endpoint(), dir.path())?;
+    say("the ledger:");
     let show = ledger(&bins, &db, &["show"])?;
     print_indented(&show.stdout);
     let check = ledger(&bins, &db, &["check"])?;
@@ -158,6 +181,7 @@ fn run() -> Result<()> {
             crash,
             handover,
             stale,
+            retry,
             check_ok: check.code == Some(0),
             check_text: check.stdout.trim().to_string(),
         },

@@ -1,16 +1,17 @@
 //! The steps of the demo, each waiting for the events that show it worked.
 
-use std::process::ExitStatus;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 
-use crate::binaries::{ledger, status, Bins};
+use crate::binaries::{capture, clean_command, detach_and_tie, ledger, status, Bins};
 use crate::narrate::{print_indented, say, secs, sleep};
 use crate::store::Store;
 use crate::summary::describe;
 use crate::workers::{Monitor, Workers};
-use crate::{BATCHES_PER_TERM, EXIT_REJECTED, TTL, WORKERS};
+use crate::{BATCHES_PER_TERM, EXIT_REJECTED, LEASE, TTL, WORKERS};
 
 /// A term: which worker led, with which token.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +49,7 @@ pub(crate) struct Outcome {
     pub(crate) crash: Crash,
     pub(crate) handover: Handover,
     pub(crate) stale: Stale,
+    pub(crate) retry: Retry,
     pub(crate) check_ok: bool,
     pub(crate) check_text: String,
 }
@@ -250,5 +252,131 @@ pub(crate) fn stop_all(workers: &mut Workers) -> Result<()> {
         ));
     }
     sleep(Duration::from_millis(100))?;
+    Ok(())
+}
+
+/// What the retried tick showed.
+pub(crate) struct Retry {
+    /// (worker, exit code) of each worker of the tick, in the order they started.
+    pub(crate) exits: Vec<(&'static str, Option<i32>)>,
+    /// What each attempt's job said, in order.
+    pub(crate) attempts: Vec<String>,
+}
+
+/// The election of the retried tick: a cron job of its own beside the long-running one.
+pub(crate) const TICK_ELECTION: &str = "settlement-tick";
+
+/// Step 6: one cron tick on the three workers with `--every 1h --attempts 3`. worker-a leads
+/// first and its attempt fails (a broken host: the job exits 1); worker-b, next in line on
+/// another host, runs attempt 2 with a larger token and succeeds; worker-c finds the tick done
+/// and exits 0 without running the job.
+pub(crate) fn retried_attempt(
+    bins: &Bins,
+    store: &Store,
+    endpoint: &str,
+    dir: &Path,
+) -> Result<Retry> {
+    let queued = dir.join("tick-queued");
+    let said = dir.join("tick-attempts");
+    // $0 is the ledger, "$@" its store arguments. worker-a fails once the others queue.
+    let job = format!(
+        r#"line="$LEAD_EXEC_ID ran attempt $LEAD_EXEC_ATTEMPT of tick $LEAD_EXEC_RUN_KEY with token $FENCING_TOKEN"
+if [ "$LEAD_EXEC_ID" = worker-a ]; then
+  while [ ! -e '{q}' ]; do sleep 0.05; done
+  echo "$line: the bank is unreachable from this host, exit 1" >> '{s}'; exit 1
+fi
+echo "$line: settled" >> '{s}'
+exec "$0" "$@" write --token "$FENCING_TOKEN" --worker "$LEAD_EXEC_ID" --note "tick $LEAD_EXEC_RUN_KEY, attempt $LEAD_EXEC_ATTEMPT" >/dev/null"#,
+        q = queued.display(),
+        s = said.display(),
+    );
+    say(&format!(
+        "on each worker: lead-exec run {TICK_ELECTION} --every 1h --attempts 3 -- <settle once>"
+    ));
+    let mut children = Vec::new();
+    for (n, name) in WORKERS.iter().enumerate() {
+        let mut cmd = clean_command(&bins.lead_exec);
+        cmd.args(["run", TICK_ELECTION, "--endpoints", endpoint, "-q"])
+            .args(LEASE)
+            .args(["--every", "1h", "--attempts", "3", "--id", name, "--"])
+            .args(["sh", "-c", &job])
+            .arg(&bins.ledger)
+            .args(store.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        detach_and_tie(&mut cmd);
+        children.push((
+            *name,
+            cmd.spawn().with_context(|| format!("starting {name}"))?,
+        ));
+        // In line one after the other, so that the attempts go a, b, c.
+        let want = n + 1;
+        wait_until(
+            Duration::from_secs(10),
+            &format!("{want} workers in line"),
+            || Ok(in_line(bins, endpoint)? == want),
+        )?;
+    }
+    std::fs::write(&queued, "").context("starting the tick")?;
+    let mut exits = Vec::new();
+    for (name, mut child) in children {
+        let until = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            ensure!(Instant::now() < until, "{name} did not end its tick");
+            sleep(Duration::from_millis(20))?;
+        };
+        say(&format!(
+            "{name}'s lead-exec exited with {}",
+            describe(status)
+        ));
+        exits.push((name, status.code()));
+    }
+    let attempts: Vec<String> = std::fs::read_to_string(&said)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    print_indented(&attempts.join("\n"));
+    ensure!(
+        exits.iter().map(|(_, c)| *c).collect::<Vec<_>>() == [Some(1), Some(0), Some(0)],
+        "the tick's workers exited {exits:?}, not 1, 0, 0"
+    );
+    ensure!(
+        attempts.len() == 2,
+        "{} attempts ran, not 2",
+        attempts.len()
+    );
+    say("worker-a's attempt failed and it left; worker-b retried on its host with a larger token; worker-c found the tick done");
+    Ok(Retry { exits, attempts })
+}
+
+/// How many candidates of the tick's election are in line, leader included.
+fn in_line(bins: &Bins, endpoint: &str) -> Result<usize> {
+    let mut cmd = clean_command(&bins.lead_exec);
+    cmd.args([
+        "status",
+        TICK_ELECTION,
+        "--endpoints",
+        endpoint,
+        "-o",
+        "json",
+    ]);
+    let out = capture(&mut cmd)?;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+    let leader = usize::from(v["leader"].is_object());
+    Ok(leader + v["waiting"].as_array().map_or(0, Vec::len))
+}
+
+/// Polls `cond` until it holds, for at most `limit`.
+fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> Result<bool>) -> Result<()> {
+    let until = Instant::now() + limit;
+    while !cond()? {
+        ensure!(Instant::now() < until, "no {what} within {limit:?}");
+        sleep(Duration::from_millis(50))?;
+    }
     Ok(())
 }

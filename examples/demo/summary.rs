@@ -29,7 +29,7 @@ pub(crate) fn summary(mon: &Monitor, o: &Outcome) -> Result<()> {
         .map(|(w, t)| format!("{} token {t}", WORKERS[*w]))
         .collect();
     let (c, h) = (&o.crash, &o.handover);
-    banner(6, "summary");
+    banner(7, "summary");
     row("terms, in order:", listed.join(" -> "));
     row(
         "tokens grew with every term:",
@@ -68,6 +68,19 @@ pub(crate) fn summary(mon: &Monitor, o: &Outcome) -> Result<()> {
         format!(
             "1 (the first term's token {}; the ledger said \"{}\")",
             o.stale.token, o.stale.message
+        ),
+    );
+    row(
+        "tick retried on another worker:",
+        format!(
+            "{} attempts; exits {}",
+            o.retry.attempts.len(),
+            o.retry
+                .exits
+                .iter()
+                .map(|(w, c)| format!("{w} {}", c.map_or("-".into(), |c| c.to_string())))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     );
     row(

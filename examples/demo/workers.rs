@@ -11,7 +11,7 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::binaries::{clean_command, detach_and_tie, Bins};
 use crate::narrate::{check_interrupted, secs, sleep, stamp};
 use crate::store::Store;
-use crate::{ELECTION, EVERY_MS, GRACE, SAFETY_MARGIN, TTL};
+use crate::{ELECTION, EVERY_MS, LEASE};
 
 /// A line or the end of a worker's output. Reader threads print lines as they arrive and
 /// send them here, so the demo can wait for events instead of sleeping.
@@ -151,14 +151,7 @@ impl Workers {
     ) -> Result<()> {
         let mut cmd = clean_command(&bins.lead_exec);
         cmd.args(["run", ELECTION, "--endpoints", endpoint])
-            .args([
-                "--ttl",
-                TTL,
-                "--grace",
-                GRACE,
-                "--safety-margin",
-                SAFETY_MARGIN,
-            ])
+            .args(LEASE)
             .args(["--id", name, "--"])
             .arg(&bins.ledger)
             .args(store.args())

@@ -3,8 +3,8 @@
 //! says the same and `tests/docs.rs` catches a page that drifted.
 
 /// Every exit status, as scripts branch on it (see [`crate::exit::Exit`]).
-pub const EXIT_STATUS: [(&str, &str); 17] = [
-    ("0", "the job exited 0; or a command that runs no job succeeded; or the --run-key was already done"),
+pub const EXIT_STATUS: [(&str, &str); 18] = [
+    ("0", "the job exited 0; or a command that runs no job succeeded; or the --run-key was already done (with --attempts: an attempt on another worker succeeded)"),
     ("1-255", "the job's own exit code, passed through"),
     ("3", "status, resign: the election has no leader (none, or paused)"),
     ("4", "check, resign --token: the token is not the leader's"),
@@ -16,6 +16,7 @@ pub const EXIT_STATUS: [(&str, &str); 17] = [
     ("76", "leadership lost while the job ran, with --on-loss exit"),
     ("77", "etcd refused the credentials"),
     ("79", "not acquired: this worker's --health-cmd kept failing, so it did not campaign"),
+    ("80", "--attempts N: all N attempts at the run key failed (on any workers); every worker of the election exits 80 for that key"),
     ("124", "the job ran past --timeout and was stopped"),
     ("126", "the command cannot be executed"),
     ("127", "the command was not found"),
@@ -24,7 +25,7 @@ pub const EXIT_STATUS: [(&str, &str); 17] = [
 ];
 
 /// The variables every job gets (see [`crate::fencing::job_env`]).
-pub const JOB_ENVIRONMENT: [(&str, &str); 10] = [
+pub const JOB_ENVIRONMENT: [(&str, &str); 11] = [
     ("FENCING_TOKEN", "this term's token: decimal, strictly larger than every earlier term's. Pass it to every write, and have the resource refuse a lower one."),
     ("LEAD_EXEC_SLOT", "the slot this term holds, 0 to N-1 under --slots N (0 with one slot)"),
     ("LEAD_EXEC_ELECTION", "the election name"),
@@ -34,6 +35,7 @@ pub const JOB_ENVIRONMENT: [(&str, &str); 10] = [
     ("LEAD_EXEC_ENDPOINTS", "the etcd endpoints, so that lead-exec check works inside the job"),
     ("LEAD_EXEC_RUN_KEY", "the --run-key, when given, or the one --every made (20261206T0100Z)"),
     ("LEAD_EXEC_PERIOD_START", "with --every, the start of the period this run is for, in RFC 3339 UTC (2026-12-06T01:00:00Z)"),
+    ("LEAD_EXEC_ATTEMPT", "with --attempts, which attempt at the run key this is: 1 to N"),
     ("LEAD_EXEC_CHECK_REFUSALS", "with --metrics-addr, the file where lead-exec check counts its refusals"),
 ];
 
@@ -166,6 +168,7 @@ mod tests {
             Exit::LeadershipLost,
             Exit::Auth,
             Exit::Unhealthy,
+            Exit::AttemptsExhausted,
             Exit::TimedOut,
             Exit::NotExecutable,
             Exit::NotFound,

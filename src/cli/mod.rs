@@ -245,6 +245,27 @@ pub struct RunArgs {
     #[arg(long, env = "LEAD_EXEC_EVERY_OFFSET", default_value = "0s", value_parser = duration, value_name = "DURATION", requires = "every", help_heading = "Election")]
     pub every_offset: Duration,
 
+    /// Give one run key up to N attempts, each on whichever worker leads next: a failed attempt
+    /// (non-zero exit, signal, lost lease, --timeout) leaves the key open, its worker exits with
+    /// the job's code, and the next in line runs attempt 2. After N failed attempts every
+    /// worker exits 80. Needs a run key (--run-key or --every); implies --on-loss exit; not
+    /// with --no-wait (workers wait in line while the key is undecided: --every's period by
+    /// default).
+    #[arg(
+        long,
+        env = "LEAD_EXEC_ATTEMPTS",
+        value_name = "N",
+        requires = "run_key_source",
+        conflicts_with = "no_wait",
+        help_heading = "Election"
+    )]
+    pub attempts: Option<u32>,
+
+    /// With --attempts: a worker elected after a failed attempt waits this long, its lease
+    /// renewed, before it runs the next (shorter than --every's period).
+    #[arg(long, env = "LEAD_EXEC_RETRY_DELAY", default_value = "0s", value_parser = duration, value_name = "DURATION", requires = "attempts", help_heading = "Election")]
+    pub retry_delay: Duration,
+
     /// Run the job on at most N workers at once (an N-of-M semaphore); every candidate of the
     /// election must give the same N.
     #[arg(

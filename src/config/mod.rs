@@ -63,6 +63,8 @@ pub struct RunConfig {
     pub period: Option<Period>,
     /// `--splay`: the longest random wait before the first campaign; zero for none.
     pub splay: Duration,
+    /// `--attempts` and `--retry-delay`: the run key's attempts, shared by the fleet.
+    pub attempts: Option<Attempts>,
     pub cgroup: CgroupMode,
     /// `--slots`: how many holders may run the job at once.
     pub slots: u32,
@@ -79,6 +81,46 @@ pub struct RunConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// As given: bytes, not necessarily UTF-8, as execve takes them.
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// `--attempts N --retry-delay D`: at most N attempts at one run key, across the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempts {
+    pub max: u32,
+    /// How long a worker elected after a failed attempt waits before the next.
+    pub retry_delay: Duration,
+}
+
+/// The most `--attempts`: each is a term, a job start and a record; past this a run key is
+/// not being retried but hammered.
+pub const MAX_ATTEMPTS: u32 = 1000;
+
+/// Checks `--attempts` and `--retry-delay` against each other and `--every`'s period.
+fn check_attempts(
+    max: Option<u32>,
+    retry_delay: Duration,
+    every: Option<Duration>,
+) -> Result<Option<Attempts>> {
+    let Some(max) = max else {
+        return Ok(None);
+    };
+    if !(1..=MAX_ATTEMPTS).contains(&max) {
+        return Err(fail(
+            Exit::Usage,
+            format!("--attempts {max}: must be between 1 and {MAX_ATTEMPTS}"),
+        ));
+    }
+    if let Some(every) = every.filter(|e| retry_delay >= *e) {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "--retry-delay {} is not shorter than --every {}: the retry would fall into the next period",
+                human(retry_delay),
+                human(every)
+            ),
+        ));
+    }
+    Ok(Some(Attempts { max, retry_delay }))
 }
 
 /// A health check, as `--health-cmd`, `--health-interval` and `--health-failures` give it.
@@ -207,6 +249,7 @@ impl RunConfig {
             ("--every", a.every),
             ("--every-offset", Some(a.every_offset)),
             ("--splay", Some(a.splay)),
+            ("--retry-delay", Some(a.retry_delay)),
         ] {
             if let Some(d) = d {
                 bounded_duration(flag, d)?;
@@ -226,11 +269,17 @@ impl RunConfig {
         check_lease_safety(ttl, a.grace, a.safety_margin)?;
         let conn = command_timeout_within(conn, a.election.conn.command_timeout, ttl)?;
         let run_key_ttl = lease_ttl("--run-key-ttl", a.run_key_ttl)?;
+        let attempts = check_attempts(a.attempts, a.retry_delay, a.every)?;
         let wait = match (a.no_wait, a.wait) {
             (true, _) => Wait::No,
             (false, Some(d)) if d < NO_WAIT_BELOW => Wait::No,
             (false, Some(d)) => Wait::For(d),
-            (false, None) => Wait::Forever,
+            // Workers wait in line while the period's key is undecided, and no longer: the
+            // next tick's workers take the next key.
+            (false, None) => match (attempts, a.every) {
+                (Some(_), Some(every)) => Wait::For(every),
+                _ => Wait::Forever,
+            },
         };
         let id = match &a.id {
             Some(id) if id.trim().is_empty() => {
@@ -348,9 +397,11 @@ impl RunConfig {
             grace: a.grace,
             safety_margin: a.safety_margin,
             id,
-            on_loss: match a.on_loss {
-                cli::OnLoss::Campaign => OnLoss::Campaign,
-                cli::OnLoss::Exit => OnLoss::Exit,
+            // With --attempts a lost term was a failed attempt, and a failed attempt's worker
+            // leaves the line: the next attempt runs elsewhere.
+            on_loss: match (a.on_loss, attempts) {
+                (_, Some(_)) | (cli::OnLoss::Exit, None) => OnLoss::Exit,
+                (cli::OnLoss::Campaign, None) => OnLoss::Campaign,
             },
             wait,
             conflict_exit_code: a.conflict_exit_code,
@@ -359,6 +410,7 @@ impl RunConfig {
             run_key_ttl,
             period: every.map(|(_, p)| p),
             splay: a.splay,
+            attempts,
             cgroup: match a.cgroup {
                 cli::CgroupMode::Auto => CgroupMode::Auto,
                 cli::CgroupMode::On => CgroupMode::On,
@@ -637,6 +689,53 @@ mod tests {
         );
         // Without --every, the splay is only bounded.
         assert_eq!(config_with("--splay", "2h", &[]).unwrap().splay, s(7200));
+    }
+
+    #[test]
+    fn attempts_wait_a_period_leave_on_loss_and_refuse_what_cannot_retry() {
+        let cfg = config_with("--attempts", "3", &["--every", "5m"]).unwrap();
+        let want = Attempts {
+            max: 3,
+            retry_delay: Duration::ZERO,
+        };
+        assert_eq!(cfg.attempts, Some(want));
+        // The key is undecided for at most its period; a lost term is a failed attempt.
+        assert_eq!(cfg.wait, Wait::For(s(300)));
+        assert_eq!(cfg.on_loss, OnLoss::Exit);
+        let cfg = config_with("--attempts", "2", &["--run-key", "k", "--wait", "1m"]).unwrap();
+        assert_eq!(cfg.wait, Wait::For(s(60)));
+        let cfg = config_with("--attempts", "2", &["--run-key", "k"]).unwrap();
+        assert_eq!(cfg.wait, Wait::Forever);
+        let cfg = config_with("--attempts", "2", &["--every", "1h", "--retry-delay", "5m"]);
+        assert_eq!(cfg.unwrap().attempts.unwrap().retry_delay, s(300));
+        for (extra, want) in [
+            (
+                &["--every", "5m", "--attempts", "0"][..],
+                "--attempts 0: must be between 1 and 1000",
+            ),
+            (
+                &["--every", "5m", "--attempts", "1001"],
+                "--attempts 1001: must be between",
+            ),
+            (
+                &["--every", "5m", "--attempts", "2", "--retry-delay", "5m"],
+                "--retry-delay 5m is not shorter than --every 5m",
+            ),
+        ] {
+            let e = config_with("--id", "w", extra).unwrap_err();
+            assert_eq!(crate::exit::exit_of(&e), Exit::Usage, "{e}");
+            assert!(e.to_string().starts_with(want), "{extra:?}: {e}");
+        }
+        // Clap's own refusals: no run key to count attempts of, --no-wait, a delay alone.
+        for args in [
+            &["--attempts", "2"][..],
+            &["--attempts", "2", "--every", "5m", "--no-wait"],
+            &["--retry-delay", "1s", "--every", "5m"],
+        ] {
+            use clap::Parser;
+            let argv = [&["lead-exec", "run", "x"], args, &["--", "true"]].concat();
+            assert!(crate::cli::Cli::try_parse_from(argv).is_err(), "{args:?}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! lead-exec/meta/NAME/priority/<lease hex>    a candidate's --priority, when above 0
 //! lead-exec/meta/NAME/history/<token, 20 digits>  one record per term
 //! lead-exec/meta/NAME/runs/<run key>          completed `--run-key`s, with their own lease
+//! lead-exec/meta/NAME/attempts/<run key>      `--attempts` claimed at a run key, on a lease
 //! lead-exec/meta/NAME/slots                   `--slots N` when N > 1 (absent: 1), no lease
 //! lead-exec/meta/NAME/takeover-delay          `--takeover-delay` in ms when above 0, no lease
 //! lead-exec/meta/NAME/slot/<i>                slot i of a holder, on its lease (N > 1 only)
@@ -134,6 +135,12 @@ impl Election {
 
     pub fn run_key(&self, key: &str) -> String {
         format!("{}/runs/{key}", self.meta())
+    }
+
+    /// The attempts claimed at a run key (`--attempts`): beside `runs/`, not under it, since
+    /// a run key's presence there means done.
+    pub fn attempts_key(&self, key: &str) -> String {
+        format!("{}/attempts/{key}", self.meta())
     }
 
     /// The number of slots every candidate must agree on; absent means 1.

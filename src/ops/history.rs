@@ -30,29 +30,40 @@ pub async fn run(a: HistoryArgs) -> Result<Exit> {
         }
         Output::Text => {
             outln!(
-                "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} END",
+                "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} {:<20} END",
                 "TOKEN",
                 "ID",
                 "HOST",
                 "PID",
                 "STARTED",
-                "ENDED"
+                "ENDED",
+                "RUN"
             );
             for r in &recs {
                 outln!(
-                    "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} {}",
+                    "{:<10} {:<24} {:<20} {:<8} {:<20} {:<20} {:<20} {}",
                     r.token,
                     escape(&r.id),
                     escape(&r.host),
                     r.pid,
                     fmt_ms(r.started_ms),
                     ended_text(r).unwrap_or_else(|| "-".into()),
+                    escape(&run_text(r)),
                     escape(&end_text(r))
                 );
             }
         }
     }
     Ok(Exit::Ok)
+}
+
+/// The run key a term ran for, with its attempt under `--attempts` (`20261206T0100Z #2`).
+pub fn run_text(r: &history::Record) -> String {
+    match (&r.run_key, r.attempt) {
+        (Some(k), Some(n)) => format!("{k} #{n}"),
+        (Some(k), None) => k.clone(),
+        (None, _) => "-".into(),
+    }
 }
 
 /// When a term ended, or the bound before which it did when nobody saw it end.

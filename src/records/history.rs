@@ -93,6 +93,12 @@ pub struct Record {
     /// With the end `preempted`: the candidate of higher `--priority` that asked for the term.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_by: Option<Preemptor>,
+    /// The run key the term ran its job for (`--run-key`, `--every`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_key: Option<String>,
+    /// With `--attempts`, which attempt at the run key the term made (1-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 /// A waiting candidate of higher `--priority` that asked a leader to hand over.
@@ -104,11 +110,13 @@ pub struct Preemptor {
 
 impl Record {
     /// The start of `writer`'s term, now, on this host and process.
-    pub fn start(writer: Writer<'_>, facts: StartFacts) -> Record {
+    pub fn start(writer: Writer<'_>, facts: StartFacts<'_>) -> Record {
         let StartFacts {
             takeover_delay,
             job_cgroup,
             job_timeout,
+            run_key,
+            attempt,
         } = facts;
         Record {
             token: writer.token,
@@ -124,6 +132,8 @@ impl Record {
             timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
             ended_before_ms: None,
             preempted_by: None,
+            run_key: run_key.map(str::to_string),
+            attempt,
         }
     }
 
@@ -190,13 +200,17 @@ pub fn start_retry_pause(failures: u32) -> Duration {
 
 /// What a start record says about the term beyond who holds it.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct StartFacts {
+pub struct StartFacts<'a> {
     /// The `--takeover-delay` the term waited out.
     pub takeover_delay: Option<Duration>,
     /// Whether the job runs in a cgroup of its own; unknown before it starts.
     pub job_cgroup: Option<bool>,
     /// The job's `--timeout`.
     pub job_timeout: Option<Duration>,
+    /// The run key the term runs for (`--run-key`, `--every`).
+    pub run_key: Option<&'a str>,
+    /// With `--attempts`, the attempt at it that the term claimed.
+    pub attempt: Option<u32>,
 }
 
 impl Ctx {
@@ -522,6 +536,8 @@ mod tests {
             timeout_ms: None,
             ended_before_ms: None,
             preempted_by: None,
+            run_key: None,
+            attempt: None,
         }
     }
 

@@ -1,5 +1,5 @@
 //! The records `run` writes beside the job, and the operator commands read: the history of
-//! terms, completed run keys, and the workers out of line for a failing health check.
+//! terms, completed run keys and their attempts, and the workers out of line for a failing health check.
 //!
 //! Every write is a transaction guarded by the leader key's create revision (the fencing
 //! token), so only the leader of that term can write, never a stale one.
@@ -7,6 +7,7 @@
 //! Each record is read and written by a method of the etcd scope ([`crate::election::Ctx`]),
 //! bounded by its command timeout.
 
+pub mod attempts;
 pub mod history;
 pub mod runkey;
 pub mod unhealthy;

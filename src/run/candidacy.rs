@@ -363,9 +363,17 @@ pub async fn campaign(
         HealthFailures::new(health.clone()),
     );
     let mut term = Term::new(token, key, slot, events, learned.predecessor_gone);
-    let delay = takeover_delay_for(env, token, learned).await;
-    if let Some((d, why)) = &delay {
-        begin_takeover_delay(env, &candidacy.lease, &mut term, *d, why).await;
+    let takeover = takeover_delay_for(env, token, learned).await;
+    let retry = retry_delay_for(env).await;
+    // Both are waits before the job, whichever is longer covers the other.
+    let delay = match (takeover, retry) {
+        (Some((t, why)), Some((r, _))) if t >= r => Some(Delay::Takeover(t, why)),
+        (_, Some((r, why))) => Some(Delay::Retry(r, why)),
+        (Some((t, why)), None) => Some(Delay::Takeover(t, why)),
+        (None, None) => None,
+    };
+    if let Some(delay) = &delay {
+        begin_delay(env, &candidacy.lease, &mut term, delay).await;
     }
     let ev = CampaignEnd::Elected {
         token,
@@ -444,23 +452,62 @@ async fn takeover_delay_for(env: &Env, token: i64, learned: Learned) -> Option<(
     }
 }
 
-/// Starts `--takeover-delay` for the term just won: its end is the delaying phase's timer, and
-/// `status` shows when the job is due. `why` is what was judged.
-async fn begin_takeover_delay(env: &Env, lease: &Lease, term: &mut Term, d: Duration, why: &str) {
+/// `--retry-delay`, with what was judged, when the term just won follows a failed attempt at
+/// its run key that leaves another to make. Not when the attempts cannot be read: the start
+/// reads them again, and fails on what it cannot read.
+async fn retry_delay_for(env: &Env) -> Option<(Duration, String)> {
+    let (Some(k), Some(a)) = (&env.cfg.run_key, env.cfg.attempts) else {
+        return None;
+    };
+    if a.retry_delay.is_zero() {
+        return None;
+    }
+    match env.ctx.attempts_of(k).await {
+        Ok(t) if !t.done && t.count >= 1 && t.count < a.max => Some((
+            a.retry_delay,
+            format!("attempt {} of {} at run key {k} failed", t.count, a.max),
+        )),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!("attempts of run key {k}: {e:#}");
+            None
+        }
+    }
+}
+
+/// A wait the term just won owes before its job, with what was judged.
+enum Delay {
+    /// `--takeover-delay`, after an unclean end.
+    Takeover(Duration, String),
+    /// `--retry-delay`, after a failed attempt.
+    Retry(Duration, String),
+}
+
+/// Starts the delay for the term just won: its end is the delaying phase's timer. `status`
+/// shows when the job is due after an unclean end.
+async fn begin_delay(env: &Env, lease: &Lease, term: &mut Term, delay: &Delay) {
     let token = term.token;
+    let (d, why, flag) = match delay {
+        Delay::Takeover(d, why) => (*d, why, "--takeover-delay"),
+        Delay::Retry(d, why) => (*d, why, "--retry-delay"),
+    };
     tracing::warn!(
         token,
-        "{why}: waiting --takeover-delay {} before starting the job",
+        "{why}: waiting {flag} {} before starting the job",
         crate::clock::human(d)
     );
-    metrics::takeover_delayed();
-    notify::status(&format!("takeover delay, token {token}"));
-    term.takeover_delay_waited = Some(d);
-    let value = Candidate {
-        takeover_until_ms: Some(unix_ms() + d.as_millis() as u64),
-        ..env.candidate.clone()
-    };
-    term.show_in_status(&env.ctx, lease, &value).await;
+    if let Delay::Takeover(..) = delay {
+        metrics::takeover_delayed();
+        notify::status(&format!("takeover delay, token {token}"));
+        term.takeover_delay_waited = Some(d);
+        let value = Candidate {
+            takeover_until_ms: Some(unix_ms() + d.as_millis() as u64),
+            ..env.candidate.clone()
+        };
+        term.show_in_status(&env.ctx, lease, &value).await;
+    } else {
+        notify::status(&format!("retry delay, token {token}"));
+    }
     // Counted from here: never shorter than asked, whatever the status write took.
     term.events.delay = Timer::after(d);
 }

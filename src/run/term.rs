@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use crate::config::RunConfig;
 use crate::election::lease::{Lease, LeaseState, MIN_RENEWAL_TIMEOUT};
 use crate::election::{Candidate, Ctx};
+use crate::records::attempts::Claim;
 use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd};
 use crate::records::Writer;
 use crate::supervisor::{JobControl, JobSpec, Launch, Standby};
@@ -46,6 +47,8 @@ pub struct Term {
     pub start_record: Option<StartRecord>,
     /// The `--takeover-delay` this term waited out before its job, for its start record.
     pub takeover_delay_waited: Option<Duration>,
+    /// The attempt at the run key this term claimed (`--attempts`), once it has.
+    attempt: Option<u32>,
     /// When the key this term waited behind was deleted: its handover is timed from there.
     predecessor_gone: Option<std::time::Instant>,
 }
@@ -65,6 +68,7 @@ impl Term {
             events: Box::new(events),
             start_record: None,
             takeover_delay_waited: None,
+            attempt: None,
             predecessor_gone,
         }
     }
@@ -95,6 +99,8 @@ impl Term {
             takeover_delay: self.takeover_delay_waited,
             job_cgroup,
             job_timeout: cfg.timeout,
+            run_key: cfg.run_key.as_deref(),
+            attempt: self.attempt,
         };
         Record::start(self.writer(cfg), facts)
     }
@@ -226,13 +232,11 @@ impl Term {
         if !matches!(lease.state(), LeaseState::Alive { deadline } if !deadline.has_passed()) {
             return lost;
         }
-        // Another worker may have finished this run key while we queued.
-        match already_done(ctx, cfg).await {
+        // Another worker may have finished this run key while we queued; with --attempts,
+        // this term claims its attempt (or finds none left).
+        match self.claim_run(ctx, cfg).await {
             Ok(None) => {}
-            Ok(Some(k)) => {
-                tracing::info!(run_key = k, "run key already done; not running the job");
-                return (StartEnd::AlreadyDone, None);
-            }
+            Ok(Some(end)) => return (end, None),
             Err(error) => {
                 let what = "cannot read the run key";
                 return (StartEnd::Failed(Failure { what, error }), None);
@@ -284,10 +288,13 @@ impl Term {
             command: cfg.command.clone(),
             env: fencing::job_env(
                 cfg,
-                token,
-                self.slot,
-                &self.key,
-                lease.id,
+                fencing::TermFacts {
+                    token,
+                    slot: self.slot,
+                    key: &self.key,
+                    lease: lease.id,
+                    attempt: self.attempt,
+                },
                 env.refusals.as_deref(),
             ),
             grace: cfg.grace,
@@ -317,7 +324,12 @@ impl Term {
                 return (StartEnd::Failed(Failure { what, error }), None);
             }
         };
-        tracing::info!(token, pid = job.pid, "leading: job started");
+        match self.attempt {
+            Some(attempt) => {
+                tracing::info!(token, pid = job.pid, attempt, "leading: job started")
+            }
+            None => tracing::info!(token, pid = job.pid, "leading: job started"),
+        }
         // The start time first: `/leader` reads it as soon as the worker leads.
         metrics::job_started(self.predecessor_gone);
         metrics::leading(true);
@@ -464,6 +476,40 @@ impl Launcher {
         Standby::start(spec.grace, spec.cgroup)?
             .launch(spec, deadline, answer_within, &mut self.warned_uncontained)
             .await
+    }
+}
+
+impl Term {
+    /// What the run key says before the job starts: `None` to start it (with `--attempts`,
+    /// as the attempt this term claimed), else how the start ends instead.
+    async fn claim_run(&mut self, ctx: &Ctx, cfg: &RunConfig) -> Result<Option<StartEnd<Failure>>> {
+        let (Some(k), Some(attempts)) = (&cfg.run_key, cfg.attempts) else {
+            return Ok(already_done(ctx, cfg).await?.map(|k| {
+                tracing::info!(run_key = k, "run key already done; not running the job");
+                StartEnd::AlreadyDone
+            }));
+        };
+        let claim = ctx
+            .claim_attempt(self.writer(cfg), k, attempts.max, cfg.run_key_ttl)
+            .await?;
+        Ok(match claim {
+            Claim::Attempt(n) => {
+                self.attempt = Some(n);
+                None
+            }
+            Claim::Done => {
+                tracing::info!(run_key = k, "run key already done; not running the job");
+                Some(StartEnd::AlreadyDone)
+            }
+            Claim::Exhausted(n) => {
+                tracing::warn!(
+                    run_key = k,
+                    "all {n} attempts at the run key failed; not running the job"
+                );
+                Some(StartEnd::Exhausted)
+            }
+            Claim::Lost => Some(StartEnd::NotStarted),
+        })
     }
 }
 

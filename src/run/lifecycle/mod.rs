@@ -28,8 +28,9 @@
 //! waiting itself is the driver's (see [`super::events`]), which waits only for the sources a
 //! phase has: a phase cannot be told an event of another.
 //!
-//! `Delaying` is `--takeover-delay`: elected after a term that ended uncleanly, the lease
-//! renewed, the job not started yet. A worker whose health check failed `--health-failures`
+//! `Delaying` is `--takeover-delay` (elected after a term that ended uncleanly) or
+//! `--retry-delay` (elected after a failed attempt): the lease renewed, the job not started
+//! yet. `Exhausted` (every `--attempts` made) ends the run from `Elected` as `AlreadyDone` does. A worker whose health check failed `--health-failures`
 //! times in a row before the start gives the term up and campaigns again without a job.
 //!
 //! A step never gives up the lease itself: [`Action::RevokeLease`] says when. Leaving the
@@ -208,6 +209,8 @@ pub enum StartEnd<E> {
     NotStarted,
     /// Not started: another worker already finished this run key.
     AlreadyDone,
+    /// Not started: `--attempts` were all made at this run key, none successful.
+    Exhausted,
     /// Not started: the health check failed since the election.
     Unhealthy,
     /// Not started, and the run ends with this error: the command cannot run (not found, not
@@ -427,6 +430,8 @@ pub fn started<E>(token: i64, ev: StartEnd<E>, p: &Policy) -> Step<E> {
         // Lost between the confirmation and the start: never run on an unconfirmed term.
         StartEnd::NotStarted => after_loss(p, Some(TermEnd::LeaseLost)),
         StartEnd::AlreadyDone => done(None, Exit::Ok),
+        // Every worker ends so: the next in line is elected at once and finds the same.
+        StartEnd::Exhausted => done(None, Exit::AttemptsExhausted),
         // The check failed N times in a row between the election and the start: give the term
         // up without starting the job (closing a start record already written, as clean).
         StartEnd::Unhealthy => requeue(Some(TermEnd::Unhealthy)),

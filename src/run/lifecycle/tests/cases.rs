@@ -36,6 +36,17 @@ fn a_run_key_done_elsewhere_ends_with_success_and_no_record() {
 }
 
 #[test]
+fn a_run_key_whose_attempts_are_all_made_ends_every_worker_with_80_and_no_record() {
+    for policy in [&CAMPAIGN, &EXIT] {
+        assert_eq!(
+            started::<E>(TOKEN, StartEnd::Exhausted, policy),
+            (Phase::Done(Exit::AttemptsExhausted), vec![REVOKE])
+        );
+    }
+    assert_eq!(Exit::AttemptsExhausted.code(), 80);
+}
+
+#[test]
 fn no_wait_ends_on_an_etcd_failure_but_retries_a_lost_candidacy() {
     let (_, a) = campaigned(0, CampaignEnd::Failed(Cause::Etcd("down")), &NO_WAIT);
     assert_eq!(a, vec![REVOKE, Action::Fail("down")]);

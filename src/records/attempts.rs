@@ -1,0 +1,182 @@
+//! Attempts at a run key (`run --attempts N`): how many terms claimed one, shared by the fleet
+//! in `lead-exec/meta/NAME/attempts/KEY`.
+//!
+//! A term claims the next attempt before its job starts, in one transaction guarded by its
+//! leader key, by the run key's absence (not done) and by the record as the term read it (no
+//! claim in between). So each attempt is counted once, by the term that runs it, and a claim
+//! counts whatever follows it: a job that fails, is killed, times out, or whose term is lost
+//! before or while it runs has used its attempt. Counting claims rather than failures needs no
+//! write at the end of a term, which a lost term could not make. The record lives on a lease
+//! of `--run-key-ttl`, granted with the first attempt, as the run key's record does.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use super::Writer;
+use crate::election::{unix_ms, Ctx};
+
+/// The attempts record: the last claim and how many there were.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempted {
+    /// Attempts claimed so far, the last one included.
+    pub count: u32,
+    /// The token and worker of the last claim.
+    pub token: i64,
+    pub id: String,
+    pub claimed_ms: u64,
+}
+
+/// What etcd holds for a run key's attempts, as read at one revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// A success is recorded: no attempt is left to make.
+    pub done: bool,
+    /// Attempts claimed so far.
+    pub count: u32,
+    /// The record's mod revision (0: no record), which a claim compares.
+    mod_revision: i64,
+    /// The record's lease (0: none), which later claims keep.
+    lease: i64,
+}
+
+/// How a term's claim of an attempt went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// This term runs attempt N (1-based).
+    Attempt(u32),
+    /// Another term's attempt succeeded: the run key is done.
+    Done,
+    /// N attempts were made and none succeeded: none may follow.
+    Exhausted(u32),
+    /// Our leader key is gone: the term is over, nothing was claimed.
+    Lost,
+}
+
+/// Times a claim reads and tries again after the record changed under it (or its lease ran
+/// out) before it gives up with an error.
+const CLAIM_TRIES: u32 = 3;
+
+impl Ctx {
+    /// The attempts at `run_key` so far, and whether one succeeded, read in one request.
+    pub async fn attempts_of(&self, run_key: &str) -> Result<Tally> {
+        let (mut c, e) = (self.client.clone(), &self.election);
+        let txn = Txn::new().and_then([
+            TxnOp::get(
+                e.run_key(run_key),
+                Some(GetOptions::new().with_count_only()),
+            ),
+            TxnOp::get(e.attempts_key(run_key), None),
+        ]);
+        let resp = self.bounded(c.txn(txn)).await?;
+        let mut done = false;
+        let mut tally = Tally {
+            done: false,
+            count: 0,
+            mod_revision: 0,
+            lease: 0,
+        };
+        for (i, op) in resp.op_responses().into_iter().enumerate() {
+            let etcd_client::TxnOpResponse::Get(r) = op else {
+                continue;
+            };
+            if i == 0 {
+                done = r.count() > 0;
+            } else if let Some(kv) = r.kvs().first() {
+                let rec: Attempted = serde_json::from_slice(kv.value())
+                    .map_err(|err| anyhow!("the attempts record of run key {run_key}: {err}"))?;
+                tally.count = rec.count;
+                tally.mod_revision = kv.mod_revision();
+                tally.lease = kv.lease();
+            }
+        }
+        tally.done = done;
+        Ok(tally)
+    }
+
+    /// Claims the next attempt at `run_key` for `writer`'s term, if one of `max` is left and
+    /// no attempt succeeded: see the module's comment for what the transaction compares.
+    pub async fn claim_attempt(
+        &self,
+        writer: Writer<'_>,
+        run_key: &str,
+        max: u32,
+        ttl: Duration,
+    ) -> Result<Claim> {
+        let (mut c, e) = (self.client.clone(), &self.election);
+        let Writer { token, key, id } = writer;
+        let record_key = e.attempts_key(run_key);
+        for _ in 0..CLAIM_TRIES {
+            let tally = self.attempts_of(run_key).await?;
+            if tally.done {
+                return Ok(Claim::Done);
+            }
+            if tally.count >= max {
+                return Ok(Claim::Exhausted(tally.count));
+            }
+            // Later claims keep the first one's lease: the record lives --run-key-ttl from the
+            // first attempt, as the key's own record does from its success.
+            let lease = match tally.lease {
+                0 => {
+                    let ttl = ttl.as_secs().max(1) as i64;
+                    self.bounded(c.lease_grant(ttl, None)).await?.id()
+                }
+                l => l,
+            };
+            let next = Attempted {
+                count: tally.count + 1,
+                token,
+                id: id.to_string(),
+                claimed_ms: unix_ms(),
+            };
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key, CompareOp::Equal, token),
+                    Compare::create_revision(e.run_key(run_key), CompareOp::Equal, 0),
+                    Compare::mod_revision(
+                        record_key.as_str(),
+                        CompareOp::Equal,
+                        tally.mod_revision,
+                    ),
+                ])
+                .and_then([TxnOp::put(
+                    record_key.as_str(),
+                    serde_json::to_string(&next)?,
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else([TxnOp::get(key, Some(GetOptions::new().with_count_only()))]);
+            let resp = match self.bounded(c.txn(txn)).await {
+                Ok(r) => r,
+                // The first claim's lease ran out between the read and the write (the record
+                // went with it): read again, and grant afresh.
+                Err(err) if tally.lease != 0 => {
+                    tracing::debug!("attempts record: {err:#}; reading it again");
+                    continue;
+                }
+                Err(err) => {
+                    let _ = self.bounded(c.lease_revoke(lease)).await;
+                    return Err(err);
+                }
+            };
+            if resp.succeeded() {
+                return Ok(Claim::Attempt(next.count));
+            }
+            if tally.lease == 0 {
+                let _ = self.bounded(c.lease_revoke(lease)).await;
+            }
+            let ours = resp
+                .op_responses()
+                .into_iter()
+                .any(|op| matches!(op, etcd_client::TxnOpResponse::Get(r) if r.count() > 0));
+            if !ours {
+                return Ok(Claim::Lost);
+            }
+            // The run key was recorded, or the record changed: the next read says which.
+        }
+        Err(anyhow!(
+            "the attempts record of run key {run_key} kept changing under our claim"
+        ))
+    }
+}
