@@ -31,6 +31,8 @@ pub struct Period {
     pub key: String,
     /// The start in RFC 3339, UTC: `2026-12-06T01:00:00Z`.
     pub start: String,
+    /// The period's length, in seconds.
+    pub length_s: i64,
 }
 
 impl Grid {
@@ -66,6 +68,7 @@ impl Grid {
             start_unix_s,
             key: run_key(start_unix_s),
             start: rfc3339(start_unix_s),
+            length_s: i64::try_from(self.period_ms / 1000).unwrap_or(i64::MAX),
         }
     }
 }

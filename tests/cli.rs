@@ -1016,3 +1016,26 @@ fn attempts_and_retry_delay_refuse_bad_input_with_64_before_touching_etcd() {
     ];
     refused_before_etcd(&f, cases);
 }
+
+#[test]
+fn a_metrics_textfile_that_cannot_be_written_or_read_is_refused_with_64_before_touching_etcd() {
+    let f = Fixture::new();
+    let cases: &[Refusal] = &[
+        (
+            &["--metrics-textfile", "/nonexistent-lead-exec-dir/runs.prom"],
+            &[],
+            "--metrics-textfile /nonexistent-lead-exec-dir/runs.prom: cannot write in /nonexistent-lead-exec-dir",
+        ),
+        (
+            &["--metrics-textfile", "/dev/null/runs.prom"],
+            &[],
+            "cannot write in /dev/null",
+        ),
+        (
+            &["--metrics-textfile", "/tmp/runs.txt"],
+            &[],
+            "node_exporter's textfile collector reads only files named *.prom",
+        ),
+    ];
+    refused_before_etcd(&f, cases);
+}

@@ -910,14 +910,28 @@ fn every_metric_the_alert_rules_and_docs_name_is_exported_by_leader_and_candidat
     assert!(in_rules.len() >= 10, "{in_rules:?}");
     // Absent until a job has ended: a 0 would read as a job that died on its deadline.
     let after_a_job = ["lead_exec_deadline_slack_seconds".to_string()];
+    // Written by --metrics-textfile, not served: those must be the textfile's.
+    let textfile = |n: &str| {
+        lead_exec::metrics::textfile::SERIES
+            .iter()
+            .any(|(s, _)| *s == n)
+    };
     let missing = |text: &str, names: &std::collections::BTreeSet<String>| -> Vec<String> {
         let have = exported(text);
         names
             .difference(&have)
-            .filter(|n| !after_a_job.contains(n))
+            .filter(|n| !after_a_job.contains(n) && !textfile(n))
             .cloned()
             .collect()
     };
+    for doc in [RULES, OPERATIONS] {
+        for n in named(doc)
+            .iter()
+            .filter(|n| n.starts_with("lead_exec_run_"))
+        {
+            assert!(textfile(n), "{n} is neither served nor in the textfile");
+        }
+    }
     let mut leader = String::new();
     let leads = wait_until(secs(5), || {
         leader = scrape(pa).unwrap_or_default();
@@ -1522,4 +1536,138 @@ fn leader_check_names_the_slot_with_slots() {
     for w in &mut workers {
         w.wait(secs(10));
     }
+}
+
+/// The value of `name` for `election` in a textfile, if it has one.
+fn textfile_value(text: &str, name: &str, election: &str) -> Option<f64> {
+    let series = format!("{name}{{election=\"{election}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map(|v| v.parse().unwrap())
+}
+
+#[test]
+fn a_metrics_textfile_reports_each_workers_part_in_a_run_and_its_last_attempt() {
+    let f = Fixture::new();
+    let (host_a, host_b) = (f.dir.path().join("a.prom"), f.dir.path().join("b.prom"));
+    let job = script(
+        f.dir.path(),
+        "echo $LEAD_EXEC_ID >> $D/started; while [ ! -e $D/go ]; do sleep 0.05; done; \
+         [ \"$LEAD_EXEC_ID\" = b ]",
+    );
+    let (file_a, file_b) = (host_a.display().to_string(), host_b.display().to_string());
+    let tick = ["--every", "1h", "--attempts", "2", "--metrics-textfile"];
+    let fa = [&tick[..], &[&file_a, "--id", "a"]].concat();
+    let fb = [&tick[..], &[&file_b, "--id", "b"]].concat();
+    let mut a = spawn(f.dir.path(), "a", &run_args("tf", &f.ep, &fa, &job));
+    wait_line(&f.dir.path().join("started"), secs(10), |l| l == "a");
+    let mut b = spawn(f.dir.path(), "b", &run_args("tf", &f.ep, &fb, &job));
+    let queued = wait_until(secs(10), || {
+        f.etcd.keys("lead-exec/elections/tf/").len() == 2
+    });
+    assert!(queued, "b never queued");
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    assert_eq!(a.code(secs(20)), 1, "{}", a.log_text());
+    assert_eq!(b.code(secs(20)), 0, "{}", b.log_text());
+    let (ta, tb) = (
+        std::fs::read_to_string(&host_a).unwrap(),
+        std::fs::read_to_string(&host_b).unwrap(),
+    );
+    let v = |t: &str, n: &str| textfile_value(t, n, "tf");
+    for t in [&ta, &tb] {
+        assert_eq!(v(t, "lead_exec_run_period_seconds"), Some(3600.0), "{t}");
+        assert!(
+            v(t, "lead_exec_run_seen_timestamp_seconds").is_some(),
+            "{t}"
+        );
+        assert!(t.ends_with('\n'), "{t}");
+    }
+    // a's attempt failed: no success; b's attempt 2 succeeded, with a larger token.
+    assert_eq!(v(&ta, "lead_exec_run_last_exit_code"), Some(1.0), "{ta}");
+    assert_eq!(v(&ta, "lead_exec_run_last_attempt"), Some(1.0), "{ta}");
+    assert_eq!(
+        v(&ta, "lead_exec_run_last_success_timestamp_seconds"),
+        None,
+        "{ta}"
+    );
+    assert_eq!(v(&tb, "lead_exec_run_last_exit_code"), Some(0.0), "{tb}");
+    assert_eq!(v(&tb, "lead_exec_run_last_attempt"), Some(2.0), "{tb}");
+    assert!(
+        v(&tb, "lead_exec_run_last_success_timestamp_seconds").is_some(),
+        "{tb}"
+    );
+    assert!(
+        v(&tb, "lead_exec_run_last_token") > v(&ta, "lead_exec_run_last_token"),
+        "{ta}{tb}"
+    );
+    // A run that finds the tick done keeps a's last attempt as it was, and says it took part.
+    let seen = v(&ta, "lead_exec_run_seen_timestamp_seconds").unwrap();
+    let (code, _, err) = run(&run_args("tf", &f.ep, &fa, &job));
+    assert_eq!(code, 0, "{err}");
+    let again = std::fs::read_to_string(&host_a).unwrap();
+    assert!(
+        v(&again, "lead_exec_run_seen_timestamp_seconds").unwrap() > seen,
+        "{again}"
+    );
+    assert_eq!(
+        v(&again, "lead_exec_run_last_token"),
+        v(&ta, "lead_exec_run_last_token")
+    );
+}
+
+#[test]
+fn a_metrics_textfile_is_never_read_half_written() {
+    let f = Fixture::new();
+    let file = f.dir.path().join("runs.prom");
+    let path = file.display().to_string();
+    // A reader that reads the file as fast as it can while runs replace it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (file, stop) = (file.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(t) = std::fs::read_to_string(&file) {
+                    assert!(t.ends_with('\n'), "a partial read: {t:?}");
+                    assert!(t.starts_with("# HELP "), "a partial read: {t:?}");
+                    assert!(t.contains("lead_exec_run_seen_timestamp_seconds{"), "{t:?}");
+                    reads += 1;
+                }
+            }
+            reads
+        })
+    };
+    // Four workers at a time, for five run keys: runs end together and write the same file.
+    for round in 0..5 {
+        let key = format!("k{round}");
+        let mut workers: Vec<Worker> = (0..4)
+            .map(|i| {
+                let args = run_args(
+                    "atomic",
+                    &f.ep,
+                    &["--run-key", &key, "--metrics-textfile", &path],
+                    "true",
+                );
+                spawn(f.dir.path(), &format!("w{round}{i}"), &args)
+            })
+            .collect();
+        for w in &mut workers {
+            assert_eq!(w.code(secs(20)), 0, "{}", w.log_text());
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().expect("no partial file was read");
+    assert!(reads > 0, "the reader never saw the file");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        text.matches("# TYPE ").count(),
+        text.matches("# HELP ").count()
+    );
+    // Nothing of the writes is left beside it but the lock.
+    let left: Vec<String> = std::fs::read_dir(f.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("runs.prom") && n != "runs.prom" && n != ".runs.prom.lock")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -350,6 +350,18 @@ pub struct RunArgs {
     )]
     pub metrics_addr: Option<String>,
 
+    /// At the end of each run, write its outcome to PATH (*.prom) for node_exporter's
+    /// textfile collector: the --every period, when this worker took part, and the last job
+    /// it ran (start, end, exit code, token, attempt, last success). Replaced atomically.
+    #[arg(
+        long,
+        env = "LEAD_EXEC_METRICS_TEXTFILE",
+        value_name = "PATH",
+        value_parser = clap::value_parser!(std::path::PathBuf),
+        help_heading = "Observability"
+    )]
+    pub metrics_textfile: Option<std::path::PathBuf>,
+
     /// The command to run while leading, and its arguments (passed on as bytes, as execve
     /// takes them: they need not be UTF-8).
     #[arg(

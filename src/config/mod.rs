@@ -79,6 +79,8 @@ pub struct RunConfig {
     /// `--min-term`: how long a leader is safe from preemption by priority.
     pub min_term: Duration,
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `--metrics-textfile`: where each run's outcome is written for node_exporter.
+    pub metrics_textfile: Option<std::path::PathBuf>,
     /// As given: bytes, not necessarily UTF-8, as execve takes them.
     pub command: Vec<std::ffi::OsString>,
 }
@@ -384,6 +386,10 @@ impl RunConfig {
             None => None,
             Some(s) => Some(metrics_addr(s)?),
         };
+        let metrics_textfile = match &a.metrics_textfile {
+            None => None,
+            Some(p) => Some(crate::metrics::textfile::check_textfile(p)?),
+        };
         // An empty word is a command that is not found (127, as a shell says of `''`), which
         // the preflight reports; only no word at all is a usage error.
         if a.command.is_empty() {
@@ -423,6 +429,7 @@ impl RunConfig {
             priority: a.priority,
             min_term: a.min_term,
             metrics_addr,
+            metrics_textfile,
             command: a.command.clone(),
         })
     }

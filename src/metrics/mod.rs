@@ -17,6 +17,7 @@ use std::sync::{Mutex, OnceLock};
 mod leader;
 mod refusals;
 mod serve;
+pub mod textfile;
 
 pub use refusals::{check_refused, CHECK_REFUSALS_VAR};
 pub use serve::serve;

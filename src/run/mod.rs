@@ -45,6 +45,7 @@ use crate::election::campaign::Wait;
 
 use crate::exit::{fail, Exit};
 use crate::metrics;
+use crate::metrics::textfile::{self, JobRun, RunOutcome};
 use candidacy::{Campaigned, Candidacy, Process, StartUp};
 pub use env::{Env, Failure};
 use events::{Around, RunningJob};
@@ -58,15 +59,37 @@ use term::Term;
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
     let span = tracing::error_span!("run", election = cfg.election.name(), id = cfg.id.as_str());
     async move {
-        let (process, startup) = match candidacy::start_up(cfg).await? {
-            Ok(started) => started,
-            Err(done) => return Ok(done),
+        let textfile = cfg.metrics_textfile.clone();
+        let (election, period_s) = (
+            cfg.election.name().to_string(),
+            cfg.period.as_ref().map(|p| p.length_s),
+        );
+        let mut last_job = None;
+        let exit = match candidacy::start_up(cfg).await {
+            Ok(Ok((process, startup))) => {
+                let mut driver = Driver {
+                    process,
+                    last_token: None,
+                    last_job: None,
+                };
+                let exit = driver.drive(startup).await;
+                last_job = driver.last_job;
+                exit
+            }
+            Ok(Err(done)) => Ok(done),
+            Err(e) => Err(e),
         };
-        let mut driver = Driver {
-            process,
-            last_token: None,
-        };
-        driver.drive(startup).await
+        // Every way the run ends, a job run or not: the file says this worker took part.
+        if let Some(path) = textfile {
+            let outcome = RunOutcome {
+                now_ms: crate::election::unix_ms(),
+                period_s,
+                job: last_job,
+                exhausted: matches!(exit, Ok(Exit::AttemptsExhausted)),
+            };
+            textfile::write_retrying(&path, &election, &outcome);
+        }
+        exit
     }
     .instrument(span)
     .await
@@ -80,6 +103,8 @@ pub struct Driver {
     process: Process,
     /// The token of this process's previous term.
     last_token: Option<i64>,
+    /// The job this process started last, for `--metrics-textfile`.
+    last_job: Option<JobRun>,
 }
 
 /// The run between two steps: its phase, with exactly the scopes of that phase.
@@ -228,6 +253,12 @@ impl Driver {
                     let step = lifecycle::started(t.token, ev, &policy);
                     let held = match job {
                         Some(j) => {
+                            self.last_job = Some(JobRun {
+                                token: t.token,
+                                attempt: t.attempt(),
+                                started_ms: crate::election::unix_ms(),
+                                ended: None,
+                            });
                             self.job_started();
                             Held::Job(c, t, j)
                         }
@@ -243,6 +274,7 @@ impl Driver {
                     };
                     let ev = t.events.next_term_event(t.token, &mut j, around).await;
                     let step = lifecycle::leading(t.token, ev, &policy);
+                    self.job_ended(ev);
                     // An ended job's group is gone: the term goes on without it.
                     let held = match ev {
                         TermEvent::JobEnded { .. } => Held::Term(c, t),
@@ -253,6 +285,9 @@ impl Driver {
                 State::Draining(c, t, mut j, why) => {
                     let ev = events::next_drain_event(&mut j, &mut self.process.signals).await;
                     let step = lifecycle::draining(t.token, why, ev, &policy);
+                    if let DrainEvent::JobEnded { exit, by_watchdog } = ev {
+                        self.job_ended(TermEvent::JobEnded { exit, by_watchdog });
+                    }
                     let held = match ev {
                         DrainEvent::JobEnded { .. } => Held::Term(c, t),
                         DrainEvent::Signal(_) => Held::Job(c, t, j),
@@ -377,6 +412,13 @@ impl Driver {
             }
             (Action::Fail(f), _) => Err(f.error),
             (action, held) => unheld(&format!("{action:?}"), held),
+        }
+    }
+
+    /// Notes how the last job ended, for `--metrics-textfile`.
+    fn job_ended(&mut self, ev: TermEvent) {
+        if let (TermEvent::JobEnded { exit, .. }, Some(job)) = (ev, self.last_job.as_mut()) {
+            job.ended = Some((crate::election::unix_ms(), exit.code()));
         }
     }
 

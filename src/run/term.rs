@@ -73,6 +73,11 @@ impl Term {
         }
     }
 
+    /// The attempt at the run key this term claimed (`--attempts`), once it has.
+    pub fn attempt(&self) -> Option<u32> {
+        self.attempt
+    }
+
     fn writer<'a>(&'a self, cfg: &'a RunConfig) -> Writer<'a> {
         Writer {
             token: self.token,
