@@ -1736,3 +1736,26 @@ fn the_worker_after_a_failed_attempt_waits_the_retry_delay_before_its_attempt() 
         (retried_at - failed_at) / 1_000_000
     );
 }
+
+#[test]
+fn an_attempt_stopped_by_a_resign_is_given_back_and_the_next_worker_makes_it_again() {
+    let f = Fixture::new();
+    let job = attempt_job(f.dir.path(), "b");
+    let flags = ["--attempts", "2", "--run-key", "k5"];
+    let mut w = attempt_workers(&f, "rs", &["a", "b"], &flags, &job);
+    let (code, _, err) = run(&["resign", "rs", "--endpoints", &f.ep]);
+    assert_eq!(code, 0, "{err}");
+    let b_started = wait_line(&f.dir.path().join("att"), secs(10), |l| l.contains(" b "));
+    assert!(b_started.contains(" 1 b "), "{b_started}");
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    assert_eq!(w[1].code(secs(20)), 0, "{}", w[1].log_text());
+    // a went back in line, and finds the key done.
+    assert_eq!(w[0].code(secs(20)), 0, "{}", w[0].log_text());
+    assert!(
+        w[0].log_text().contains("attempt 1 given back: the term was resigned"),
+        "{}",
+        w[0].log_text()
+    );
+    let ran: Vec<u32> = attempts_run(f.dir.path()).iter().map(|r| r.1).collect();
+    assert_eq!(ran, [1, 1]);
+}

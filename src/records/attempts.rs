@@ -42,11 +42,21 @@ pub struct Tally {
     lease: i64,
 }
 
+/// An attempt a term claimed, as its claim wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    /// Which attempt (1-based).
+    pub n: u32,
+    /// The revision of the claim's write, which a give-back compares.
+    revision: i64,
+    lease: i64,
+}
+
 /// How a term's claim of an attempt went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
-    /// This term runs attempt N (1-based).
-    Attempt(u32),
+    /// This term runs this attempt.
+    Attempt(Claimed),
     /// Another term's attempt succeeded: the run key is done.
     Done,
     /// N attempts were made and none succeeded: none may follow.
@@ -161,7 +171,12 @@ impl Ctx {
                 }
             };
             if resp.succeeded() {
-                return Ok(Claim::Attempt(next.count));
+                let revision = resp.header().map_or(0, |h| h.revision());
+                return Ok(Claim::Attempt(Claimed {
+                    n: next.count,
+                    revision,
+                    lease,
+                }));
             }
             if tally.lease == 0 {
                 let _ = self.bounded(c.lease_revoke(lease)).await;
@@ -178,5 +193,37 @@ impl Ctx {
         Err(anyhow!(
             "the attempts record of run key {run_key} kept changing under our claim"
         ))
+    }
+
+    /// Gives back the attempt `claimed` for `writer`'s term, which ended by an operator's
+    /// move (pause, resign, a handover to a higher priority) rather than a failure: the next
+    /// term makes the same attempt again. Only while our key still guards the write and the
+    /// record is still our claim's; `Ok(false)` if not.
+    pub async fn give_back_attempt(
+        &self,
+        writer: Writer<'_>,
+        run_key: &str,
+        claimed: Claimed,
+    ) -> Result<bool> {
+        let (mut c, e) = (self.client.clone(), &self.election);
+        let Writer { token, key, id } = writer;
+        let record_key = e.attempts_key(run_key);
+        let back = Attempted {
+            count: claimed.n - 1,
+            token,
+            id: id.to_string(),
+            claimed_ms: unix_ms(),
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, token),
+                Compare::mod_revision(record_key.as_str(), CompareOp::Equal, claimed.revision),
+            ])
+            .and_then([TxnOp::put(
+                record_key.as_str(),
+                serde_json::to_string(&back)?,
+                Some(PutOptions::new().with_lease(claimed.lease)),
+            )]);
+        Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 }

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use crate::config::RunConfig;
 use crate::election::lease::{Lease, LeaseState, MIN_RENEWAL_TIMEOUT};
 use crate::election::{Candidate, Ctx};
-use crate::records::attempts::Claim;
+use crate::records::attempts::{Claim, Claimed};
 use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd};
 use crate::records::Writer;
 use crate::supervisor::{JobControl, JobSpec, Launch, Standby};
@@ -48,7 +48,7 @@ pub struct Term {
     /// The `--takeover-delay` this term waited out before its job, for its start record.
     pub takeover_delay_waited: Option<Duration>,
     /// The attempt at the run key this term claimed (`--attempts`), once it has.
-    attempt: Option<u32>,
+    attempt: Option<Claimed>,
     /// When the key this term waited behind was deleted: its handover is timed from there.
     predecessor_gone: Option<std::time::Instant>,
 }
@@ -75,7 +75,7 @@ impl Term {
 
     /// The attempt at the run key this term claimed (`--attempts`), once it has.
     pub fn attempt(&self) -> Option<u32> {
-        self.attempt
+        self.attempt.map(|c| c.n)
     }
 
     fn writer<'a>(&'a self, cfg: &'a RunConfig) -> Writer<'a> {
@@ -105,7 +105,7 @@ impl Term {
             job_cgroup,
             job_timeout: cfg.timeout,
             run_key: cfg.run_key.as_deref(),
-            attempt: self.attempt,
+            attempt: self.attempt(),
         };
         Record::start(self.writer(cfg), facts)
     }
@@ -238,7 +238,11 @@ impl Term {
             return lost;
         }
         // Another worker may have finished this run key while we queued; with --attempts,
-        // this term claims its attempt (or finds none left).
+        // this term claims its attempt (or finds none left). A worker already found unhealthy
+        // does not spend an attempt on a job it would not start.
+        if cfg.attempts.is_some() && unhealthy(health, cfg, token) {
+            return (StartEnd::Unhealthy, None);
+        }
         match self.claim_run(ctx, cfg).await {
             Ok(None) => {}
             Ok(Some(end)) => return (end, None),
@@ -279,12 +283,7 @@ impl Term {
         // (while the previous term was judged, a run key or the start record written): a
         // worker found unhealthy gives the term up rather than start a job it would stop. Read
         // only now, after those waits.
-        if health.is_some_and(|h| *h.borrow() == Health::Unhealthy) {
-            tracing::warn!(
-                token,
-                "not starting the job: the health check failed {} times in a row since the election; resigning",
-                cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
-            );
+        if unhealthy(health, cfg, token) {
             // A start record already written is closed as this term's end.
             self.start_record = recorded.map(StartRecord::Written);
             return (StartEnd::Unhealthy, None);
@@ -298,7 +297,7 @@ impl Term {
                     slot: self.slot,
                     key: &self.key,
                     lease: lease.id,
-                    attempt: self.attempt,
+                    attempt: self.attempt(),
                 },
                 env.refusals.as_deref(),
             ),
@@ -329,7 +328,7 @@ impl Term {
                 return (StartEnd::Failed(Failure { what, error }), None);
             }
         };
-        match self.attempt {
+        match self.attempt() {
             Some(attempt) => {
                 tracing::info!(token, pid = job.pid, attempt, "leading: job started")
             }
@@ -373,6 +372,20 @@ impl Term {
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = ctx.mark_run_key_done(id, k, cfg.run_key_ttl).await {
                 tracing::warn!("run key: {e:#}");
+            }
+        }
+        // An attempt stopped by an operator's move did not fail: the next term makes it again.
+        if let (Some(c), Some(k), TermEnd::Paused | TermEnd::Resigned | TermEnd::Preempted) =
+            (self.attempt, &cfg.run_key, reason)
+        {
+            match ctx.give_back_attempt(id, k, c).await {
+                Ok(true) => tracing::info!(
+                    run_key = k,
+                    "attempt {} given back: the term was {reason}, not failed",
+                    c.n
+                ),
+                Ok(false) => tracing::debug!("attempt {} not given back: no longer ours", c.n),
+                Err(e) => tracing::warn!("attempt {} not given back: {e:#}", c.n),
             }
         }
         // One commit closes the record and hands over leadership. Sent again after a third
@@ -498,8 +511,8 @@ impl Term {
             .claim_attempt(self.writer(cfg), k, attempts.max, cfg.run_key_ttl)
             .await?;
         Ok(match claim {
-            Claim::Attempt(n) => {
-                self.attempt = Some(n);
+            Claim::Attempt(c) => {
+                self.attempt = Some(c);
                 None
             }
             Claim::Done => {
@@ -516,6 +529,20 @@ impl Term {
             Claim::Lost => Some(StartEnd::NotStarted),
         })
     }
+}
+
+/// Whether the health check has failed `--health-failures` times in a row since the
+/// election; says so, as the term is given up for it.
+fn unhealthy(health: Option<&watch::Receiver<Health>>, cfg: &RunConfig, token: i64) -> bool {
+    let failing = health.is_some_and(|h| *h.borrow() == Health::Unhealthy);
+    if failing {
+        tracing::warn!(
+            token,
+            "not starting the job: the health check failed {} times in a row since the election; resigning",
+            cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
+        );
+    }
+    failing
 }
 
 /// `Some(key)` if `--run-key` was given and is already recorded as done.
