@@ -1752,7 +1752,8 @@ fn an_attempt_stopped_by_a_resign_is_given_back_and_the_next_worker_makes_it_aga
     // a went back in line, and finds the key done.
     assert_eq!(w[0].code(secs(20)), 0, "{}", w[0].log_text());
     assert!(
-        w[0].log_text().contains("attempt 1 given back: the term was resigned"),
+        w[0].log_text()
+            .contains("attempt 1 given back: the term was resigned"),
         "{}",
         w[0].log_text()
     );

@@ -69,6 +69,25 @@ pub enum Claim {
 /// out) before it gives up with an error.
 const CLAIM_TRIES: u32 = 3;
 
+impl Attempted {
+    /// The record saying `count` attempts were claimed, the last by `writer` now, as a write of
+    /// `key` on `lease`.
+    fn put(writer: Writer<'_>, count: u32, key: &str, lease: i64) -> Result<TxnOp> {
+        let rec = Attempted {
+            count,
+            token: writer.token,
+            id: writer.id.to_string(),
+            claimed_ms: unix_ms(),
+        };
+        let value = serde_json::to_string(&rec)?;
+        Ok(TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        ))
+    }
+}
+
 impl Ctx {
     /// The attempts at `run_key` so far, and whether one succeeded, read in one request.
     pub async fn attempts_of(&self, run_key: &str) -> Result<Tally> {
@@ -116,7 +135,7 @@ impl Ctx {
         ttl: Duration,
     ) -> Result<Claim> {
         let (mut c, e) = (self.client.clone(), &self.election);
-        let Writer { token, key, id } = writer;
+        let Writer { token, key, .. } = writer;
         let record_key = e.attempts_key(run_key);
         for _ in 0..CLAIM_TRIES {
             let tally = self.attempts_of(run_key).await?;
@@ -135,12 +154,7 @@ impl Ctx {
                 }
                 l => l,
             };
-            let next = Attempted {
-                count: tally.count + 1,
-                token,
-                id: id.to_string(),
-                claimed_ms: unix_ms(),
-            };
+            let next = tally.count + 1;
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(key, CompareOp::Equal, token),
@@ -151,11 +165,7 @@ impl Ctx {
                         tally.mod_revision,
                     ),
                 ])
-                .and_then([TxnOp::put(
-                    record_key.as_str(),
-                    serde_json::to_string(&next)?,
-                    Some(PutOptions::new().with_lease(lease)),
-                )])
+                .and_then([Attempted::put(writer, next, &record_key, lease)?])
                 .or_else([TxnOp::get(key, Some(GetOptions::new().with_count_only()))]);
             let resp = match self.bounded(c.txn(txn)).await {
                 Ok(r) => r,
@@ -173,7 +183,7 @@ impl Ctx {
             if resp.succeeded() {
                 let revision = resp.header().map_or(0, |h| h.revision());
                 return Ok(Claim::Attempt(Claimed {
-                    n: next.count,
+                    n: next,
                     revision,
                     lease,
                 }));
@@ -206,24 +216,15 @@ impl Ctx {
         claimed: Claimed,
     ) -> Result<bool> {
         let (mut c, e) = (self.client.clone(), &self.election);
-        let Writer { token, key, id } = writer;
+        let Writer { token, key, .. } = writer;
         let record_key = e.attempts_key(run_key);
-        let back = Attempted {
-            count: claimed.n - 1,
-            token,
-            id: id.to_string(),
-            claimed_ms: unix_ms(),
-        };
+        let back = Attempted::put(writer, claimed.n - 1, &record_key, claimed.lease)?;
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, token),
                 Compare::mod_revision(record_key.as_str(), CompareOp::Equal, claimed.revision),
             ])
-            .and_then([TxnOp::put(
-                record_key.as_str(),
-                serde_json::to_string(&back)?,
-                Some(PutOptions::new().with_lease(claimed.lease)),
-            )]);
+            .and_then([back]);
         Ok(self.bounded(c.txn(txn)).await?.succeeded())
     }
 }
