@@ -35,6 +35,15 @@ pub struct Period {
     pub length_s: i64,
 }
 
+impl Period {
+    /// When the period is over, in Unix milliseconds: the next one starts.
+    pub fn over_at_ms(&self) -> i64 {
+        self.start_unix_s
+            .saturating_add(self.length_s)
+            .saturating_mul(1000)
+    }
+}
+
 impl Grid {
     /// A grid of whole seconds: `None` unless `period` is a positive whole number of seconds
     /// and `offset` a whole number of seconds shorter than it.

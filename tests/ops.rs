@@ -1416,3 +1416,49 @@ fn workers_whose_clocks_differ_by_a_third_of_the_period_run_each_period_once() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(lines(&f.dir.path().join("runs")).len(), 3);
 }
+
+#[test]
+fn an_attempt_claim_whose_answer_was_lost_is_found_again_by_its_token_not_counted_twice() {
+    use lead_exec::records::attempts::Claim;
+    use lead_exec::records::Writer;
+    let f = Fixture::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let election = lead_exec::election::Election::new("lostans").unwrap();
+        let key = election.candidate_key(0xabc);
+        let ctx = scope(&f.ep, election).await;
+        let mut c = ctx.client.clone();
+        // Creates our key: its create revision is the token.
+        let create = async |c: &mut etcd_client::Client| {
+            let put = c.put(key.as_str(), "w", None).await.unwrap();
+            put.header().unwrap().revision()
+        };
+        let token = create(&mut c).await;
+        let writer = Writer {
+            token,
+            key: &key,
+            id: "w",
+        };
+        let ttl = Duration::from_secs(60);
+        let first = ctx.claim_attempt(writer, "k", 3, ttl).await.unwrap();
+        assert!(matches!(first, Claim::Attempt(a) if a.n == 1), "{first:?}");
+        // The same term asks again, as after a claim that landed but whose answer was lost:
+        // it gets the attempt it claimed, and the count stays.
+        let again = ctx.claim_attempt(writer, "k", 3, ttl).await.unwrap();
+        assert_eq!(again, first);
+        assert_eq!(ctx.attempts_of("k").await.unwrap().count, 1);
+        // A term of the past (its key gone) claims nothing.
+        c.delete(key.as_str(), None).await.unwrap();
+        let token = create(&mut c).await;
+        let stale = Writer {
+            token: token - 1,
+            ..writer
+        };
+        let lost = ctx.claim_attempt(stale, "k", 3, ttl).await.unwrap();
+        assert_eq!(lost, Claim::Lost);
+        assert_eq!(ctx.attempts_of("k").await.unwrap().count, 1);
+    });
+}

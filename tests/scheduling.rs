@@ -1677,7 +1677,7 @@ fn once_every_attempt_failed_every_worker_exits_80_and_none_runs_the_job_again()
     assert_eq!(w[2].code(secs(20)), 80, "{}", w[2].log_text());
     assert!(
         w[2].log_text()
-            .contains("all 2 attempts at the run key failed"),
+            .contains("2 attempts at the run key failed (--attempts 2)"),
         "{}",
         w[2].log_text()
     );
@@ -1759,4 +1759,38 @@ fn an_attempt_stopped_by_a_resign_is_given_back_and_the_next_worker_makes_it_aga
     );
     let ran: Vec<u32> = attempts_run(f.dir.path()).iter().map(|r| r.1).collect();
     assert_eq!(ran, [1, 1]);
+}
+
+#[test]
+fn a_retry_due_after_its_period_is_over_is_not_started_and_its_worker_exits_75() {
+    let f = Fixture::new();
+    let job = attempt_job(f.dir.path(), "nobody");
+    // Both workers read a clock 4 s into a 10 s period; the retry waits 6 s more.
+    const PERIOD_MS: i128 = 10_000;
+    let tick = (now_ns() / 1_000_000 / PERIOD_MS + 1000) * PERIOD_MS;
+    let flags = ["--every", "10s", "--attempts", "3", "--retry-delay", "6s"];
+    let mut w = Vec::new();
+    for id in ["a", "b"] {
+        let skew = skew_to(tick + 4_000);
+        let extra = [&flags[..], &["--id", id]].concat();
+        let args = run_args("late", &f.ep, &extra, &job);
+        w.push(spawn_env(
+            f.dir.path(),
+            id,
+            &args,
+            &[(CLOCK_SKEW_VAR, &skew)],
+        ));
+        if id == "a" {
+            wait_line(&f.dir.path().join("att"), secs(10), |l| l.contains(" a "));
+        } else {
+            let ok = wait_until(secs(10), || candidates(&f.etcd, "late") == 2);
+            assert!(ok, "b never queued");
+        }
+    }
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    assert_eq!(w[0].code(secs(20)), 3, "{}", w[0].log_text());
+    assert_eq!(w[1].code(secs(20)), 75, "{}", w[1].log_text());
+    let log = w[1].log_text();
+    assert!(log.contains("the period of the run key ended at"), "{log}");
+    assert_eq!(attempts_run(f.dir.path()).len(), 1, "only a's attempt ran");
 }

@@ -12,7 +12,7 @@ pub const EXIT_STATUS: [(&str, &str); 18] = [
     ("69", "etcd unavailable, or no answer within --dial-timeout or --command-timeout; also resign or pause whose leader did not stop its job within --timeout"),
     ("70", "internal error (also: --cgroup on without cgroup v2)"),
     ("74", "an operator command could not write its output (stdout closed at start, a full disk)"),
-    ("75", "not acquired: someone else leads and --no-wait or --wait gave up (--conflict-exit-code)"),
+    ("75", "not acquired: someone else leads and --no-wait or --wait gave up (--conflict-exit-code); with --attempts and --every, also a worker elected once the run key's period is over"),
     ("76", "leadership lost while the job ran, with --on-loss exit"),
     ("77", "etcd refused the credentials"),
     ("79", "not acquired: this worker's --health-cmd kept failing, so it did not campaign"),

@@ -102,6 +102,7 @@ fn check_attempts(
     max: Option<u32>,
     retry_delay: Duration,
     every: Option<Duration>,
+    run_key_ttl: Duration,
 ) -> Result<Option<Attempts>> {
     let Some(max) = max else {
         return Ok(None);
@@ -110,6 +111,16 @@ fn check_attempts(
         return Err(fail(
             Exit::Usage,
             format!("--attempts {max}: must be between 1 and {MAX_ATTEMPTS}"),
+        ));
+    }
+    if let Some(every) = every.filter(|e| run_key_ttl < *e) {
+        return Err(fail(
+            Exit::Usage,
+            format!(
+                "--run-key-ttl {} is shorter than --every {}: the count of attempts would be forgotten while the period's workers still retry",
+                human(run_key_ttl),
+                human(every)
+            ),
         ));
     }
     if let Some(every) = every.filter(|e| retry_delay >= *e) {
@@ -271,7 +282,7 @@ impl RunConfig {
         check_lease_safety(ttl, a.grace, a.safety_margin)?;
         let conn = command_timeout_within(conn, a.election.conn.command_timeout, ttl)?;
         let run_key_ttl = lease_ttl("--run-key-ttl", a.run_key_ttl)?;
-        let attempts = check_attempts(a.attempts, a.retry_delay, a.every)?;
+        let attempts = check_attempts(a.attempts, a.retry_delay, a.every, run_key_ttl)?;
         let wait = match (a.no_wait, a.wait) {
             (true, _) => Wait::No,
             (false, Some(d)) if d < NO_WAIT_BELOW => Wait::No,
@@ -727,6 +738,10 @@ mod tests {
             (
                 &["--every", "5m", "--attempts", "2", "--retry-delay", "5m"],
                 "--retry-delay 5m is not shorter than --every 5m",
+            ),
+            (
+                &["--every", "1h", "--attempts", "2", "--run-key-ttl", "30m"],
+                "--run-key-ttl 30m is shorter than --every 1h",
             ),
         ] {
             let e = config_with("--id", "w", extra).unwrap_err();

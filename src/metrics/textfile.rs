@@ -107,7 +107,7 @@ fn parse(text: &str) -> Samples {
         };
         let (Some(name), Some(election), Ok(value)) = (
             SERIES.iter().map(|(n, _)| *n).find(|n| *n == name),
-            rest.strip_suffix("\"}"),
+            rest.strip_suffix("\"}").filter(|e| one_label_value(e)),
             value.parse::<f64>(),
         ) else {
             continue;
@@ -115,6 +115,20 @@ fn parse(text: &str) -> Samples {
         s.entry(name).or_default().insert(unescape(election), value);
     }
     s
+}
+
+/// Whether `v` is one escaped label value: a quote in it ends the value, so a line with more
+/// labels than `election` (not this module's) is not read as one.
+fn one_label_value(v: &str) -> bool {
+    let mut escaped = false;
+    for c in v.chars() {
+        match (escaped, c) {
+            (false, '\\') => escaped = true,
+            (false, '"') => return false,
+            _ => escaped = false,
+        }
+    }
+    !escaped
 }
 
 fn escape(v: &str) -> String {
@@ -233,28 +247,29 @@ pub fn write(path: &Path, election: &str, o: &RunOutcome) -> Result<()> {
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     // Hidden, and not *.prom: node_exporter reads neither the lock nor a file being written.
+    // Neither follows a symlink: the directory may be writable by others than us.
     let lock = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(dir.join(format!(".{name}.lock")))
         .context("its lock file")?;
-    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow!("locking it: {e}"))?;
-    let before = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e).context("reading it"),
-    };
+    let _held = lock_within(lock, LOCK_WAIT)?;
+    let before = read_ours(path)?;
     let text = render(&update(parse(&before), election, o));
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // A name nobody can have made ready for us: created here, never opened if it exists.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".{name}.{}-{nonce:08x}.tmp", std::process::id()));
     let written = (|| -> std::io::Result<()> {
         let mut f: File = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
@@ -265,6 +280,60 @@ pub fn write(path: &Path, election: &str, o: &RunOutcome) -> Result<()> {
         return Err(e).context("writing it");
     }
     Ok(())
+}
+
+/// The longest a run waits for another run's write of the same file (one that was stopped
+/// while it held the lock would hold it forever).
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// The largest textfile read back: one this module wrote holds a few lines per election.
+const MAX_READ: u64 = 1 << 20;
+
+/// Takes the lock on `f`, waiting at most `limit`.
+fn lock_within(f: File, limit: Duration) -> Result<nix::fcntl::Flock<File>> {
+    let until = std::time::Instant::now() + limit;
+    let mut f = f;
+    loop {
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(held) => return Ok(held),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < until => {
+                f = back;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err((_, e)) => return Err(anyhow!("locking it (another run holds it): {e}")),
+        }
+    }
+}
+
+/// The textfile as it is, if it is one this module could have written: a missing file, or
+/// one too large to be ours, counts as empty (what it held is replaced); bytes that are not
+/// UTF-8 are read as U+FFFD and their lines dropped.
+fn read_ours(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(e).context("reading it"),
+    };
+    if !f
+        .metadata()
+        .is_ok_and(|m| m.is_file() && m.len() <= MAX_READ)
+    {
+        tracing::warn!(
+            "--metrics-textfile {}: not a file of at most {MAX_READ} bytes; replacing it",
+            path.display()
+        );
+        return Ok(String::new());
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_READ)
+        .read_to_end(&mut bytes)
+        .context("reading it")?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Tries [`write`] a few times (a full disk may clear, a lock holder finish), then reports.
@@ -383,5 +452,27 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("success"), "{text}");
+    }
+
+    #[test]
+    fn a_lock_file_that_is_a_symlink_is_not_followed_and_nothing_is_written_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join(".s.prom.lock")).unwrap();
+        let path = dir.path().join("s.prom");
+        assert!(write(&path, "e", &outcome(None, false)).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn lines_with_other_labels_or_bytes_are_dropped_not_misread() {
+        let text = "lead_exec_run_last_token{election=\"other\",instance=\"h\"} 5\n\
+                    lead_exec_run_last_token{election=\"a\\\"b\"} 6\n\
+                    lead_exec_run_last_token{election=\"\u{fffd}\"} x\n";
+        let s = parse(text);
+        let tokens: Vec<(&String, &f64)> = s["lead_exec_run_last_token"].iter().collect();
+        assert_eq!(tokens, [(&"a\"b".to_string(), &6.0)]);
     }
 }

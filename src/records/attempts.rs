@@ -7,7 +7,8 @@
 //! counts whatever follows it: a job that fails, is killed, times out, or whose term is lost
 //! before or while it runs has used its attempt. Counting claims rather than failures needs no
 //! write at the end of a term, which a lost term could not make. The record lives on a lease
-//! of `--run-key-ttl`, granted with the first attempt, as the run key's record does.
+//! of `--run-key-ttl`, granted with the first attempt and renewed by each claim: the count is
+//! kept for `--run-key-ttl` after the last attempt.
 
 use std::time::Duration;
 
@@ -40,6 +41,8 @@ pub struct Tally {
     mod_revision: i64,
     /// The record's lease (0: none), which later claims keep.
     lease: i64,
+    /// The token of the last claim (0: none).
+    last_token: i64,
 }
 
 /// An attempt a term claimed, as its claim wrote it.
@@ -106,6 +109,7 @@ impl Ctx {
             count: 0,
             mod_revision: 0,
             lease: 0,
+            last_token: 0,
         };
         for (i, op) in resp.op_responses().into_iter().enumerate() {
             let etcd_client::TxnOpResponse::Get(r) = op else {
@@ -119,6 +123,7 @@ impl Ctx {
                 tally.count = rec.count;
                 tally.mod_revision = kv.mod_revision();
                 tally.lease = kv.lease();
+                tally.last_token = rec.token;
             }
         }
         tally.done = done;
@@ -127,6 +132,10 @@ impl Ctx {
 
     /// Claims the next attempt at `run_key` for `writer`'s term, if one of `max` is left and
     /// no attempt succeeded: see the module's comment for what the transaction compares.
+    ///
+    /// A claim whose answer was lost (etcd stalled past the command timeout after it
+    /// committed) is found again by the next read, by its token: the term runs the attempt it
+    /// claimed rather than count it as someone else's.
     pub async fn claim_attempt(
         &self,
         writer: Writer<'_>,
@@ -134,27 +143,65 @@ impl Ctx {
         max: u32,
         ttl: Duration,
     ) -> Result<Claim> {
+        let mut granted = None;
+        let claim = self
+            .try_claims(writer, run_key, max, ttl, &mut granted)
+            .await;
+        // A lease granted for a record that was not written holds nothing: give it back.
+        let used = matches!(&claim, Ok(Claim::Attempt(c)) if Some(c.lease) == granted);
+        if let (Some(lease), false) = (granted, used) {
+            let mut c = self.client.clone();
+            let _ = self.bounded(c.lease_revoke(lease)).await;
+        }
+        claim
+    }
+
+    async fn try_claims(
+        &self,
+        writer: Writer<'_>,
+        run_key: &str,
+        max: u32,
+        ttl: Duration,
+        granted: &mut Option<i64>,
+    ) -> Result<Claim> {
         let (mut c, e) = (self.client.clone(), &self.election);
         let Writer { token, key, .. } = writer;
         let record_key = e.attempts_key(run_key);
+        let ttl = ttl.as_secs().max(1) as i64;
         for _ in 0..CLAIM_TRIES {
             let tally = self.attempts_of(run_key).await?;
+            if tally.last_token == token {
+                return Ok(Claim::Attempt(Claimed {
+                    n: tally.count,
+                    revision: tally.mod_revision,
+                    lease: tally.lease,
+                }));
+            }
             if tally.done {
                 return Ok(Claim::Done);
             }
             if tally.count >= max {
                 return Ok(Claim::Exhausted(tally.count));
             }
-            // Later claims keep the first one's lease: the record lives --run-key-ttl from the
-            // first attempt, as the key's own record does from its success.
+            // The record lives --run-key-ttl from its last claim: its lease is renewed here,
+            // or granted with the first.
             let lease = match tally.lease {
-                0 => {
-                    let ttl = ttl.as_secs().max(1) as i64;
-                    self.bounded(c.lease_grant(ttl, None)).await?.id()
+                0 => match *granted {
+                    Some(l) => l,
+                    None => {
+                        let l = self.bounded(c.lease_grant(ttl, None)).await?.id();
+                        *granted = Some(l);
+                        l
+                    }
+                },
+                l => {
+                    if !self.renew_once(l).await? {
+                        // It ran out since the read, and the record with it: read again.
+                        continue;
+                    }
+                    l
                 }
-                l => l,
             };
-            let next = tally.count + 1;
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(key, CompareOp::Equal, token),
@@ -165,44 +212,51 @@ impl Ctx {
                         tally.mod_revision,
                     ),
                 ])
-                .and_then([Attempted::put(writer, next, &record_key, lease)?])
-                .or_else([TxnOp::get(key, Some(GetOptions::new().with_count_only()))]);
+                .and_then([Attempted::put(writer, tally.count + 1, &record_key, lease)?])
+                .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
             let resp = match self.bounded(c.txn(txn)).await {
                 Ok(r) => r,
-                // The first claim's lease ran out between the read and the write (the record
-                // went with it): read again, and grant afresh.
-                Err(err) if tally.lease != 0 => {
+                // Unanswered, or refused (the lease ran out meanwhile): whether it landed is
+                // what the next read says.
+                Err(err) => {
                     tracing::debug!("attempts record: {err:#}; reading it again");
                     continue;
-                }
-                Err(err) => {
-                    let _ = self.bounded(c.lease_revoke(lease)).await;
-                    return Err(err);
                 }
             };
             if resp.succeeded() {
                 let revision = resp.header().map_or(0, |h| h.revision());
                 return Ok(Claim::Attempt(Claimed {
-                    n: next,
+                    n: tally.count + 1,
                     revision,
                     lease,
                 }));
             }
-            if tally.lease == 0 {
-                let _ = self.bounded(c.lease_revoke(lease)).await;
-            }
-            let ours = resp
-                .op_responses()
-                .into_iter()
-                .any(|op| matches!(op, etcd_client::TxnOpResponse::Get(r) if r.count() > 0));
+            // Our key, as created at our token: a key of the same name made since is not.
+            let ours = resp.op_responses().into_iter().any(|op| {
+                matches!(op, etcd_client::TxnOpResponse::Get(r)
+                    if r.kvs().first().is_some_and(|kv| kv.create_revision() == token))
+            });
             if !ours {
                 return Ok(Claim::Lost);
             }
             // The run key was recorded, or the record changed: the next read says which.
         }
         Err(anyhow!(
-            "the attempts record of run key {run_key} kept changing under our claim"
+            "the attempts record of run key {run_key} could not be claimed in {CLAIM_TRIES} tries"
         ))
+    }
+
+    /// Renews `lease` once: `false` if it is gone.
+    async fn renew_once(&self, lease: i64) -> Result<bool> {
+        let mut c = self.client.clone();
+        let ttl = self
+            .bounded(async move {
+                let (mut keeper, mut answers) = c.lease_keep_alive(lease).await?;
+                keeper.keep_alive().await?;
+                Ok(answers.message().await?.map_or(0, |a| a.ttl()))
+            })
+            .await?;
+        Ok(ttl > 0)
     }
 
     /// Gives back the attempt `claimed` for `writer`'s term, which ended by an operator's

@@ -60,6 +60,7 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
     let span = tracing::error_span!("run", election = cfg.election.name(), id = cfg.id.as_str());
     async move {
         let textfile = cfg.metrics_textfile.clone();
+        let max_attempts = cfg.attempts.map(|a| a.max);
         let (election, period_s) = (
             cfg.election.name().to_string(),
             cfg.period.as_ref().map(|p| p.length_s),
@@ -79,20 +80,40 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
             Ok(Err(done)) => Ok(done),
             Err(e) => Err(e),
         };
-        // Every way the run ends, a job run or not: the file says this worker took part.
-        if let Some(path) = textfile {
-            let outcome = RunOutcome {
-                now_ms: crate::election::unix_ms(),
-                period_s,
-                job: last_job,
-                exhausted: matches!(exit, Ok(Exit::AttemptsExhausted)),
-            };
+        // Every way a run that reached etcd ends, a job run or not: the file says this worker
+        // took part. One that failed (etcd unreachable, refused, a command that cannot run)
+        // did not, and leaves the file to go stale.
+        if let (Some(path), Ok(exit)) = (textfile, &exit) {
+            let outcome = outcome_of(*exit, last_job, period_s, max_attempts);
             textfile::write_retrying(&path, &election, &outcome);
         }
         exit
     }
     .instrument(span)
     .await
+}
+
+/// What `--metrics-textfile` says of a run that ended with `exit`, its last job `job`.
+fn outcome_of(
+    exit: Exit,
+    mut job: Option<JobRun>,
+    period_s: Option<i64>,
+    max_attempts: Option<u32>,
+) -> RunOutcome {
+    // The job was stopped at --timeout: its code is the signal that stopped it, the run's 124.
+    if let (Exit::TimedOut, Some((_, code))) = (exit, job.as_mut().and_then(|j| j.ended.as_mut())) {
+        *code = exit.code();
+    }
+    // The last attempt failed here: every worker still in line will find them all made.
+    let last_failed = job.is_some_and(|j| {
+        j.attempt.is_some() && j.attempt == max_attempts && j.ended.is_none_or(|(_, c)| c != 0)
+    });
+    RunOutcome {
+        now_ms: crate::election::unix_ms(),
+        period_s,
+        job,
+        exhausted: exit == Exit::AttemptsExhausted || last_failed,
+    }
 }
 
 /// The process's side of a run: what lives as long as lead-exec does.
@@ -439,4 +460,34 @@ fn unheld(what: &str, held: Held) -> Result<Held> {
         Exit::Software,
         format!("internal error: {what} while holding {}", held.name()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(attempt: Option<u32>, code: Option<u8>) -> JobRun {
+        JobRun {
+            token: 5,
+            attempt,
+            started_ms: 1,
+            ended: code.map(|c| (2, c)),
+        }
+    }
+
+    #[test]
+    fn the_textfile_says_124_for_a_timed_out_job_and_exhausted_for_the_last_failed_attempt() {
+        let o = outcome_of(Exit::TimedOut, Some(job(None, Some(143))), None, None);
+        assert_eq!(o.job.unwrap().ended, Some((2, 124)));
+        assert!(!o.exhausted);
+        // The last of 3 attempts failed here (its code, or its term lost before it ended).
+        for last in [Some(3), None] {
+            let o = outcome_of(Exit::Job(3), Some(job(Some(3), last)), Some(60), Some(3));
+            assert!(o.exhausted, "{last:?}");
+        }
+        // An earlier attempt, or the last one succeeding, is not.
+        assert!(!outcome_of(Exit::Job(3), Some(job(Some(2), Some(3))), None, Some(3)).exhausted);
+        assert!(!outcome_of(Exit::Ok, Some(job(Some(3), Some(0))), None, Some(3)).exhausted);
+        assert!(outcome_of(Exit::AttemptsExhausted, None, None, Some(3)).exhausted);
+    }
 }

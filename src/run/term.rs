@@ -507,6 +507,20 @@ impl Term {
                 StartEnd::AlreadyDone
             }));
         };
+        // A retry waited behind a long attempt, or its --retry-delay, past the tick: the
+        // next tick's workers take the next key, and this one is not retried into it.
+        if let Some(p) = cfg
+            .period
+            .as_ref()
+            .filter(|p| p.over_at_ms() <= crate::period::now_unix_ms())
+        {
+            tracing::info!(
+                run_key = k,
+                "the period of the run key ended at {}; not starting an attempt",
+                crate::period::rfc3339(p.start_unix_s + p.length_s)
+            );
+            return Ok(Some(StartEnd::PeriodOver));
+        }
         let claim = ctx
             .claim_attempt(self.writer(cfg), k, attempts.max, cfg.run_key_ttl)
             .await?;
@@ -522,7 +536,8 @@ impl Term {
             Claim::Exhausted(n) => {
                 tracing::warn!(
                     run_key = k,
-                    "all {n} attempts at the run key failed; not running the job"
+                    "{n} attempts at the run key failed (--attempts {}); not running the job",
+                    attempts.max
                 );
                 Some(StartEnd::Exhausted)
             }

@@ -108,6 +108,7 @@ impl<E: fmt::Debug> fmt::Display for StartEnd<E> {
             StartEnd::NotStarted => f.write_str("a job that could not start"),
             StartEnd::AlreadyDone => f.write_str("a run key already done"),
             StartEnd::Exhausted => f.write_str("a run key's attempts all made"),
+            StartEnd::PeriodOver => f.write_str("the run key's period over"),
             StartEnd::Unhealthy => f.write_str("a failing health check"),
             StartEnd::Failed(e) => write!(f, "a failed start: {e:?}"),
         }

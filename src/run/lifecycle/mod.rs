@@ -211,6 +211,9 @@ pub enum StartEnd<E> {
     AlreadyDone,
     /// Not started: `--attempts` were all made at this run key, none successful.
     Exhausted,
+    /// Not started: with `--attempts`, the `--every` period of the run key is over (the next
+    /// tick's workers take the next key).
+    PeriodOver,
     /// Not started: the health check failed since the election.
     Unhealthy,
     /// Not started, and the run ends with this error: the command cannot run (not found, not
@@ -432,6 +435,8 @@ pub fn started<E>(token: i64, ev: StartEnd<E>, p: &Policy) -> Step<E> {
         StartEnd::AlreadyDone => done(None, Exit::Ok),
         // Every worker ends so: the next in line is elected at once and finds the same.
         StartEnd::Exhausted => done(None, Exit::AttemptsExhausted),
+        // As when --wait runs out: the period this worker waited for is gone.
+        StartEnd::PeriodOver => done(None, Exit::NotAcquired(p.conflict_exit_code)),
         // The check failed N times in a row between the election and the start: give the term
         // up without starting the job (closing a start record already written, as clean).
         StartEnd::Unhealthy => requeue(Some(TermEnd::Unhealthy)),

@@ -47,6 +47,17 @@ fn a_run_key_whose_attempts_are_all_made_ends_every_worker_with_80_and_no_record
 }
 
 #[test]
+fn an_attempt_due_after_its_period_is_over_ends_as_not_acquired_without_a_record() {
+    assert_eq!(
+        started::<E>(TOKEN, StartEnd::PeriodOver, &CAMPAIGN),
+        (
+            Phase::Done(Exit::NotAcquired(Exit::DEFAULT_CONFLICT)),
+            vec![REVOKE]
+        )
+    );
+}
+
+#[test]
 fn no_wait_ends_on_an_etcd_failure_but_retries_a_lost_candidacy() {
     let (_, a) = campaigned(0, CampaignEnd::Failed(Cause::Etcd("down")), &NO_WAIT);
     assert_eq!(a, vec![REVOKE, Action::Fail("down")]);

@@ -32,6 +32,7 @@ fn all_events() -> Vec<Any> {
         Any::Start(StartEnd::NotStarted),
         Any::Start(StartEnd::AlreadyDone),
         Any::Start(StartEnd::Exhausted),
+        Any::Start(StartEnd::PeriodOver),
         Any::Start(StartEnd::Unhealthy),
         Any::Start(StartEnd::Failed("cannot execute")),
         Any::Campaign(CampaignEnd::Refused("other --slots")),
