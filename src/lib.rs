@@ -72,7 +72,7 @@
 //!   [`config::exec`] the command against execve's limits); [`logging`] sets up tracing from
 //!   them (a run's lines get its election and id from one span, opened by [`run::run`]), and
 //!   `main` keeps the [`logging::Log`] it returns until exit, when its drop flushes
-//!   the queue of log lines.
+//!   the queue of log lines ([`logging::journal`]: to journald itself under journald).
 //! - [`cli`]: the flags as typed; clap stays here, and the man pages are rendered from it,
 //!   with [`cli::manual`]'s exit status, environment, signals and examples.
 //! - [`election`]: key layout, [`election::lease`] (the lease and its revoke, with
