@@ -20,6 +20,7 @@ pub mod measure;
 pub mod netns;
 pub mod postgres;
 pub mod proxy;
+pub mod systemd;
 
 use std::fs;
 use std::io::{BufRead, BufReader};
