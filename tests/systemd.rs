@@ -158,7 +158,7 @@ fn stop_gives_the_grace_hands_over_at_once_and_leaves_the_unit_inactive() {
     stop(sd, &["ldx-stop-a.service"]);
     let stopped = Instant::now();
     assert_eq!(lines(&host.join("got-a")), ["term", "grace-done"]);
-    wait_terms(&host, "b", 1, secs(3));
+    wait_terms(&host, "b", 1, secs(5));
     eprintln!("handover {:?} after the stop returned", stopped.elapsed());
     assert_eq!(sd.prop("ldx-stop-a.service", "ActiveState"), "inactive");
     assert_eq!(sd.prop("ldx-stop-a.service", "Result"), "success");
@@ -180,7 +180,7 @@ fn kill_9_of_the_unit_kills_the_job_at_once_and_empties_the_cgroup() {
     let (_, pid) = wait_terms(&host, "a", 1, secs(10))[0];
     let cg = sd.prop(unit, "ControlGroup");
     sd.run(&format!("systemctl kill -s SIGKILL {unit}"));
-    assert!(wait_until(secs(1), || !sd.alive(pid)), "job {pid} survived");
+    assert!(wait_until(secs(3), || !sd.alive(pid)), "job {pid} survived");
     sd.wait_prop(unit, "ActiveState", "failed", secs(5));
     let left = sd.run(&format!(
         "for h in /sys/fs/cgroup/unified /sys/fs/cgroup/systemd; do \
@@ -371,7 +371,7 @@ fn journal_priorities_and_fields_and_no_notify_socket_for_the_job() {
     let job = job(sd, &dir, "a");
     // A health check failing at first: a warning, then the term.
     let exec = format!(
-        "/usr/local/bin/lead-exec run {election} --id a --health-cmd 'test -e {dir}/healthy' -- /bin/sh {job}"
+        "/usr/local/bin/lead-exec run {election} --id a --health-cmd 'test -e {dir}/healthy' --health-interval 1s -- /bin/sh {job}"
     );
     sd.install(INGEST, unit, &drop_in(&f.ep, Some(&exec), ""));
     sd.run(&format!("systemctl start {unit}"));

@@ -53,7 +53,11 @@ pub fn shared() -> Option<&'static Systemd> {
             if std::env::var_os("LEAD_EXEC_REQUIRE_SYSTEMD").is_some() {
                 panic!("systemd tier: {why}");
             }
-            SAID.call_once(|| eprintln!("systemd tier not run: {why}"));
+            // Straight to fd 2: libtest captures eprintln!'s output of a passing test.
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "systemd tier not run: {why}");
+            });
             None
         }
     }
@@ -158,7 +162,13 @@ fn boot() -> Result<Systemd, String> {
         ));
     }
     let boot = start.elapsed();
-    eprintln!("systemd tier: container booted in {boot:?}");
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "systemd tier: container booted in {boot:?}"
+        );
+    }
     Ok(Systemd { boot, ..sd })
 }
 
@@ -171,41 +181,22 @@ fn which(cmd: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The cached Debian root, built now if this machine has none (a minute or two: it fetches
-/// Debian's packages). A lock keeps two test runs from building it at once.
+/// The cached Debian root, built now by `.ci/systemd-root` if this machine has none.
 fn base_root() -> Result<PathBuf, String> {
-    let cache = Path::new(CACHE);
-    let root = cache.join("bookworm");
-    fs::create_dir_all(cache).map_err(|e| format!("{CACHE}: {e}"))?;
-    let lock = fs::File::create(cache.join("lock")).map_err(|e| e.to_string())?;
-    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
-    unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
-    if root.join(".complete").exists() {
-        return Ok(root);
-    }
-    let building = cache.join("bookworm.building");
-    let _ = fs::remove_dir_all(&building);
-    let out = Command::new("debootstrap")
-        .args([
-            "--variant=minbase",
-            "--include=systemd,systemd-sysv,dbus",
-            "bookworm",
-        ])
-        .arg(&building)
-        .arg("http://deb.debian.org/debian")
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.ci/systemd-root");
+    let out = Command::new("bash")
+        .arg(script)
+        .env("LEAD_EXEC_SYSTEMD_CACHE", CACHE)
+        .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("debootstrap: {e}"))?;
+        .map_err(|e| format!("{script}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "debootstrap failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
+            "{script} failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    fs::write(building.join(".complete"), "").map_err(|e| e.to_string())?;
-    let _ = fs::remove_dir_all(&root);
-    fs::rename(&building, &root).map_err(|e| e.to_string())?;
-    Ok(root)
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 impl Systemd {
