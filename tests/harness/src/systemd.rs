@@ -36,6 +36,9 @@ pub const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/
 /// A booted systemd: the container's PID 1, seen from the host.
 pub struct Systemd {
     pub pid: i32,
+    /// Held around each `daemon-reload`; a test that must have none meanwhile holds it too
+    /// (see [`Systemd::no_reload`]).
+    reload: std::sync::Mutex<()>,
     /// The host directory bound at [`SHARE`].
     pub share: PathBuf,
     /// How long the boot took, to `systemctl is-system-running --wait`.
@@ -140,6 +143,7 @@ fn boot() -> Result<Systemd, String> {
     // is read afresh until the one found runs systemd to the end of its boot.
     let mut sd = Systemd {
         pid: 0,
+        reload: std::sync::Mutex::new(()),
         share,
         boot: Duration::ZERO,
     };
@@ -270,7 +274,14 @@ impl Systemd {
             drop_in,
             0o644,
         );
+        let _no_other = self.no_reload();
         self.run("systemctl daemon-reload");
+    }
+
+    /// No `daemon-reload` by another test while the guard lives: systemd 252 re-times a
+    /// running stop from `TimeoutStopSec=` on a reload, forgetting an `EXTEND_TIMEOUT_USEC=`.
+    pub fn no_reload(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reload.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A directory of the test's own, `(host path, container path)`.
