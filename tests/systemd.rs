@@ -451,3 +451,46 @@ fn a_grace_longer_than_timeout_stop_sec_is_waited_out() {
     assert_eq!(lines(&host.join("got-a")), ["term", "grace-done"]);
     assert_eq!(sd.prop(unit, "Result"), "success", "{}", sd.status(unit));
 }
+
+/// Outside journald, the text log is as it always was, even under systemd: a unit whose
+/// stderr is a file (its stdout still the journal's stream, so `JOURNAL_STREAM` is set, for
+/// fd 1) gets the usual text lines there, and the journal gets none of lead-exec's.
+#[test]
+fn a_unit_whose_stderr_is_a_file_gets_the_text_log_there() {
+    let Some(sd) = shared() else { return };
+    let f = Fixture::new();
+    let (host, dir) = sd.dir("stderr-file");
+    let unit = "ldx-stderr-file.service";
+    let election = format!("stderr-{}", std::process::id());
+    let exec =
+        format!("/usr/local/bin/lead-exec run {election} --id a -- /bin/sh -c 'env > {dir}/env'");
+    sd.install(
+        INGEST,
+        unit,
+        &drop_in(
+            &f.ep,
+            Some(&exec),
+            &format!("Restart=no\nStandardError=append:{dir}/log\n"),
+        ),
+    );
+    sd.run(&format!("systemctl start {unit}"));
+    sd.wait_prop(unit, "ActiveState", "inactive", secs(10));
+    let log = lines(&host.join("log"));
+    let started = log
+        .iter()
+        .find(|l| l.contains(" INFO leading: job started token="))
+        .unwrap_or_else(|| panic!("{log:?}"));
+    // As outside systemd: the time first, the run's fields last.
+    assert!(started.starts_with("20"), "{started}");
+    assert!(
+        started.ends_with(&format!("election=\"{election}\" id=\"a\"")),
+        "{started}"
+    );
+    assert!(sd.journal(&format!("ELECTION={election}")).is_empty());
+    // The variable was there: fd 2 was not the stream it names.
+    let env = lines(&host.join("env"));
+    assert!(
+        env.iter().any(|l| l.starts_with("JOURNAL_STREAM=")),
+        "{env:?}"
+    );
+}
