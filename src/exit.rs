@@ -76,6 +76,22 @@ impl Exit {
         }
     }
 
+    /// The signal the process dies of instead of exiting with this code, when a stop signal
+    /// (`stopped_by`) reached lead-exec: as timeout(1) does, a run that ends in 128+N because
+    /// it was stopped ends by dying of N, so that a shell still sees 128+N and systemd sees a
+    /// clean stop (`inactive`, not `failed`). Only HUP, INT and TERM: QUIT would dump core,
+    /// and a job's own death by another signal is the job's result, left as an exit code.
+    pub fn dies_of(self, stopped_by: Option<i32>) -> Option<i32> {
+        match self {
+            Exit::Signal(sig @ (libc::SIGHUP | libc::SIGINT | libc::SIGTERM))
+                if stopped_by.is_some() =>
+            {
+                Some(sig)
+            }
+            _ => None,
+        }
+    }
+
     /// The exit for a job that ended with a raw wait status already decoded.
     pub fn from_job(end: JobStatus) -> Exit {
         match end {
@@ -181,6 +197,32 @@ mod tests {
         assert_eq!(Exit::Signal(15).code(), 143);
         assert_eq!(Exit::Signal(9).code(), 137);
         assert_eq!(Exit::from_job(JobStatus::Signaled(2)).code(), 130);
+    }
+
+    #[test]
+    fn a_stopped_run_dies_of_its_stop_signal_and_nothing_else_does() {
+        let term = Some(libc::SIGTERM);
+        assert_eq!(Exit::Signal(15).dies_of(term), Some(15));
+        assert_eq!(
+            Exit::Signal(2).dies_of(term),
+            Some(2),
+            "the job died of another stop"
+        );
+        assert_eq!(Exit::Signal(1).dies_of(Some(1)), Some(1));
+        assert_eq!(
+            Exit::Signal(15).dies_of(None),
+            None,
+            "the job was killed by someone else"
+        );
+        assert_eq!(Exit::Signal(3).dies_of(Some(3)), None, "QUIT dumps core");
+        assert_eq!(Exit::Signal(9).dies_of(term), None);
+        assert_eq!(
+            Exit::Job(143).dies_of(term),
+            None,
+            "the job's own exit code"
+        );
+        assert_eq!(Exit::Job(0).dies_of(term), None);
+        assert_eq!(Exit::TimedOut.dies_of(term), None);
     }
 
     #[test]

@@ -72,7 +72,7 @@
 //!   [`config::exec`] the command against execve's limits); [`logging`] sets up tracing from
 //!   them (a run's lines get its election and id from one span, opened by [`run::run`]), and
 //!   `main` keeps the [`logging::Log`] it returns until exit, when its drop flushes
-//!   the queue of log lines.
+//!   the queue of log lines ([`logging::journal`]: to journald itself under journald).
 //! - [`cli`]: the flags as typed; clap stays here, and the man pages are rendered from it,
 //!   with [`cli::manual`]'s exit status, environment, signals and examples.
 //! - [`election`]: key layout, [`election::lease`] (the lease and its revoke, with
@@ -123,7 +123,7 @@ pub mod supervisor;
 pub mod text;
 
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use anyhow::Result;
 
@@ -265,7 +265,26 @@ pub fn main() -> ExitCode {
     cli_main(args)
 }
 
+/// The signal the process dies of at exit, 0 for none: set once the outcome is known (see
+/// [`Exit::dies_of`]).
+static DIE_OF: AtomicI32 = AtomicI32::new(0);
+
+/// Dies of [`DIE_OF`]'s signal, if one is set, at the very end of exit(): registered with
+/// atexit before anything else is, it runs after every other exit handler (atexit runs them
+/// in reverse order), so the cleanup done at exit (the refusals file) still happens, and the
+/// log's queue has been flushed before exit() was called.
+extern "C" fn die_of_signal_at_exit() {
+    let sig = DIE_OF.load(Ordering::SeqCst);
+    if sig != 0 {
+        // Default disposition, unblocked, raised: the process ends here. Should it not, exit()
+        // goes on with 128+N.
+        let _ = signal_hook::low_level::emulate_default_handler(sig);
+    }
+}
+
 fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
+    // SAFETY: registers a plain function with no captured state, run by exit().
+    unsafe { libc::atexit(die_of_signal_at_exit) };
     let cli = match parse(args) {
         Ok(c) => c,
         Err(code) => return code,
@@ -288,7 +307,12 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     // connections): exiting without tearing it down is the last cut from a cron run's time.
     std::mem::forget(rt);
     match result {
-        Ok(exit) => exit.into(),
+        Ok(exit) => {
+            if let Some(sig) = exit.dies_of(run::signals::stopped_by()) {
+                DIE_OF.store(sig, Ordering::SeqCst);
+            }
+            exit.into()
+        }
         Err(err) => {
             let exit = exit_of(&err);
             fatal(&log, json, &format!("{err:#}"), exit);

@@ -280,3 +280,65 @@ fn a_signal_for_the_job_while_waiting_in_line_is_dropped_and_the_place_kept() {
     assert_eq!(waiter.code(secs(10)), 0);
     assert_eq!(lines(&dir.path().join("waiter-ran")), vec!["ran"]);
 }
+
+/// A run that a stop signal ends in 128+N ends by dying of that signal, as timeout(1) does:
+/// a shell still sees 128+N, and systemd sees a clean stop rather than a failure. What exit
+/// would have done is done first: the refusals file removed, the last log line written.
+#[test]
+fn a_stopped_run_dies_of_the_signal_after_its_cleanup() {
+    let f = Fixture::new();
+    // The job dies of the forwarded TERM: the run's end is 143, by dying of TERM.
+    let s = script(
+        f.dir.path(),
+        "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/file; echo up > $D/up; sleep 30",
+    );
+    let port = free_port().to_string();
+    let addr = format!("127.0.0.1:{port}");
+    let mut leader = spawn(
+        f.dir.path(),
+        "leader",
+        &run_args("dies", &f.ep, &["--metrics-addr", &addr], &s),
+    );
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
+    let file = lines(&f.dir.path().join("file")).remove(0);
+    assert!(std::path::Path::new(&file).exists(), "{file}");
+    // One in line, stopped by INT while campaigning.
+    let mut waiter = spawn(
+        f.dir.path(),
+        "waiter",
+        &run_args("dies", &f.ep, &[], "exit 0"),
+    );
+    waiter.wait_log("waiting behind", secs(10));
+    waiter.signal(libc::SIGINT);
+    assert_eq!(waiter.died_of(secs(5)), Some(libc::SIGINT));
+    assert_eq!(waiter.code(secs(0)), 130, "as a shell sees it");
+
+    leader.signal(libc::SIGTERM);
+    assert_eq!(
+        leader.died_of(secs(10)),
+        Some(libc::SIGTERM),
+        "{}",
+        leader.log_text()
+    );
+    assert_eq!(leader.code(secs(0)), 143);
+    assert!(
+        !std::path::Path::new(&file).exists(),
+        "refusals file left: {file}"
+    );
+    let log = leader.log_text();
+    assert!(log.contains("job ended: signal 15"), "no last line:\n{log}");
+    assert!(f.etcd.keys("lead-exec/elections/dies/").is_empty());
+}
+
+/// A job killed by someone else's TERM is the job's result: lead-exec exits 143, it does not
+/// die of a signal nobody sent it.
+#[test]
+fn a_job_killed_from_outside_is_an_exit_code_not_a_death() {
+    let f = Fixture::new();
+    let s = script(f.dir.path(), "echo $$ > $D/pid; sleep 30");
+    let mut w = spawn(f.dir.path(), "w", &run_args("outside", &f.ep, &[], &s));
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10));
+    signal(pid as i32, libc::SIGTERM);
+    assert_eq!(w.died_of(secs(10)), None);
+    assert_eq!(w.code(secs(0)), 143);
+}

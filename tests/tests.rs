@@ -21,6 +21,10 @@
 //!   flags, tests and pages that exist; the README's recipes run as written
 //! - `postgres`: the fencing contract on a real PostgreSQL (`contrib/postgres/fencing.sql`):
 //!   terms writing through it, a frozen old leader refused, concurrent writers interleaved
+//! - `systemd`: the example units under a real systemd booted in a container (systemd-nspawn,
+//!   `harness::systemd`): notify, watchdog, stop, kill, journald, cgroups, a timer; where no
+//!   container can be booted the tier says so in one line and its tests do nothing
+//!   (`LEAD_EXEC_REQUIRE_SYSTEMD=1`, as CI sets, makes that a failure)
 //! - `checker`: the history checker flags overlaps (more than N jobs with slots), stale writes,
 //!   token regressions and late beats, and names the cause of each liveness gap
 //!
@@ -44,4 +48,5 @@ mod postgres;
 mod scheduling;
 mod security;
 mod signals;
+mod systemd;
 mod watchdog;

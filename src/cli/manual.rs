@@ -20,7 +20,7 @@ pub const EXIT_STATUS: [(&str, &str); 18] = [
     ("124", "the job ran past --timeout and was stopped"),
     ("126", "the command cannot be executed"),
     ("127", "the command was not found"),
-    ("128+N", "lead-exec was stopped by signal N while waiting in line, or the job died of signal N"),
+    ("128+N", "lead-exec was stopped by signal N while waiting in line, or the job died of signal N; when a stop signal (HUP, INT, TERM) to lead-exec ended the run so, lead-exec dies of that signal, as timeout(1) does, so that systemd sees a clean stop"),
     ("137", "the job was killed (SIGKILL) after the grace"),
 ];
 

@@ -3,6 +3,7 @@
 //! signal-hook's iterator runs on its own thread and forwards into a channel, so no handler
 //! ever runs async code.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -28,6 +29,15 @@ fn ignored(sig: i32) -> bool {
         let mut old: libc::sigaction = std::mem::zeroed();
         libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
     }
+}
+
+/// The first stopping signal that reached lead-exec, 0 before one has.
+static STOPPED_BY: AtomicI32 = AtomicI32::new(0);
+
+/// The first stopping signal (TERM, INT, HUP, QUIT) that reached lead-exec, if one has: see
+/// [`crate::exit::Exit::dies_of`].
+pub fn stopped_by() -> Option<i32> {
+    Some(STOPPED_BY.load(Ordering::SeqCst)).filter(|&s| s != 0)
 }
 
 /// Job control: the terminal's stop signals (Ctrl-Z, a background read or write), and the
@@ -70,7 +80,13 @@ pub fn listen(stop_within: Duration) -> Result<(mpsc::UnboundedReceiver<Arrived>
                     SIGCONT => job.signal(Signal::SIGCONT),
                     _ => {
                         let arrived = Arrived::of(sig);
-                        if let Arrived::Stop(_) = arrived {
+                        if let Arrived::Stop(s) = arrived {
+                            let _ = STOPPED_BY.compare_exchange(
+                                0,
+                                s,
+                                Ordering::SeqCst,
+                                Ordering::SeqCst,
+                            );
                             crate::notify::stopping(stop_within);
                         }
                         if tx.send(arrived).is_err() {

@@ -20,6 +20,7 @@ pub mod measure;
 pub mod netns;
 pub mod postgres;
 pub mod proxy;
+pub mod systemd;
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -790,10 +791,20 @@ impl Worker {
         }
     }
 
+    /// The exit status as a shell reports it: the code, or 128+N for a death by signal N
+    /// (lead-exec dies of the stop signal that ended its run: see [`Worker::died_of`]).
     pub fn code(&mut self, limit: Duration) -> i32 {
         let s = self.wait(limit);
+        use std::os::unix::process::ExitStatusExt;
         s.code()
-            .unwrap_or_else(|| panic!("lead-exec died by a signal: {s:?}"))
+            .or_else(|| s.signal().map(|n| 128 + n))
+            .unwrap_or_else(|| panic!("neither an exit code nor a signal: {s:?}"))
+    }
+
+    /// The signal lead-exec died of, if it did not exit.
+    pub fn died_of(&mut self, limit: Duration) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        self.wait(limit).signal()
     }
 
     pub fn log_text(&self) -> String {

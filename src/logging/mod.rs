@@ -1,4 +1,5 @@
-//! Logs: tracing to stderr, as text (readable in journald) or JSON.
+//! Logs: tracing to stderr, as text or JSON; to journald natively when stderr is journald's
+//! stream (see [`journal`]).
 //!
 //! Logging is best effort and never holds lead-exec up. A leader must keep renewing its lease
 //! whatever happens to its stderr: a reader that died (`2>fifo`, `| logger`, a journald
@@ -19,8 +20,12 @@
 //! Text lines are kept to one line each: control characters in a message (an id or a health
 //! check's output) are escaped, so no value can print a line that looks like one of ours.
 
+pub mod journal;
+
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,7 +34,9 @@ use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogArgs, LogFormat};
@@ -51,7 +58,12 @@ pub struct Log {
 /// Sends tracing's events to a new [`Log`] and returns it, to be kept until exit. If a global
 /// subscriber is already set, tracing's events keep going where it sends them.
 pub fn init(args: &LogArgs) -> Log {
-    let log = Log::start();
+    // Text under journald goes to the journal itself, with priorities and fields; JSON, which
+    // a pipeline parses, stays on stderr as asked.
+    let journal = (args.log_format == LogFormat::Text && journal::stderr_is_journal())
+        .then(|| journal::connect(Path::new(journal::SOCKET)))
+        .flatten();
+    let log = Log::start_to(journal);
     let level = match (args.quiet, args.verbose) {
         (true, _) => "error",
         (false, 0) => "info",
@@ -61,6 +73,15 @@ pub fn init(args: &LogArgs) -> Log {
     // Our own crate at the chosen level; dependencies only when something is wrong.
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("warn,lead_exec={level}")));
+    if log.sink.journal.is_some() {
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(journal::JournalLayer {
+                sink: log.sink.clone(),
+            })
+            .try_init();
+        return log;
+    }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let writer = ToQueue {
         sink: log.sink.clone(),
@@ -208,7 +229,13 @@ impl Log {
     /// A queue with its writer thread, and no tracing: for the lines printed before logging
     /// is set up (a usage error).
     pub fn start() -> Log {
-        let sink = Arc::new(Sink::new());
+        Log::start_to(None)
+    }
+
+    /// A queue with its writer thread, writing to journald's socket when given one, else to
+    /// stderr.
+    fn start_to(journal: Option<UnixDatagram>) -> Log {
+        let sink = Arc::new(Sink::new(journal));
         let theirs = sink.clone();
         let started = std::thread::Builder::new()
             .name("log-writer".into())
@@ -225,6 +252,14 @@ impl Log {
     /// Writes one line to stderr as the log does: queued, best effort. For the plain-text
     /// lines printed without tracing (a usage error, the final error).
     pub fn eprint_line(&self, line: &str) {
+        if self.sink.journal.is_some() {
+            self.sink.push_entry(Entry::Journal {
+                message: line.to_string(),
+                level: tracing::Level::ERROR,
+                fields: Vec::new(),
+            });
+            return;
+        }
         let mut bytes = text_line(line, false).into_owned().into_bytes();
         bytes.push(b'\n');
         self.sink.push(bytes);
@@ -303,10 +338,46 @@ impl Drop for LogLine<'_> {
     }
 }
 
+/// What the writer thread writes: a line for stderr, or an entry for the journal.
+#[derive(Debug, Clone, PartialEq)]
+enum Entry {
+    Line(Vec<u8>),
+    Journal {
+        message: String,
+        level: tracing::Level,
+        fields: Vec<(String, String)>,
+    },
+}
+
+impl Entry {
+    /// About the bytes it takes.
+    fn len(&self) -> usize {
+        match self {
+            Entry::Line(b) => b.len(),
+            Entry::Journal {
+                message, fields, ..
+            } => {
+                message.len()
+                    + 40
+                    + fields
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len() + 2)
+                        .sum::<usize>()
+            }
+        }
+    }
+}
+
+impl From<Vec<u8>> for Entry {
+    fn from(b: Vec<u8>) -> Entry {
+        Entry::Line(b)
+    }
+}
+
 /// Lines waiting for stderr; no I/O.
 #[derive(Debug, Default)]
 struct Queue {
-    lines: VecDeque<Vec<u8>>,
+    lines: VecDeque<Entry>,
     bytes: usize,
     /// Lines dropped since the writer last reported it.
     dropped: u64,
@@ -316,7 +387,7 @@ struct Queue {
 
 impl Queue {
     /// Queues a line, or drops and counts it when `cap` bytes already wait.
-    fn push(&mut self, line: Vec<u8>, cap: usize) -> bool {
+    fn push(&mut self, line: Entry, cap: usize) -> bool {
         if self.bytes + line.len() > cap {
             self.dropped += 1;
             crate::metrics::log_line_dropped();
@@ -328,7 +399,7 @@ impl Queue {
     }
 
     /// The next line to write, with the count of lines dropped before it, if any.
-    fn pop(&mut self) -> Option<(Vec<u8>, u64)> {
+    fn pop(&mut self) -> Option<(Entry, u64)> {
         let line = self.lines.pop_front()?;
         self.bytes -= line.len();
         self.writing = true;
@@ -344,13 +415,16 @@ struct Sink {
     queue: Mutex<Queue>,
     /// Signalled when a line is queued and when one is written.
     changed: Condvar,
+    /// journald's socket, when entries go there instead of stderr.
+    journal: Option<UnixDatagram>,
 }
 
 impl Sink {
-    fn new() -> Sink {
+    fn new(journal: Option<UnixDatagram>) -> Sink {
         Sink {
             queue: Mutex::new(Queue::default()),
             changed: Condvar::new(),
+            journal,
         }
     }
 
@@ -360,6 +434,10 @@ impl Sink {
     }
 
     fn push(&self, line: Vec<u8>) {
+        self.push_entry(Entry::Line(line));
+    }
+
+    fn push_entry(&self, line: Entry) {
         if self.lock().push(line, QUEUE_BYTES) {
             self.changed.notify_all();
         }
@@ -394,7 +472,18 @@ fn writer(sink: &Sink) {
                 };
             }
         };
-        write_stderr(&line);
+        match (&line, &sink.journal) {
+            (Entry::Line(bytes), _) => write_stderr(bytes),
+            (
+                Entry::Journal {
+                    message,
+                    level,
+                    fields,
+                },
+                Some(sock),
+            ) => send_journal(sock, message, *level, fields),
+            (Entry::Journal { .. }, None) => {}
+        }
         if dropped > 0 {
             // Queued behind what is already waiting, in the log's own format.
             tracing::warn!(
@@ -404,6 +493,28 @@ fn writer(sink: &Sink) {
         }
         sink.lock().writing = false;
         sink.changed.notify_all();
+    }
+}
+
+/// One entry to journald, blocking this thread only. One too large for a datagram goes
+/// again with its message cut; any other failure loses it, as a failed stderr write does.
+fn send_journal(
+    sock: &UnixDatagram,
+    message: &str,
+    level: tracing::Level,
+    fields: &[(String, String)],
+) {
+    let full = journal::entry(message, level, fields);
+    loop {
+        match sock.send(&full) {
+            Ok(_) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+                let _ = sock.send(&journal::shortened(message, level, fields, 8192));
+                return;
+            }
+            Err(_) => return,
+        }
     }
 }
 
@@ -431,14 +542,17 @@ mod tests {
     #[test]
     fn a_full_queue_drops_and_counts_lines_then_reports_with_the_next() {
         let mut q = Queue::default();
-        assert!(q.push(vec![b'a'; 6], 10));
-        assert!(!q.push(vec![b'b'; 6], 10), "over the cap");
-        assert!(!q.push(vec![b'c'; 11], 10), "a line longer than the cap");
-        assert!(q.push(vec![b'd'; 4], 10), "what still fits");
-        assert_eq!(q.pop(), Some((vec![b'a'; 6], 2)));
+        assert!(q.push(vec![b'a'; 6].into(), 10));
+        assert!(!q.push(vec![b'b'; 6].into(), 10), "over the cap");
+        assert!(
+            !q.push(vec![b'c'; 11].into(), 10),
+            "a line longer than the cap"
+        );
+        assert!(q.push(vec![b'd'; 4].into(), 10), "what still fits");
+        assert_eq!(q.pop(), Some((vec![b'a'; 6].into(), 2)));
         assert!(!q.drained(), "a line is being written");
         q.writing = false;
-        assert_eq!(q.pop(), Some((vec![b'd'; 4], 0)));
+        assert_eq!(q.pop(), Some((vec![b'd'; 4].into(), 0)));
         q.writing = false;
         assert!(q.drained());
         assert_eq!(q.pop(), None);
