@@ -428,6 +428,11 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
         "the next leader started beside the orphan:\n{}",
         a.log_text()
     );
+    // The chase says so, from its own thread, as a line of the run.
+    a.wait_log("of SIGKILLs", secs(15));
+    let chase = a.log_text();
+    let said = chase.lines().find(|l| l.contains("of SIGKILLs")).unwrap();
+    assert!(said.ends_with(r#" election="hide" id="a""#), "{said}");
     // Once it is gone, the watchdog says so and the term ends as the job did.
     signal(daemon, libc::SIGKILL);
     let tb = wait_int(&d.join("b"), secs(15));

@@ -157,6 +157,64 @@ fn json_logs_have_one_object_per_line_with_election_id_and_token() {
     assert!(transitions >= 2, "{err}");
 }
 
+/// Every line of a run ends with its election and id (text) or has them at the top level
+/// (JSON), the lines written after the run's own work is done too: "not acquired" for
+/// `--no-wait` (75) and for a failing health check (79), and the error that ends a run.
+#[test]
+fn the_last_lines_of_a_run_carry_its_election_and_id() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let holder = spawn(
+        d,
+        "h",
+        &run_args("tail", &f.ep, &["--id", "h"], &job(d, "h")),
+    );
+    wait_int(&d.join("h.token"), secs(10));
+    let late = run_args(
+        "tail",
+        &f.ep,
+        &["--id", "late", "--no-wait", "-v"],
+        "exit 0",
+    );
+    let sick = run_args(
+        "tail",
+        &f.ep,
+        &["--id", "late", "--no-wait", "--health-cmd", "false"],
+        "exit 0",
+    );
+    let dead = run_args(
+        "tail",
+        "127.0.0.1:1",
+        &["--id", "late", "--dial-timeout", "200ms"],
+        "exit 0",
+    );
+    for (args, code, last) in [
+        (late, 75, "not acquired"),
+        (sick, 79, "not acquired"),
+        (dead, 69, "unavailable"),
+    ] {
+        let (got, _, err) = run(&args);
+        assert_eq!(got, code, "{err}");
+        assert!(err.lines().last().unwrap_or("").contains(last), "{err}");
+        for l in err.lines() {
+            assert!(l.ends_with(r#" election="tail" id="late""#), "{l}\n{err}");
+        }
+        let json: Vec<&str> = ["--log-format", "json"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let (got, _, err) = run(&json);
+        assert_eq!(got, code, "{err}");
+        for l in err.lines() {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            assert_eq!(v["election"], "tail", "{l}");
+            assert_eq!(v["id"], "late", "{l}");
+        }
+    }
+    drop(holder);
+}
+
 #[test]
 fn quiet_hides_info_and_verbose_shows_debug() {
     let f = Fixture::new();
@@ -719,13 +777,17 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit_and_drops_are_
                 break;
             }
             text.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&text).contains("log lines were dropped") {
-                let _ = tx.send(());
+            let text = String::from_utf8_lossy(&text);
+            if let Some(l) = text.lines().find(|l| l.contains("log lines were dropped")) {
+                let _ = tx.send(l.to_string());
             }
         }
     });
-    rx.recv_timeout(secs(15))
+    let said = rx
+        .recv_timeout(secs(15))
         .expect("no line said that log lines were dropped");
+    // Written by the log's own thread, and still a line of the run.
+    assert!(said.contains(r#" election="stalled" id=""#), "{said}");
     signal(a.id() as i32, libc::SIGTERM);
     let end = std::time::Instant::now() + secs(15);
     while a.try_wait().unwrap().is_none() {

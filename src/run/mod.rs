@@ -36,7 +36,6 @@ pub mod signals;
 pub mod term;
 
 use std::time::Duration;
-use tracing::Instrument;
 
 use anyhow::Result;
 
@@ -51,25 +50,19 @@ use events::{Around, RunningJob};
 use lifecycle::{Action, DrainEvent, Phase, Policy, StopReason, TermEvent};
 use term::Term;
 
-/// Runs until the job is done (or leadership is given up) and returns how it ended.
-///
-/// The whole run is one span that carries the election and the id: every line of the run has
-/// them, from the one place they are set. At error level, so that `-q` keeps them too.
+/// Runs until the job is done (or leadership is given up) and returns how it ended. Inside
+/// the run's span ([`crate::logging::run_span`]), which carries the election and the id to
+/// every line of it.
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
-    let span = tracing::error_span!("run", election = cfg.election.name(), id = cfg.id.as_str());
-    async move {
-        let (process, startup) = match candidacy::start_up(cfg).await? {
-            Ok(started) => started,
-            Err(done) => return Ok(done),
-        };
-        let mut driver = Driver {
-            process,
-            last_token: None,
-        };
-        driver.drive(startup).await
-    }
-    .instrument(span)
-    .await
+    let (process, startup) = match candidacy::start_up(cfg).await? {
+        Ok(started) => started,
+        Err(done) => return Ok(done),
+    };
+    let mut driver = Driver {
+        process,
+        last_token: None,
+    };
+    driver.drive(startup).await
 }
 
 /// The process's side of a run: what lives as long as lead-exec does.

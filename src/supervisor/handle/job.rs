@@ -488,7 +488,10 @@ impl Job {
         let (pid, cgroup, view) = (self.pid, self.cgroup.clone(), self.view);
         let wd = self.watchdog.id() as i32;
         let (done, chased) = tokio::sync::oneshot::channel();
+        // The run's span goes along: the chase's lines carry its election and id too.
+        let span = tracing::Span::current();
         let chase = move || {
+            let _in_run = span.enter();
             let reach = group::Reach {
                 leader: nix::unistd::Pid::from_raw(pid),
                 cgroup: cgroup.as_deref(),
