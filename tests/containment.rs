@@ -442,6 +442,71 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
     b.wait(secs(10));
 }
 
+/// lead-exec chases a job's leftovers before it kills a watchdog that has not reported them
+/// gone; the lease is renewed meanwhile, and each renewal drops and makes again the wait that
+/// runs the chase. A watchdog stopped during the chase is still killed once the leftovers
+/// are gone (the kill used to be skipped when the wait it was due in had been dropped), and
+/// the next leader starts: the stopped watchdog does not hold the term.
+#[test]
+fn a_watchdog_stopped_during_the_chase_is_killed_once_the_leftovers_are_gone() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let job = script(
+        d,
+        "echo $PPID > $D/wd; setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
+         while :; do sleep 0.05; done'; \
+         while [ ! -s $D/daemon ]; do sleep 0.01; done; \
+         mount -t tmpfs none /proc && echo masked > $D/masked; exit 0",
+    );
+    let mut args = vec!["-m", "--propagation", "private", bin()];
+    args.extend(run_args(
+        "chasestop",
+        &f.ep,
+        &["--id", "a", "--cgroup", "off"],
+        &job,
+    ));
+    let unshare = need_tool("unshare", "util-linux");
+    let mut a = spawn_program(&unshare, d, "a", &args, &[]);
+    let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
+    let wd = wait_int(&d.join("wd"), secs(10)) as i32;
+    wait_line(&d.join("masked"), secs(10), |_| true);
+    let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
+    let mut b = spawn(
+        d,
+        "b",
+        &run_args("chasestop", &f.ep, &["--id", "b"], &b_job),
+    );
+    a.wait_log("has not reported the job's group gone", secs(15));
+    signal(wd, libc::SIGSTOP);
+    // Renewals go on meanwhile (several a second under these lease settings): time, not an
+    // event, is what this waits for, so that some of them fall inside the chase.
+    std::thread::sleep(secs(3));
+    assert!(
+        !d.join("b").exists(),
+        "the next leader started beside the leftover"
+    );
+    signal(daemon, libc::SIGKILL);
+    // /proc shown again, the chase sees that nothing is left, and ends.
+    let nsenter = need_tool("nsenter", "util-linux");
+    let pid = a.pid().to_string();
+    let shown = std::process::Command::new(nsenter)
+        .args(["-t", &pid, "-m", "umount", "/proc"])
+        .status()
+        .unwrap();
+    assert!(shown.success());
+    let next = wait_until(secs(15), || d.join("b").exists());
+    if !next {
+        signal(wd, libc::SIGKILL);
+    }
+    assert!(
+        next,
+        "the stopped watchdog held the term after the leftovers were gone:\n{}",
+        a.log_text()
+    );
+    a.code(secs(10));
+    b.wait(secs(10));
+}
+
 /// A frozen watchdog cannot reap: the zombies of the job's killed processes pile up in its
 /// tree. Under a small descriptor limit (systemd's soft limit is 1,024), a walk that held a
 /// descriptor for each of them ran out before it reached the live ones, skipped those
