@@ -265,6 +265,14 @@ impl Driver {
                 // Before the job is stopped: the next holder may start at any moment.
                 metrics::term_lost();
                 metrics::lost(r.label());
+                // At the default level, whatever --on-loss does next: the phase lines that
+                // say why are below it.
+                tracing::warn!(
+                    token = phase.token(),
+                    reason = r.label(),
+                    "leadership lost: {}; stopping the job",
+                    r.as_str()
+                );
             }
             // A step that stays in its phase is quiet only when it passes a signal on or
             // judges a handover. One that reads the same phase but kills the job (a second
