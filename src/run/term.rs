@@ -254,6 +254,9 @@ impl Term {
                 }
             }
         };
+        // Whatever keeps the job from starting now, the end record closes the record written
+        // ahead, in the commit that lets the key go: the next leader judges this term by it.
+        self.start_record = recorded.clone().map(StartRecord::Written);
         // Read only now: the checks above can take up to --command-timeout, and a lease
         // granted or renewed late (etcd stalled) may leave too little time. Renew first.
         let Some(deadline) = lease
@@ -276,8 +279,6 @@ impl Term {
                 "not starting the job: the health check failed {} times in a row since the election; resigning",
                 cfg.health.as_ref().map(|h| h.failures).unwrap_or(0)
             );
-            // A start record already written is closed as this term's end.
-            self.start_record = recorded.map(StartRecord::Written);
             return (StartEnd::Unhealthy, None);
         }
         let spec = JobSpec {
