@@ -1375,6 +1375,54 @@ fn the_refusals_file_goes_in_the_services_runtime_directory() {
     assert!(!file.exists(), "left behind: {}", file.display());
 }
 
+/// A lead-exec that is killed (SIGKILL, or a signal it does not handle) leaves its refusals
+/// file: the next one to make its own in the same directory removes it, and leaves a live
+/// one's alone.
+#[test]
+fn a_killed_lead_execs_refusals_file_is_removed_by_the_next() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let rt = d.join("rt");
+    std::fs::create_dir(&rt).unwrap();
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(&rt)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
+    };
+    let env = [("XDG_RUNTIME_DIR", rt.to_str().unwrap())];
+    let body = script(
+        d,
+        "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/$ME; exec sleep 120",
+    );
+    let start = |me: &str| {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let job = body.replace("$ME", me);
+        let args = run_args("sweep", &f.ep, &["--metrics-addr", &addr, "--id", me], &job);
+        spawn_env(d, me, &args, &env)
+    };
+    let mut a = start("a");
+    let a_file = std::path::PathBuf::from(wait_line(&d.join("a"), secs(10), |_| true));
+    let mut b = start("b");
+    b.wait_log("metrics at", secs(10));
+    assert_eq!(files().len(), 2, "{:?}", files());
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    assert!(a_file.exists(), "a SIGKILL runs no exit handler");
+    let mut c = start("c");
+    c.wait_log("metrics at", secs(10));
+    assert!(!a_file.exists(), "left behind: {}", a_file.display());
+    assert_eq!(files().len(), 2, "b's and c's: {:?}", files());
+    for w in [&mut b, &mut c] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+    assert_eq!(files(), Vec::<std::path::PathBuf>::new());
+}
+
 /// `GET /leader` on a `--metrics-addr` port on loopback: the status, the Content-Type and the
 /// body as JSON; `None` when nothing answers there.
 fn leader_check(port: u16) -> Option<(u16, String, serde_json::Value)> {
