@@ -386,6 +386,34 @@ fn without_a_proc_of_this_namespace_run_is_refused() {
     );
 }
 
+/// Worker `a`, leading `election` without a cgroup, whose job leaves a daemon that ignores
+/// SIGTERM and appends its token to `beats`, then mounts a tmpfs over /proc in the mount
+/// namespace lead-exec and its watchdog share, and exits 0: the daemon is out of sight of
+/// both. The worker, the daemon's pid and the watchdog's.
+fn a_leader_that_hides_proc(f: &Fixture, election: &str) -> (Worker, i32, i32) {
+    let d = f.dir.path();
+    let job = script(
+        d,
+        "echo $PPID > $D/wd; setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
+         while :; do echo $FENCING_TOKEN >> $D/beats; sleep 0.05; done'; \
+         while [ ! -s $D/daemon ]; do sleep 0.01; done; \
+         mount -t tmpfs none /proc && echo masked > $D/masked; exit 0",
+    );
+    let mut args = vec!["-m", "--propagation", "private", bin()];
+    args.extend(run_args(
+        election,
+        &f.ep,
+        &["--id", "a", "--cgroup", "off"],
+        &job,
+    ));
+    let unshare = need_tool("unshare", "util-linux");
+    let a = spawn_program(&unshare, d, "a", &args, &[]);
+    let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
+    let wd = wait_int(&d.join("wd"), secs(10)) as i32;
+    wait_line(&d.join("masked"), secs(10), |_| true);
+    (a, daemon, wd)
+}
+
 /// A job run as root that mounts over /proc in lead-exec's own mount namespace hides its
 /// leftovers from every walk. What cannot be read counts as alive: the term is held, and no
 /// other leader starts, until the watchdog, which waits for its children without /proc, says
@@ -395,24 +423,7 @@ fn without_a_proc_of_this_namespace_run_is_refused() {
 fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
     let f = Fixture::new();
     let d = f.dir.path();
-    let job = script(
-        d,
-        "setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
-         while :; do echo $FENCING_TOKEN >> $D/beats; sleep 0.05; done'; \
-         while [ ! -s $D/daemon ]; do sleep 0.01; done; \
-         mount -t tmpfs none /proc && echo masked > $D/masked; exit 0",
-    );
-    let mut args = vec!["-m", "--propagation", "private", bin()];
-    args.extend(run_args(
-        "hide",
-        &f.ep,
-        &["--id", "a", "--cgroup", "off"],
-        &job,
-    ));
-    let unshare = need_tool("unshare", "util-linux");
-    let mut a = spawn_program(&unshare, d, "a", &args, &[]);
-    let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
-    wait_line(&d.join("masked"), secs(10), |_| true);
+    let (mut a, daemon, _) = a_leader_that_hides_proc(&f, "hide");
     let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
     let mut b = spawn(d, "b", &run_args("hide", &f.ep, &["--id", "b"], &b_job));
     a.wait_log("has not reported the job's group gone", secs(15));
@@ -451,25 +462,7 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
 fn a_watchdog_stopped_during_the_chase_is_killed_once_the_leftovers_are_gone() {
     let f = Fixture::new();
     let d = f.dir.path();
-    let job = script(
-        d,
-        "echo $PPID > $D/wd; setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
-         while :; do sleep 0.05; done'; \
-         while [ ! -s $D/daemon ]; do sleep 0.01; done; \
-         mount -t tmpfs none /proc && echo masked > $D/masked; exit 0",
-    );
-    let mut args = vec!["-m", "--propagation", "private", bin()];
-    args.extend(run_args(
-        "chasestop",
-        &f.ep,
-        &["--id", "a", "--cgroup", "off"],
-        &job,
-    ));
-    let unshare = need_tool("unshare", "util-linux");
-    let mut a = spawn_program(&unshare, d, "a", &args, &[]);
-    let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
-    let wd = wait_int(&d.join("wd"), secs(10)) as i32;
-    wait_line(&d.join("masked"), secs(10), |_| true);
+    let (mut a, daemon, wd) = a_leader_that_hides_proc(&f, "chasestop");
     let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
     let mut b = spawn(
         d,
