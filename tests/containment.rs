@@ -479,11 +479,13 @@ fn a_watchdog_stopped_during_the_chase_is_killed_once_the_leftovers_are_gone() {
         "the next leader started beside the leftover"
     );
     signal(daemon, libc::SIGKILL);
-    // /proc shown again, the chase sees that nothing is left, and ends.
+    // /proc shown again (a proc mounted over the tmpfs, which the watchdog, stopped at any
+    // moment, may hold open against an unmount): the chase sees that nothing is left, and
+    // ends.
     let nsenter = need_tool("nsenter", "util-linux");
     let pid = a.pid().to_string();
     let shown = std::process::Command::new(nsenter)
-        .args(["-t", &pid, "-m", "umount", "/proc"])
+        .args(["-t", &pid, "-m", "mount", "-t", "proc", "proc", "/proc"])
         .status()
         .unwrap();
     assert!(shown.success());
