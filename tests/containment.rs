@@ -450,6 +450,15 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
     assert_eq!(a.code(secs(10)), 0, "{}", a.log_text());
     let ta: i64 = lines(&d.join("beats"))[0].parse().unwrap();
     assert!(tb > ta);
+    // The lease was renewed all along: the job's end is inside it, whatever deadline the
+    // stop began under (the slack was measured against that one, and came out negative).
+    let log = a.log_text();
+    let slack: i64 = log
+        .lines()
+        .find(|l| l.contains("job ended"))
+        .and_then(|l| l.split("slack_ms=").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no slack in:\n{log}"));
+    assert!(slack > 0, "slack_ms={slack} inside a renewed lease:\n{log}");
     b.wait(secs(10));
 }
 
