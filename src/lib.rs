@@ -70,7 +70,8 @@
 //! - [`config`]: checks the flags into a safe [`config::RunConfig`] of the crate's own types
 //!   ([`config::conn`] the etcd connection, [`config::values`] single values,
 //!   [`config::exec`] the command against execve's limits); [`logging`] sets up tracing from
-//!   them (a run's lines get its election and id from one span, opened by [`run::run`]), and
+//!   them (a run's lines get its election and id from one span, [`logging::run_span`], opened
+//!   by `lead-exec run` before anything else), and
 //!   `main` keeps the [`logging::Log`] it returns until exit, when its drop flushes
 //!   the queue of log lines ([`logging::journal`]: to journald itself under journald).
 //! - [`cli`]: the flags as typed; clap stays here, and the man pages are rendered from it,
@@ -126,6 +127,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use anyhow::Result;
+use tracing::Instrument;
 
 use cli::{Cli, Command};
 use exit::{exit_of, Exit};
@@ -212,10 +214,14 @@ fn fatal_usage(args: &[std::ffi::OsString], message: &str) {
 /// `--log-format json` (tracing then goes to `log`) so that a log pipeline parses it like
 /// every other line. Either goes through the log's queue, best effort (see [`logging`]).
 fn fatal(log: &logging::Log, json: bool, message: &str, exit: Exit) {
+    // A run's last line carries its election and id, as every line of it does.
     if json {
-        tracing::error!(exit_code = exit.code(), "{message}");
+        logging::in_run(|| tracing::error!(exit_code = exit.code(), "{message}"));
     } else {
-        log.eprint_line(&format!("lead-exec: {message}"));
+        log.eprint_line(&format!(
+            "lead-exec: {message}{}",
+            logging::run_fields_text()
+        ));
     }
 }
 
@@ -224,15 +230,22 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
         Command::Run(a) => {
             let cfg = config::RunConfig::from_args(&a)?;
-            // A command that cannot run is refused (127, 126) before anything starts, and so
-            // is a place where the job's processes could not be seen (64).
-            supervisor::preflight(&cfg.command[0])?;
-            supervisor::handle::preflight::proc_view()?;
-            let exit = run::run(cfg.clone()).await?;
-            if let Exit::NotAcquired(_) | Exit::Unhealthy = exit {
-                ops::status::report_not_acquired(&cfg, exit == Exit::Unhealthy).await;
+            // Every line of the run carries its election and id, from here to the error
+            // that may end it (see `fatal`).
+            let span = logging::run_span(cfg.election.name(), cfg.id.as_str());
+            async move {
+                // A command that cannot run is refused (127, 126) before anything starts,
+                // and so is a place where the job's processes could not be seen (64).
+                supervisor::preflight(&cfg.command[0])?;
+                supervisor::handle::preflight::proc_view()?;
+                let exit = run::run(cfg.clone()).await?;
+                if let Exit::NotAcquired(_) | Exit::Unhealthy = exit {
+                    ops::status::report_not_acquired(&cfg, exit == Exit::Unhealthy).await;
+                }
+                Ok(exit)
             }
-            Ok(exit)
+            .instrument(span)
+            .await
         }
         Command::Status(a) => ops::status::run(a).await,
         Command::Watch(a) => ops::watch::run(a).await,

@@ -386,6 +386,34 @@ fn without_a_proc_of_this_namespace_run_is_refused() {
     );
 }
 
+/// Worker `a`, leading `election` without a cgroup, whose job leaves a daemon that ignores
+/// SIGTERM and appends its token to `beats`, then mounts a tmpfs over /proc in the mount
+/// namespace lead-exec and its watchdog share, and exits 0: the daemon is out of sight of
+/// both. The worker, the daemon's pid and the watchdog's.
+fn a_leader_that_hides_proc(f: &Fixture, election: &str) -> (Worker, i32, i32) {
+    let d = f.dir.path();
+    let job = script(
+        d,
+        "echo $PPID > $D/wd; setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
+         while :; do echo $FENCING_TOKEN >> $D/beats; sleep 0.05; done'; \
+         while [ ! -s $D/daemon ]; do sleep 0.01; done; \
+         mount -t tmpfs none /proc && echo masked > $D/masked; exit 0",
+    );
+    let mut args = vec!["-m", "--propagation", "private", bin()];
+    args.extend(run_args(
+        election,
+        &f.ep,
+        &["--id", "a", "--cgroup", "off"],
+        &job,
+    ));
+    let unshare = need_tool("unshare", "util-linux");
+    let a = spawn_program(&unshare, d, "a", &args, &[]);
+    let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
+    let wd = wait_int(&d.join("wd"), secs(10)) as i32;
+    wait_line(&d.join("masked"), secs(10), |_| true);
+    (a, daemon, wd)
+}
+
 /// A job run as root that mounts over /proc in lead-exec's own mount namespace hides its
 /// leftovers from every walk. What cannot be read counts as alive: the term is held, and no
 /// other leader starts, until the watchdog, which waits for its children without /proc, says
@@ -395,24 +423,7 @@ fn without_a_proc_of_this_namespace_run_is_refused() {
 fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
     let f = Fixture::new();
     let d = f.dir.path();
-    let job = script(
-        d,
-        "setsid -f sh -c 'trap \"\" TERM; echo $$ > $D/daemon; \
-         while :; do echo $FENCING_TOKEN >> $D/beats; sleep 0.05; done'; \
-         while [ ! -s $D/daemon ]; do sleep 0.01; done; \
-         mount -t tmpfs none /proc && echo masked > $D/masked; exit 0",
-    );
-    let mut args = vec!["-m", "--propagation", "private", bin()];
-    args.extend(run_args(
-        "hide",
-        &f.ep,
-        &["--id", "a", "--cgroup", "off"],
-        &job,
-    ));
-    let unshare = need_tool("unshare", "util-linux");
-    let mut a = spawn_program(&unshare, d, "a", &args, &[]);
-    let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
-    wait_line(&d.join("masked"), secs(10), |_| true);
+    let (mut a, daemon, _) = a_leader_that_hides_proc(&f, "hide");
     let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
     let mut b = spawn(d, "b", &run_args("hide", &f.ep, &["--id", "b"], &b_job));
     a.wait_log("has not reported the job's group gone", secs(15));
@@ -428,12 +439,75 @@ fn a_job_that_hides_proc_holds_its_term_until_its_leftovers_are_gone() {
         "the next leader started beside the orphan:\n{}",
         a.log_text()
     );
+    // The chase says so, from its own thread, as a line of the run.
+    a.wait_log("of SIGKILLs", secs(15));
+    let chase = a.log_text();
+    let said = chase.lines().find(|l| l.contains("of SIGKILLs")).unwrap();
+    assert!(said.ends_with(r#" election="hide" id="a""#), "{said}");
     // Once it is gone, the watchdog says so and the term ends as the job did.
     signal(daemon, libc::SIGKILL);
     let tb = wait_int(&d.join("b"), secs(15));
     assert_eq!(a.code(secs(10)), 0, "{}", a.log_text());
     let ta: i64 = lines(&d.join("beats"))[0].parse().unwrap();
     assert!(tb > ta);
+    // The lease was renewed all along: the job's end is inside it, whatever deadline the
+    // stop began under (the slack was measured against that one, and came out negative).
+    let log = a.log_text();
+    let slack: i64 = log
+        .lines()
+        .find(|l| l.contains("job ended"))
+        .and_then(|l| l.split("slack_ms=").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no slack in:\n{log}"));
+    assert!(slack > 0, "slack_ms={slack} inside a renewed lease:\n{log}");
+    b.wait(secs(10));
+}
+
+/// lead-exec chases a job's leftovers before it kills a watchdog that has not reported them
+/// gone; the lease is renewed meanwhile, and each renewal drops and makes again the wait that
+/// runs the chase. A watchdog stopped during the chase is still killed once the leftovers
+/// are gone (the kill used to be skipped when the wait it was due in had been dropped), and
+/// the next leader starts: the stopped watchdog does not hold the term.
+#[test]
+fn a_watchdog_stopped_during_the_chase_is_killed_once_the_leftovers_are_gone() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let (mut a, daemon, wd) = a_leader_that_hides_proc(&f, "chasestop");
+    let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
+    let mut b = spawn(
+        d,
+        "b",
+        &run_args("chasestop", &f.ep, &["--id", "b"], &b_job),
+    );
+    a.wait_log("has not reported the job's group gone", secs(15));
+    signal(wd, libc::SIGSTOP);
+    // Renewals go on meanwhile (several a second under these lease settings): time, not an
+    // event, is what this waits for, so that some of them fall inside the chase.
+    std::thread::sleep(secs(3));
+    assert!(
+        !d.join("b").exists(),
+        "the next leader started beside the leftover"
+    );
+    signal(daemon, libc::SIGKILL);
+    // /proc shown again (a proc mounted over the tmpfs, which the watchdog, stopped at any
+    // moment, may hold open against an unmount): the chase sees that nothing is left, and
+    // ends.
+    let nsenter = need_tool("nsenter", "util-linux");
+    let pid = a.pid().to_string();
+    let shown = std::process::Command::new(nsenter)
+        .args(["-t", &pid, "-m", "mount", "-t", "proc", "proc", "/proc"])
+        .status()
+        .unwrap();
+    assert!(shown.success());
+    let next = wait_until(secs(15), || d.join("b").exists());
+    if !next {
+        signal(wd, libc::SIGKILL);
+    }
+    assert!(
+        next,
+        "the stopped watchdog held the term after the leftovers were gone:\n{}",
+        a.log_text()
+    );
+    a.code(secs(10));
     b.wait(secs(10));
 }
 

@@ -164,6 +164,26 @@ fn on_loss_exit_stops_the_job_and_exits_76() {
     );
 }
 
+/// An operator deletes the leader key: at the default log level, a warning says why the job
+/// is stopped and lead-exec exits 76.
+#[test]
+fn a_deleted_leader_key_is_named_in_a_warning_under_on_loss_exit() {
+    let f = Fixture::new();
+    let job = recording_job(f.dir.path());
+    let args = run_args("keydel", &f.ep, &["--on-loss", "exit"], &job);
+    let mut w = spawn(f.dir.path(), "w", &args);
+    wait_int(&f.dir.path().join("pid"), secs(10));
+    let key = f.etcd.keys("lead-exec/elections/keydel/").remove(0);
+    f.etcd.ctl(&["del", &key]);
+    assert_eq!(w.code(secs(10)), 76, "{}", w.log_text());
+    let log = w.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("leadership lost: leader key deleted"))
+        .unwrap_or_else(|| panic!("no warning names the loss:\n{log}"));
+    assert!(line.contains("reason=\"leader_key_deleted\""), "{line}");
+}
+
 /// `--wait` bounds the whole attempt, also when etcd goes away while the candidate waits.
 #[test]
 fn wait_gives_up_even_while_etcd_is_unreachable() {

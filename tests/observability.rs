@@ -157,6 +157,64 @@ fn json_logs_have_one_object_per_line_with_election_id_and_token() {
     assert!(transitions >= 2, "{err}");
 }
 
+/// Every line of a run ends with its election and id (text) or has them at the top level
+/// (JSON), the lines written after the run's own work is done too: "not acquired" for
+/// `--no-wait` (75) and for a failing health check (79), and the error that ends a run.
+#[test]
+fn the_last_lines_of_a_run_carry_its_election_and_id() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let holder = spawn(
+        d,
+        "h",
+        &run_args("tail", &f.ep, &["--id", "h"], &job(d, "h")),
+    );
+    wait_int(&d.join("h.token"), secs(10));
+    let late = run_args(
+        "tail",
+        &f.ep,
+        &["--id", "late", "--no-wait", "-v"],
+        "exit 0",
+    );
+    let sick = run_args(
+        "tail",
+        &f.ep,
+        &["--id", "late", "--no-wait", "--health-cmd", "false"],
+        "exit 0",
+    );
+    let dead = run_args(
+        "tail",
+        "127.0.0.1:1",
+        &["--id", "late", "--dial-timeout", "200ms"],
+        "exit 0",
+    );
+    for (args, code, last) in [
+        (late, 75, "not acquired"),
+        (sick, 79, "not acquired"),
+        (dead, 69, "unavailable"),
+    ] {
+        let (got, _, err) = run(&args);
+        assert_eq!(got, code, "{err}");
+        assert!(err.lines().last().unwrap_or("").contains(last), "{err}");
+        for l in err.lines() {
+            assert!(l.ends_with(r#" election="tail" id="late""#), "{l}\n{err}");
+        }
+        let json: Vec<&str> = ["--log-format", "json"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let (got, _, err) = run(&json);
+        assert_eq!(got, code, "{err}");
+        for l in err.lines() {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            assert_eq!(v["election"], "tail", "{l}");
+            assert_eq!(v["id"], "late", "{l}");
+        }
+    }
+    drop(holder);
+}
+
 #[test]
 fn quiet_hides_info_and_verbose_shows_debug() {
     let f = Fixture::new();
@@ -719,13 +777,17 @@ fn a_log_pipe_nobody_reads_neither_stalls_the_leader_nor_its_exit_and_drops_are_
                 break;
             }
             text.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&text).contains("log lines were dropped") {
-                let _ = tx.send(());
+            let text = String::from_utf8_lossy(&text);
+            if let Some(l) = text.lines().find(|l| l.contains("log lines were dropped")) {
+                let _ = tx.send(l.to_string());
             }
         }
     });
-    rx.recv_timeout(secs(15))
+    let said = rx
+        .recv_timeout(secs(15))
         .expect("no line said that log lines were dropped");
+    // Written by the log's own thread, and still a line of the run.
+    assert!(said.contains(r#" election="stalled" id=""#), "{said}");
     signal(a.id() as i32, libc::SIGTERM);
     let end = std::time::Instant::now() + secs(15);
     while a.try_wait().unwrap().is_none() {
@@ -1325,6 +1387,54 @@ fn the_refusals_file_goes_in_the_services_runtime_directory() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
     assert!(!file.exists(), "left behind: {}", file.display());
+}
+
+/// A lead-exec that is killed (SIGKILL, or a signal it does not handle) leaves its refusals
+/// file: the next one to make its own in the same directory removes it, and leaves a live
+/// one's alone.
+#[test]
+fn a_killed_lead_execs_refusals_file_is_removed_by_the_next() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let rt = d.join("rt");
+    std::fs::create_dir(&rt).unwrap();
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(&rt)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
+    };
+    let env = [("XDG_RUNTIME_DIR", rt.to_str().unwrap())];
+    let body = script(
+        d,
+        "echo \"$LEAD_EXEC_CHECK_REFUSALS\" > $D/$ME; exec sleep 120",
+    );
+    let start = |me: &str| {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let job = body.replace("$ME", me);
+        let args = run_args("sweep", &f.ep, &["--metrics-addr", &addr, "--id", me], &job);
+        spawn_env(d, me, &args, &env)
+    };
+    let mut a = start("a");
+    let a_file = std::path::PathBuf::from(wait_line(&d.join("a"), secs(10), |_| true));
+    let mut b = start("b");
+    b.wait_log("metrics at", secs(10));
+    assert_eq!(files().len(), 2, "{:?}", files());
+    a.signal(libc::SIGKILL);
+    a.wait(secs(5));
+    assert!(a_file.exists(), "a SIGKILL runs no exit handler");
+    let mut c = start("c");
+    c.wait_log("metrics at", secs(10));
+    assert!(!a_file.exists(), "left behind: {}", a_file.display());
+    assert_eq!(files().len(), 2, "b's and c's: {:?}", files());
+    for w in [&mut b, &mut c] {
+        w.signal(libc::SIGTERM);
+        w.wait(secs(10));
+    }
+    assert_eq!(files(), Vec::<std::path::PathBuf>::new());
 }
 
 /// `GET /leader` on a `--metrics-addr` port on loopback: the status, the Content-Type and the

@@ -115,6 +115,71 @@ fn after_an_unclean_end_the_next_leader_waits_the_takeover_delay_and_status_show
     b.wait(secs(10));
 }
 
+/// Under `--takeover-delay` a leader writes its start record before the job; a job that
+/// then cannot start (its command gone: 127) closes that record as `not started`, clean, and
+/// the next leader starts at once instead of waiting the delay out.
+#[test]
+fn a_job_that_could_not_start_is_recorded_as_not_started_and_the_next_leader_does_not_wait() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let delay = ["--takeover-delay", "30s"];
+    let hold = script(d, "while [ ! -e $D/stop ]; do sleep 0.05; done");
+    let h_args = ["--id", "h", delay[0], delay[1]];
+    let mut h = spawn(d, "h", &run_args("nostart", &f.ep, &h_args, &hold));
+    wait_until(secs(10), || {
+        !f.etcd.keys("lead-exec/elections/nostart/").is_empty()
+    });
+    // A command that exists when `a` starts, and is gone when its term comes.
+    let gone = d.join("gone.sh");
+    std::fs::write(&gone, "#!/bin/sh\nexit 0\n").unwrap();
+    let mut perms = std::fs::metadata(&gone).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&gone, perms).unwrap();
+    let mut a_args = vec!["run", "nostart", "--endpoints", &f.ep];
+    a_args.extend(FAST);
+    a_args.extend(["--id", "a"]);
+    a_args.extend(delay);
+    let gone_path = gone.to_str().unwrap();
+    a_args.extend(["--", gone_path]);
+    let mut a = spawn(d, "a", &a_args);
+    a.wait_log("waiting behind", secs(10));
+    let b_job = script(d, "echo $FENCING_TOKEN > $D/b; exec sleep 120");
+    let mut b_args = vec!["--id", "b"];
+    b_args.extend(delay);
+    let mut b = spawn(d, "b", &run_args("nostart", &f.ep, &b_args, &b_job));
+    b.wait_log("waiting behind", secs(10));
+    std::fs::remove_file(&gone).unwrap();
+    std::fs::write(d.join("stop"), "").unwrap();
+    assert_eq!(h.code(secs(10)), 0, "{}", h.log_text());
+    assert_eq!(a.code(secs(15)), 127, "{}", a.log_text());
+    let took = std::time::Instant::now();
+    wait_int(&d.join("b"), secs(25));
+    assert!(
+        took.elapsed() < secs(10),
+        "the next leader waited {:?} after a term whose job never started:\n{}",
+        took.elapsed(),
+        b.log_text()
+    );
+    assert!(
+        !b.log_text().contains("ended uncleanly"),
+        "{}",
+        b.log_text()
+    );
+    let (code, out, err) = run(&["history", "nostart", "--endpoints", &f.ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let records: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a_rec = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "a")
+        .unwrap_or_else(|| panic!("no record of a: {out}"));
+    assert_eq!(a_rec["end"], "not started", "{a_rec}");
+    assert_eq!(a_rec["clean"], true, "{a_rec}");
+    b.signal(libc::SIGTERM);
+    b.wait(secs(10));
+}
+
 #[test]
 fn a_clean_exit_or_resign_hands_over_at_once_despite_a_takeover_delay() {
     let f = Fixture::new();

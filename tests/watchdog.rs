@@ -833,14 +833,14 @@ fn job_cgroup_of(parent: &std::path::Path, wd: i32) -> Option<std::path::PathBuf
 
 /// A waiting candidate's watchdog makes the job's cgroup ahead; the cgroup goes with the
 /// candidate, whether lead-exec exits on SIGTERM or is SIGKILLed.
-#[test]
-fn a_waiting_candidates_cgroup_goes_with_it() {
-    let f = Fixture::new();
+/// A leader of `election` whose job runs in a cgroup of its own, and the cgroup its job
+/// cgroups are made in; `None` (said) where jobs get no cgroup v2.
+fn a_leader_in_a_job_cgroup(f: &Fixture, election: &str) -> Option<(std::path::PathBuf, Worker)> {
     let job = script(
         f.dir.path(),
         "cat /proc/self/cgroup > $D/cgroup; exec sleep 120",
     );
-    let _a = spawn(f.dir.path(), "a", &run_args("ahead", &f.ep, &[], &job));
+    let a = spawn(f.dir.path(), "a", &run_args(election, &f.ep, &[], &job));
     let own = wait_line(&f.dir.path().join("cgroup"), secs(10), |l| {
         l.starts_with("0::")
     });
@@ -849,30 +849,86 @@ fn a_waiting_candidates_cgroup_goes_with_it() {
         .filter(|p| p.contains("lead-exec-job-"))
     else {
         eprintln!("no cgroup v2 for jobs here; nothing to check");
-        return;
+        return None;
     };
     let job_dir = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
         .iter()
         .map(|m| std::path::PathBuf::from(format!("{m}{rel}")))
         .find(|p| p.is_dir())
         .expect("the job's cgroup directory");
-    let parent = job_dir.parent().unwrap().to_path_buf();
+    Some((job_dir.parent().unwrap().to_path_buf(), a))
+}
+
+/// A waiting candidate's watchdog, once it has made its job cgroup ahead in `parent`: its
+/// pid and the cgroup.
+fn standby_cgroup(w: &Worker, parent: &std::path::Path) -> (i32, std::path::PathBuf) {
+    // lead-exec's one child is its watchdog.
+    let children = format!("/proc/{0}/task/{0}/children", w.pid());
+    let mut wd = 0;
+    assert!(
+        wait_until(secs(10), || {
+            wd = std::fs::read_to_string(&children)
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+            wd > 0 && job_cgroup_of(parent, wd).is_some()
+        }),
+        "no cgroup made ahead by the watchdog of {}",
+        w.pid()
+    );
+    (wd, job_cgroup_of(parent, wd).unwrap())
+}
+
+/// A waiting candidate whose watchdog (started ahead, no job yet) is SIGKILLed cannot
+/// remove the empty cgroup it made: lead-exec, which it told the path, removes it when it
+/// gives that watchdog up, whether it exits then or its term comes and a new watchdog runs
+/// the job.
+#[test]
+fn a_killed_standby_watchdogs_empty_cgroup_is_removed_by_lead_exec() {
+    let f = Fixture::new();
+    let Some((parent, mut a)) = a_leader_in_a_job_cgroup(&f, "sbcg") else {
+        return;
+    };
+    // lead-exec exits (SIGTERM while in line) without ever running a job.
+    let mut b = spawn(f.dir.path(), "b", &run_args("sbcg", &f.ep, &[], "true"));
+    let (wd, cg) = standby_cgroup(&b, &parent);
+    signal(wd, libc::SIGKILL);
+    assert!(wait_until(secs(5), || !alive(wd)));
+    assert!(cg.exists(), "the killed watchdog removed its cgroup itself");
+    b.signal(libc::SIGTERM);
+    b.wait(secs(5));
+    assert!(
+        wait_until(secs(2), || !cg.exists()),
+        "{} outlived its candidate",
+        cg.display()
+    );
+    // The term comes: the dead watchdog is given up for a new one, and its cgroup with it.
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/c; exec sleep 120");
+    let mut c = spawn(f.dir.path(), "c", &run_args("sbcg", &f.ep, &[], &job));
+    let (wd, cg) = standby_cgroup(&c, &parent);
+    signal(wd, libc::SIGKILL);
+    assert!(wait_until(secs(5), || !alive(wd)));
+    a.signal(libc::SIGTERM);
+    a.wait(secs(10));
+    wait_int(&f.dir.path().join("c"), secs(15));
+    assert!(
+        wait_until(secs(2), || !cg.exists()),
+        "{} was left when the term came",
+        cg.display()
+    );
+    c.signal(libc::SIGTERM);
+    c.wait(secs(10));
+}
+
+#[test]
+fn a_waiting_candidates_cgroup_goes_with_it() {
+    let f = Fixture::new();
+    let Some((parent, _a)) = a_leader_in_a_job_cgroup(&f, "ahead") else {
+        return;
+    };
     for (name, sig) in [("b", libc::SIGTERM), ("c", libc::SIGKILL)] {
         let mut w = spawn(f.dir.path(), name, &run_args("ahead", &f.ep, &[], "true"));
-        // lead-exec's one child is its watchdog.
-        let children = format!("/proc/{0}/task/{0}/children", w.pid());
-        let mut wd = 0;
-        assert!(
-            wait_until(secs(10), || {
-                wd = std::fs::read_to_string(&children)
-                    .ok()
-                    .and_then(|s| s.split_whitespace().next()?.parse().ok())
-                    .unwrap_or(0);
-                wd > 0 && job_cgroup_of(&parent, wd).is_some()
-            }),
-            "{name}: no cgroup made ahead by its watchdog"
-        );
-        let cg = job_cgroup_of(&parent, wd).unwrap();
+        let (wd, cg) = standby_cgroup(&w, &parent);
         w.signal(sig);
         w.wait(secs(5));
         assert!(

@@ -18,8 +18,10 @@ pub fn to_roff(markdown: &str, version: &str) -> Result<String, String> {
         .strip_suffix(')')
         .and_then(|n| n.split_once('('))
         .ok_or("the title does not name a page as NAME(SECTION)")?;
+    // Left-adjusted, not justified: a line that holds little more than a test's name has no
+    // spaces to stretch, and groff would warn that it cannot adjust it.
     let mut out = format!(
-        ".TH {name} {section} \"\" \"lead-exec {version}\"\n.nh\n.SH NAME\n{} \\- {}\n",
+        ".TH {name} {section} \"\" \"lead-exec {version}\"\n.nh\n.ad l\n.SH NAME\n{} \\- {}\n",
         escape(name),
         inline(summary)
     );
@@ -145,7 +147,7 @@ fn inline(text: &str) -> String {
     while let Some(c) = rest.chars().next() {
         if c == '`' {
             if let Some(end) = rest[1..].find('`') {
-                out.push_str(&format!("\\fB{}\\fR", escape(&rest[1..1 + end])));
+                out.push_str(&format!("\\fB{}\\fR", code(&rest[1..1 + end])));
                 rest = &rest[end + 2..];
                 continue;
             }
@@ -205,6 +207,13 @@ fn escape(text: &str) -> String {
     out
 }
 
+/// A code span's text, escaped, with a place to break the line after each `_` and `,` (roff's
+/// `\:`, which prints nothing): a test's name or a JSON example runs to 100 characters
+/// without a space, and hyphenation is off, so groff could neither fill nor break the line.
+fn code(text: &str) -> String {
+    escape(text).replace('_', "_\\:").replace(',', ",\\:")
+}
+
 /// No output line may start a roff request.
 fn request_safe(line: &str) -> String {
     if line.starts_with(['.', '\'']) {
@@ -225,7 +234,7 @@ mod tests {
     #[test]
     fn the_title_names_the_page_and_its_section() {
         let r = to_roff("# lead-exec-x(7) - what it is\n", "1.0").unwrap();
-        assert!(r.starts_with(".TH lead-exec-x 7 \"\" \"lead-exec 1.0\"\n.nh\n.SH NAME\nlead\\-exec\\-x \\- what it is\n"), "{r}");
+        assert!(r.starts_with(".TH lead-exec-x 7 \"\" \"lead-exec 1.0\"\n.nh\n.ad l\n.SH NAME\nlead\\-exec\\-x \\- what it is\n"), "{r}");
         assert!(to_roff("no title", "1").is_err());
         assert!(to_roff("# x - no section", "1").is_err());
     }
@@ -246,6 +255,13 @@ mod tests {
             "{r}"
         );
         assert!(r.contains(".IP 1. 4\nfirst\n.IP 2. 4\nsecond\n"), "{r}");
+    }
+
+    #[test]
+    fn long_code_spans_may_break_after_underscores_and_commas() {
+        let r = render("See `a_test_name` and `{\"a\":1,\"b\":2}`.\n");
+        assert!(r.contains("\\fBa_\\:test_\\:name\\fR"), "{r}");
+        assert!(r.contains("\\fB{\"a\":1,\\:\"b\":2}\\fR"), "{r}");
     }
 
     #[test]

@@ -105,6 +105,51 @@ pub fn init(args: &LogArgs) -> Log {
     log
 }
 
+/// The span of the run under way, kept here for the lines that are not written inside it: the
+/// log writer's own warning, the last lines `main` prints once the run has returned. Each
+/// line of a run carries its election and id, wherever it is written from.
+static RUN: Mutex<Option<RunSpan>> = Mutex::new(None);
+
+struct RunSpan {
+    span: tracing::Span,
+    /// Its fields as text lines end with them (tracing's default field format: `Debug`).
+    text: String,
+}
+
+/// Opens the span of a run: `election` and `id` on every line of it, from here and from
+/// [`in_run`]. At error level, so that `-q` keeps them too.
+pub fn run_span(election: &str, id: &str) -> tracing::Span {
+    let span = tracing::error_span!("run", election, id);
+    *RUN.lock().unwrap_or_else(|e| e.into_inner()) = Some(RunSpan {
+        span: span.clone(),
+        text: format!(" election={election:?} id={id:?}"),
+    });
+    span
+}
+
+/// Runs `f` (which logs) inside the run's span, if a run has opened one.
+pub fn in_run<R>(f: impl FnOnce() -> R) -> R {
+    let span = RUN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|r| r.span.clone());
+    match span {
+        Some(span) => span.in_scope(f),
+        None => f(),
+    }
+}
+
+/// The run's fields as a text line ends with them (empty before a run): for the lines
+/// written without tracing.
+pub fn run_fields_text() -> String {
+    RUN.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|r| r.text.clone())
+        .unwrap_or_default()
+}
+
 /// Text lines as tracing's default format has them (time, level, message, fields), with the
 /// fields of the event's spans after its own: `election=… id=…` from the run's span end every
 /// line of a run, where lines had them before there was a span, and the line still starts
@@ -485,11 +530,14 @@ fn writer(sink: &Sink) {
             (Entry::Journal { .. }, None) => {}
         }
         if dropped > 0 {
-            // Queued behind what is already waiting, in the log's own format.
-            tracing::warn!(
-                dropped,
-                "{dropped} log lines were dropped: stderr was not being read"
-            );
+            // Queued behind what is already waiting, in the log's own format, with the
+            // run's fields like every other line of it.
+            in_run(|| {
+                tracing::warn!(
+                    dropped,
+                    "{dropped} log lines were dropped: stderr was not being read"
+                )
+            });
         }
         sink.lock().writing = false;
         sink.changed.notify_all();

@@ -22,7 +22,6 @@ pub async fn report_not_acquired(cfg: &RunConfig, unhealthy: bool) {
     let name = cfg.election.name();
     if unhealthy {
         tracing::warn!(
-            election = name,
             "not acquired: the health check is failing, so this worker did not campaign for {name}"
         );
         return;
@@ -70,11 +69,8 @@ pub async fn report_not_acquired(cfg: &RunConfig, unhealthy: bool) {
         })
     };
     match who.await {
-        Ok(who) => tracing::debug!(election = name, "not acquired: {who}"),
-        Err(e) => tracing::debug!(
-            election = name,
-            "not acquired: another candidate leads {name} ({e:#})"
-        ),
+        Ok(who) => tracing::debug!("not acquired: {who}"),
+        Err(e) => tracing::debug!("not acquired: another candidate leads {name} ({e:#})"),
     }
 }
 

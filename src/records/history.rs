@@ -34,12 +34,15 @@ pub enum TermEnd {
     Unhealthy,
     /// Handed over to a waiting candidate of higher `--priority` (who: [`Record::preempted_by`]).
     Preempted,
+    /// The term was won but its job never started: its lease was lost or left too little
+    /// time first, its watchdog did not answer, or the command could not run (126, 127).
+    NotStarted,
 }
 
 impl TermEnd {
     /// Whether the job was gone before the term let go of its key: it exited, or lead-exec
-    /// stopped it and saw its group end. Only a lost lease is unclean; `--takeover-delay`
-    /// waits after those.
+    /// stopped it and saw its group end, or it never started. Only a lost lease is unclean;
+    /// `--takeover-delay` waits after those.
     pub fn is_clean(self) -> bool {
         self != TermEnd::LeaseLost
     }
@@ -57,6 +60,7 @@ impl std::fmt::Display for TermEnd {
             TermEnd::TimedOutThenSignal(s) => write!(f, "timed out, then signal {s} to lead-exec"),
             TermEnd::Unhealthy => f.write_str("unhealthy"),
             TermEnd::Preempted => f.write_str("preempted"),
+            TermEnd::NotStarted => f.write_str("not started"),
         }
     }
 }
@@ -615,6 +619,7 @@ mod tests {
             TermEnd::Resigned,
             TermEnd::Paused,
             TermEnd::Unhealthy,
+            TermEnd::NotStarted,
         ] {
             assert!(end.is_clean());
         }

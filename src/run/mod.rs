@@ -36,7 +36,6 @@ pub mod signals;
 pub mod term;
 
 use std::time::Duration;
-use tracing::Instrument;
 
 use anyhow::Result;
 
@@ -52,45 +51,39 @@ use events::{Around, RunningJob};
 use lifecycle::{Action, DrainEvent, Phase, Policy, StopReason, TermEvent};
 use term::Term;
 
-/// Runs until the job is done (or leadership is given up) and returns how it ended.
-///
-/// The whole run is one span that carries the election and the id: every line of the run has
-/// them, from the one place they are set. At error level, so that `-q` keeps them too.
+/// Runs until the job is done (or leadership is given up) and returns how it ended. Inside
+/// the run's span ([`crate::logging::run_span`]), which carries the election and the id to
+/// every line of it.
 pub async fn run(cfg: RunConfig) -> Result<Exit> {
-    let span = tracing::error_span!("run", election = cfg.election.name(), id = cfg.id.as_str());
-    async move {
-        let textfile = cfg.metrics_textfile.clone();
-        let max_attempts = cfg.attempts.map(|a| a.max);
-        let (election, period_s) = (
-            cfg.election.name().to_string(),
-            cfg.period.as_ref().map(|p| p.length_s),
-        );
-        let mut last_job = None;
-        let exit = match candidacy::start_up(cfg).await {
-            Ok(Ok((process, startup))) => {
-                let mut driver = Driver {
-                    process,
-                    last_token: None,
-                    last_job: None,
-                };
-                let exit = driver.drive(startup).await;
-                last_job = driver.last_job;
-                exit
-            }
-            Ok(Err(done)) => Ok(done),
-            Err(e) => Err(e),
-        };
-        // Every way a run that reached etcd ends, a job run or not: the file says this worker
-        // took part. One that failed (etcd unreachable, refused, a command that cannot run)
-        // did not, and leaves the file to go stale.
-        if let (Some(path), Ok(exit)) = (textfile, &exit) {
-            let outcome = outcome_of(*exit, last_job, period_s, max_attempts);
-            textfile::write_retrying(&path, &election, &outcome);
+    let textfile = cfg.metrics_textfile.clone();
+    let max_attempts = cfg.attempts.map(|a| a.max);
+    let (election, period_s) = (
+        cfg.election.name().to_string(),
+        cfg.period.as_ref().map(|p| p.length_s),
+    );
+    let mut last_job = None;
+    let exit = match candidacy::start_up(cfg).await {
+        Ok(Ok((process, startup))) => {
+            let mut driver = Driver {
+                process,
+                last_token: None,
+                last_job: None,
+            };
+            let exit = driver.drive(startup).await;
+            last_job = driver.last_job;
+            exit
         }
-        exit
+        Ok(Err(done)) => Ok(done),
+        Err(e) => Err(e),
+    };
+    // Every way a run that reached etcd ends, a job run or not: the file says this worker
+    // took part. One that failed (etcd unreachable, refused, a command that cannot run)
+    // did not, and leaves the file to go stale.
+    if let (Some(path), Ok(exit)) = (textfile, &exit) {
+        let outcome = outcome_of(*exit, last_job, period_s, max_attempts);
+        textfile::write_retrying(&path, &election, &outcome);
     }
-    .instrument(span)
-    .await
+    exit
 }
 
 /// What `--metrics-textfile` says of a run that ended with `exit`, its last job `job`.
@@ -328,6 +321,14 @@ impl Driver {
                 // Before the job is stopped: the next holder may start at any moment.
                 metrics::term_lost();
                 metrics::lost(r.label());
+                // At the default level, whatever --on-loss does next: the phase lines that
+                // say why are below it.
+                tracing::warn!(
+                    token = phase.token(),
+                    reason = r.label(),
+                    "leadership lost: {}; stopping the job",
+                    r.as_str()
+                );
             }
             // A step that stays in its phase is quiet only when it passes a signal on or
             // judges a handover. One that reads the same phase but kills the job (a second

@@ -267,6 +267,9 @@ impl Term {
                 }
             }
         };
+        // Whatever keeps the job from starting now, the end record closes the record written
+        // ahead, in the commit that lets the key go: the next leader judges this term by it.
+        self.start_record = recorded.clone().map(StartRecord::Written);
         // Read only now: the checks above can take up to --command-timeout, and a lease
         // granted or renewed late (etcd stalled) may leave too little time. Renew first.
         let Some(deadline) = lease
@@ -284,8 +287,6 @@ impl Term {
         // worker found unhealthy gives the term up rather than start a job it would stop. Read
         // only now, after those waits.
         if unhealthy(health, cfg, token) {
-            // A start record already written is closed as this term's end.
-            self.start_record = recorded.map(StartRecord::Written);
             return (StartEnd::Unhealthy, None);
         }
         let spec = JobSpec {

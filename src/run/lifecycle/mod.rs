@@ -430,8 +430,9 @@ pub fn delaying<E>(token: i64, ev: DelayEnd, p: &Policy) -> Step<E> {
 pub fn started<E>(token: i64, ev: StartEnd<E>, p: &Policy) -> Step<E> {
     match ev {
         StartEnd::Spawned => (Phase::Leading { token }, vec![]),
-        // Lost between the confirmation and the start: never run on an unconfirmed term.
-        StartEnd::NotStarted => after_loss(p, Some(TermEnd::LeaseLost)),
+        // Lost between the confirmation and the start: never run on an unconfirmed term. No
+        // job ran, so the record says so, and the next leader has nothing to wait out.
+        StartEnd::NotStarted => after_loss(p, Some(TermEnd::NotStarted)),
         StartEnd::AlreadyDone => done(None, Exit::Ok),
         // Every worker ends so: the next in line is elected at once and finds the same.
         StartEnd::Exhausted => done(None, Exit::AttemptsExhausted),
@@ -440,10 +441,15 @@ pub fn started<E>(token: i64, ev: StartEnd<E>, p: &Policy) -> Step<E> {
         // The check failed N times in a row between the election and the start: give the term
         // up without starting the job (closing a start record already written, as clean).
         StartEnd::Unhealthy => requeue(Some(TermEnd::Unhealthy)),
-        // The error names the exit (126, 127, 69); the next candidate takes over at once.
+        // The error names the exit (126, 127, 69); the next candidate takes over at once, the
+        // term's record (written ahead under --takeover-delay) closed as not started.
         StartEnd::Failed(e) => (
             Phase::Done(Exit::Software),
-            vec![Action::RevokeLease, Action::Fail(e)],
+            vec![
+                Action::RecordEnd(TermEnd::NotStarted),
+                Action::RevokeLease,
+                Action::Fail(e),
+            ],
         ),
     }
 }

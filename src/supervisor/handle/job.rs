@@ -141,8 +141,17 @@ enum Enforced {
     },
 }
 
+/// lead-exec's chase of the job's processes before it kills a watchdog that has not reported
+/// the group gone. Kept on the job, not in one wait for it: a wait is dropped and made again
+/// on every renewal, and the watchdog must be killed once the chase is done whichever wait
+/// sees it end.
+struct Abandoning {
+    chased: tokio::sync::oneshot::Receiver<()>,
+    stop: Arc<AtomicBool>,
+}
+
 impl Enforced {
-    /// Whether the watchdog is due to be killed now; true once.
+    /// Whether the chase that ends in the watchdog's kill is due to begin now; true once.
     fn abandon_due(&mut self, now: BootInstant) -> bool {
         match self {
             Enforced::Fired { abandon_at, .. } if abandon_at.is_some_and(|t| now >= t) => {
@@ -179,6 +188,8 @@ pub struct Job {
     stopping: bool,
     /// `--grace`: what the rest of the job gets once its main process exited.
     grace: Duration,
+    /// The chase under way before the watchdog is killed, if one is.
+    abandoning: Option<Abandoning>,
     /// Where Ctrl-Z finds this job, once [`Job::under_job_control`] put it there.
     control: Option<JobControl>,
 }
@@ -227,6 +238,7 @@ impl Job {
             view,
             stopping: false,
             grace,
+            abandoning: None,
             control: None,
         }
     }
@@ -287,6 +299,9 @@ impl Job {
     pub async fn wait(&mut self) -> JobEnd {
         let grace = self.grace;
         let ended = loop {
+            if let Some(end) = self.abandon().await {
+                break end;
+            }
             let due = self.kill_at.minus(KILL_LEAD);
             // A stop is the watchdog's to carry out: lead-exec steps in a little later, only
             // for one that has not.
@@ -352,34 +367,9 @@ impl Job {
                         self.reach().kill();
                     } else if self.backstop.state.abandon_due(now) {
                         tracing::warn!(pid = self.pid, watchdog = self.watchdog.id(), "the watchdog has not reported the job's group gone; killing the watchdog");
-                        // Its tree first, to the last process: what it re-parented would go
-                        // to init with it. A watchdog that reports the group gone meanwhile
-                        // (what lead-exec could not see, it could: its children are its to
-                        // wait for) ends the chase, and the term ends as it says.
                         let stop = Arc::new(AtomicBool::new(false));
-                        let mut chase = self.chase_the_tree(stop.clone());
-                        let reported = loop {
-                            tokio::select! {
-                                _ = &mut chase => break None,
-                                line = self.reports.next_line() => match line {
-                                    Ok(Some(l)) => {
-                                        if let Some(Report::Ended { status, cause, slack_ms }) = Report::decode(&l) {
-                                            break Some(JobEnd { status, cause, slack_ms });
-                                        }
-                                    }
-                                    // Gone: the chase goes on alone.
-                                    _ => {
-                                        let _ = (&mut chase).await;
-                                        break None;
-                                    }
-                                },
-                            }
-                        };
-                        stop.store(true, Ordering::Relaxed);
-                        if let Some(end) = reported {
-                            break end;
-                        }
-                        self.watchdog.kill();
+                        let chased = self.chase_the_tree(stop.clone());
+                        self.abandoning = Some(Abandoning { chased, stop });
                     }
                 }
             }
@@ -403,6 +393,39 @@ impl Job {
             }
         }
         ended
+    }
+
+    /// The chase before the watchdog is killed, if one is under way, carried on to its end
+    /// (cancel-safe: a wait dropped meanwhile leaves it to the next): its tree first, to the
+    /// last process, since what it re-parented would go to init with it; then the watchdog,
+    /// whose pipe's end then ends the term. A watchdog that reports the group gone meanwhile
+    /// (what lead-exec could not see, it could: its children are its to wait for) ends the
+    /// chase, and the term ends as it says.
+    async fn abandon(&mut self) -> Option<JobEnd> {
+        let a = self.abandoning.as_mut()?;
+        let reported = loop {
+            tokio::select! {
+                _ = &mut a.chased => break None,
+                line = self.reports.next_line() => match line {
+                    Ok(Some(l)) => {
+                        if let Some(Report::Ended { status, cause, slack_ms }) = Report::decode(&l) {
+                            break Some(JobEnd { status, cause, slack_ms });
+                        }
+                    }
+                    // Gone: the chase goes on alone.
+                    _ => {
+                        let _ = (&mut a.chased).await;
+                        break None;
+                    }
+                },
+            }
+        };
+        a.stop.store(true, Ordering::Relaxed);
+        self.abandoning = None;
+        if reported.is_none() {
+            self.watchdog.kill();
+        }
+        reported
     }
 
     /// When the next look is due at a job's main process that exited while the watchdog said
@@ -488,7 +511,10 @@ impl Job {
         let (pid, cgroup, view) = (self.pid, self.cgroup.clone(), self.view);
         let wd = self.watchdog.id() as i32;
         let (done, chased) = tokio::sync::oneshot::channel();
+        // The run's span goes along: the chase's lines carry its election and id too.
+        let span = tracing::Span::current();
         let chase = move || {
+            let _in_run = span.enter();
             let reach = group::Reach {
                 leader: nix::unistd::Pid::from_raw(pid),
                 cgroup: cgroup.as_deref(),

@@ -145,8 +145,14 @@ impl Standby {
         let first = match answer {
             Ok(Ok(r)) => r,
             // No job runs yet: the watchdog never got the command line.
+            // It may have been killed: the empty cgroup it made ahead is ours to remove.
             Ok(Err(Some(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                let cgroup = hs
+                    .cgroup
+                    .take()
+                    .or_else(|| reported_cgroup(&mut hs.reports));
                 hs.reap();
+                remove_empty_cgroup(cgroup.as_deref());
                 return Ok(Launch::Gone);
             }
             other => {
@@ -203,11 +209,57 @@ impl Drop for Standby {
         // Never used: closing the pipe is the watchdog's cue to remove the cgroup it made
         // ahead and exit, which takes it a fraction of a millisecond. A kill would leave the
         // cgroup to the next job's sweep; it is only for a watchdog that does not go.
-        if let Some(Waiting { ctl, watchdog, .. }) = self.0.take() {
+        if let Some(Waiting {
+            ctl,
+            watchdog,
+            mut reports,
+            ..
+        }) = self.0.take()
+        {
             drop(ctl);
             if !watchdog.exits_within(STANDBY_EXIT) {
                 watchdog.kill();
                 watchdog.wait();
+            }
+            // One that was killed (by us, or by someone before) could not remove its
+            // cgroup: it told us where it is.
+            remove_empty_cgroup(reported_cgroup(&mut reports).as_deref());
+        }
+    }
+}
+
+/// The job cgroup a watchdog made ahead, as its report still waiting in the pipe says: for
+/// a watchdog that is gone without having removed it. Reads only what is there (the pipe is
+/// non-blocking).
+fn reported_cgroup(reports: &mut Lines<BufReader<pipe::Receiver>>) -> Option<std::path::PathBuf> {
+    let fd = reports.get_mut().get_ref().as_raw_fd();
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match nix::unistd::read(fd, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => text.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| match Report::decode(l) {
+            Some(Report::Cgroup { path }) => Some(path.into()),
+            _ => None,
+        })
+}
+
+/// Removes the job cgroup a dead watchdog made ahead, if it is there and empty: an rmdir,
+/// which the kernel refuses for a cgroup that still holds a process.
+fn remove_empty_cgroup(dir: Option<&std::path::Path>) {
+    if let Some(dir) = dir {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => {
+                tracing::debug!(cgroup = %dir.display(), "removed the empty cgroup of a watchdog that is gone")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::debug!(cgroup = %dir.display(), "the cgroup of a watchdog that is gone stays: {e}")
             }
         }
     }

@@ -51,6 +51,11 @@ pub struct Enforcer {
     /// Lease deadlines from lead-exec: SIGTERM at `term_at`, SIGKILL ahead of `kill_at` (= D).
     term_at: BootInstant,
     kill_at: BootInstant,
+    /// The lease deadline as lead-exec last renewed it, moved on after a stop too (where
+    /// `kill_at` no longer moves): what a job's end is measured against, so that leftovers
+    /// that outlive the deadline the stop began under, inside a lease still renewed, are not
+    /// counted as past it.
+    lease_until: BootInstant,
     /// SIGKILL time of a stop already under way (grace after its first signal).
     stop_kill_at: Option<BootInstant>,
     term_sent: bool,
@@ -65,6 +70,7 @@ impl Enforcer {
             grace,
             term_at,
             kill_at,
+            lease_until: kill_at,
             stop_kill_at: None,
             term_sent: false,
             kill_sent: false,
@@ -75,6 +81,12 @@ impl Enforcer {
     /// The lease deadline D as it stands.
     pub fn deadline(&self) -> BootInstant {
         self.kill_at
+    }
+
+    /// The lease deadline as lead-exec last renewed it: the one a job's end is measured
+    /// against (its slack), whether or not a stop froze [`Enforcer::deadline`].
+    pub fn lease_deadline(&self) -> BootInstant {
+        self.lease_until
     }
 
     /// Why the group is ending, once it is.
@@ -158,6 +170,7 @@ impl Enforcer {
     fn order(&mut self, c: Order, now: BootInstant) -> Option<GroupOp> {
         match c {
             Order::Deadline { term_at, kill_at } => {
+                self.lease_until = self.lease_until.max(BootInstant::from_nanos(kill_at));
                 // Once a stop is under way no extension revives the job; and D only moves
                 // forward, so a stale or reordered extension cannot move it back and forth.
                 if self.cause.is_none() {
@@ -234,6 +247,21 @@ mod tests {
         assert_eq!(e.on(at(5_600), deadline(60_000, 61_000)), None);
         assert_eq!(e.on(at(70_000), TICK), None);
         assert_eq!(e.cause(), Some(GroupEnd::Stop));
+    }
+
+    /// A stop freezes D for the group, not the lease: a renewal after it still counts for
+    /// the slack of the job's end.
+    #[test]
+    fn slack_after_a_stop_is_measured_against_the_renewed_deadline() {
+        let mut e = enforcer();
+        e.on(at(5_000), Input::LeaderExited);
+        assert_eq!(e.on(at(9_000), deadline(19_500, 20_000)), None);
+        assert_eq!(e.deadline(), at(10_000), "the stop's deadline stays");
+        assert_eq!(e.lease_deadline(), at(20_000));
+        assert_eq!(e.lease_deadline().millis_after(at(12_000)), 8_000);
+        // Stale renewals do not move it back.
+        e.on(at(9_100), deadline(14_500, 15_000));
+        assert_eq!(e.lease_deadline(), at(20_000));
     }
 
     #[test]

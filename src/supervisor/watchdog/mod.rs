@@ -455,7 +455,7 @@ impl Supervision {
         Report::Ended {
             status,
             cause: self.enforcer.cause().unwrap_or(GroupEnd::SelfExit),
-            slack_ms: self.enforcer.deadline().millis_after(died),
+            slack_ms: self.enforcer.lease_deadline().millis_after(died),
         }
     }
 }

@@ -15,15 +15,19 @@ fn elected_starts_the_job_with_the_token() {
 }
 
 #[test]
-fn a_term_lost_before_the_start_runs_nothing_and_counts_as_lost() {
+fn a_term_lost_before_the_start_runs_nothing_and_is_recorded_as_not_started() {
     assert_requeued(
         started(TOKEN, StartEnd::NotStarted, &CAMPAIGN),
-        TermEnd::LeaseLost,
+        TermEnd::NotStarted,
     );
     assert_ends(
         started(TOKEN, StartEnd::NotStarted, &EXIT),
-        TermEnd::LeaseLost,
+        TermEnd::NotStarted,
         Exit::LeadershipLost,
+    );
+    assert!(
+        TermEnd::NotStarted.is_clean(),
+        "no job ran: nothing to wait out"
     );
 }
 
@@ -455,10 +459,17 @@ fn an_unhealthy_candidate_leaves_the_line() {
 }
 
 #[test]
-fn a_job_that_cannot_start_gives_the_lease_up_then_fails_the_run() {
+fn a_job_that_cannot_start_is_recorded_as_not_started_gives_the_lease_up_then_fails_the_run() {
     for policy in [CAMPAIGN, EXIT, NO_WAIT] {
         let (_, actions) = started(TOKEN, StartEnd::Failed("not found"), &policy);
-        assert_eq!(actions, vec![REVOKE, Action::Fail("not found")]);
+        assert_eq!(
+            actions,
+            vec![
+                Action::RecordEnd(TermEnd::NotStarted),
+                REVOKE,
+                Action::Fail("not found")
+            ]
+        );
     }
 }
 
