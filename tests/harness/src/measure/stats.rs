@@ -55,6 +55,16 @@ pub fn p99(v: &[f64]) -> f64 {
     s[rank - 1]
 }
 
+/// Nearest-rank percentile `p` (0–100).
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    let s = sorted(v);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0 * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
 pub fn min(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
@@ -82,5 +92,18 @@ pub fn summary_ms(v: &[f64]) -> String {
         fmt_ms(median(v)),
         fmt_ms(min(v)),
         fmt_ms(max(v))
+    )
+}
+
+/// `median ms (p10–p90)`.
+pub fn summary_p(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "–".into();
+    }
+    format!(
+        "{} ms ({}–{})",
+        fmt_ms(median(v)),
+        fmt_ms(percentile(v, 10.0)),
+        fmt_ms(percentile(v, 90.0))
     )
 }
