@@ -264,6 +264,7 @@ impl Ctx {
         slot: Option<u32>,
         start: &Start,
         reason: TermEnd,
+        trim_unconfirmed: Option<Vec<u8>>,
     ) -> Result<bool> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
@@ -279,8 +280,9 @@ impl Ctx {
                 ],
                 s.trim.clone(),
             ),
-            // Without the list read beside a start record, nothing is trimmed this term.
-            Start::Unconfirmed(_) => (vec![ours], None),
+            // The list the creating transaction read, if it confirmed the term; without one,
+            // nothing is trimmed this term (the next one does it).
+            Start::Unconfirmed(_) => (vec![ours], trim_unconfirmed),
         };
         let txn = Txn::new().when(guard).and_then(
             [
@@ -471,6 +473,21 @@ fn trim_end(existing: &[Vec<u8>], keep: usize, new_key: &str) -> Option<Vec<u8>>
     )
 }
 
+/// [`trim_end`] from the newest history keys only (newest first, read with limit `keep`), as
+/// the creating transaction reads them: where to stop deleting so that `keep` records remain
+/// with `new_key`. Fewer than `keep` keys read means all of them were, and none goes.
+pub fn trim_from_newest(newest: &[Vec<u8>], keep: u32, new_key: &str) -> Option<Vec<u8>> {
+    let keep = keep.max(1) as usize;
+    let newest: Vec<&Vec<u8>> = newest.iter().filter(|k| *k != new_key.as_bytes()).collect();
+    if newest.len() < keep {
+        return None;
+    }
+    Some(match keep {
+        1 => new_key.as_bytes().to_vec(),
+        k => newest[k - 2].clone(),
+    })
+}
+
 /// Fills in the ends of open records (`recs` oldest first), from what is known: the
 /// create revisions of the candidate keys that exist (`live`) and when they were read
 /// (`observed_ms`).
@@ -566,6 +583,24 @@ mod tests {
             Some(60_000),
             "not the next holder's start"
         );
+    }
+
+    /// The creating transaction reads only the newest `keep` keys: the trim it gives is the
+    /// one the whole list gives, for every length and `keep`.
+    #[test]
+    fn trimming_from_the_newest_keys_matches_trimming_from_all_of_them() {
+        for len in 0..8usize {
+            let all: Vec<Vec<u8>> = (0..len).map(|i| format!("h/{i:04}").into_bytes()).collect();
+            let new_key = "h/9999";
+            for keep in 1..10u32 {
+                let newest: Vec<Vec<u8>> = all.iter().rev().take(keep as usize).cloned().collect();
+                assert_eq!(
+                    trim_from_newest(&newest, keep, new_key),
+                    trim_end(&all, keep as usize, new_key),
+                    "len {len} keep {keep}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct Term {
     pub takeover_delay_waited: Option<Duration>,
     /// When the key this term waited behind was deleted: its handover is timed from there.
     predecessor_gone: Option<std::time::Instant>,
+    /// The newest history keys, read by the transaction that created our key and confirmed
+    /// the term (none otherwise): what the end trims by when no start record was seen written.
+    pub history_newest: Option<Vec<Vec<u8>>>,
 }
 
 impl Term {
@@ -66,6 +69,7 @@ impl Term {
             start_record: None,
             takeover_delay_waited: None,
             predecessor_gone,
+            history_newest: None,
         }
     }
 
@@ -189,17 +193,20 @@ pub struct Writing {
 }
 
 impl Writing {
-    /// What the term's end knows of its start record. The task starts no attempt after this: one
-    /// in flight is let finish (bounded by the command timeout, as every attempt is), since a
-    /// job that ends at once would otherwise lose a write about to land, and the trim read
-    /// beside it; between attempts the task stops at once. Written, if an attempt was seen to
-    /// land; otherwise unconfirmed (one may have landed unseen), to go in whole with the end.
+    /// What the term's end knows of its start record, at once: written, if an attempt was seen
+    /// to land; otherwise unconfirmed, to go in whole with the end. An attempt still in flight
+    /// is not waited for (the end would take its round trip on top of its own): it is guarded
+    /// by our key, which the end's commit deletes, so it either lands before that commit,
+    /// which then overwrites it whole, or finds the key gone and writes nothing.
     async fn settle(mut self) -> Start {
         let _ = self.stop.send(true);
-        match (&mut self.task).await {
-            Ok(Some(s)) => Start::Written(s),
-            _ => Start::Unconfirmed(self.record.clone()),
+        if self.task.is_finished() {
+            if let Ok(Some(s)) = (&mut self.task).await {
+                return Start::Written(s);
+            }
         }
+        self.task.abort();
+        Start::Unconfirmed(self.record.clone())
     }
 }
 
@@ -352,6 +359,13 @@ impl Term {
         let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(self.slot);
         let id = self.writer(cfg);
+        let trim_unconfirmed = self.history_newest.as_deref().and_then(|newest| {
+            history::trim_from_newest(
+                newest,
+                cfg.history_keep,
+                &ctx.election.history_key(self.token),
+            )
+        });
         // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = ctx.mark_run_key_done(id, k, cfg.run_key_ttl).await {
@@ -374,7 +388,9 @@ impl Term {
                         timeout: left.min(per_try).max(MIN_RENEWAL_TIMEOUT),
                         ..ctx.clone()
                     };
-                    let r = attempt.record_end_and_release(id, slot, s, reason).await;
+                    let r = attempt
+                        .record_end_and_release(id, slot, s, reason, trim_unconfirmed.clone())
+                        .await;
                     let again = r
                         .as_ref()
                         .is_err_and(|e| crate::exit::exit_of(e) == crate::exit::Exit::Unavailable);
