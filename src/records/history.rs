@@ -18,6 +18,15 @@ use super::Writer;
 use crate::election::unix_ms;
 use crate::election::Ctx;
 
+/// Where a term learns which old records its end trims: from a read beside its start record,
+/// or already known (from the newest history keys that its creating transaction read, see
+/// [`trim_from_newest`]).
+#[derive(Debug, Clone)]
+pub enum TrimFrom {
+    Read,
+    Known(Option<Vec<u8>>),
+}
+
 /// How a term ended, as its history record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TermEnd {
@@ -200,14 +209,16 @@ pub struct StartFacts {
 }
 
 impl Ctx {
-    /// Writes the start record `rec` of our term, guarded by our key, and reads beside it which
-    /// old records the end of the term trims: a round trip the start would otherwise wait for.
-    /// `Ok(None)`: our key is gone (the term is over), nothing was written.
+    /// Writes the start record `rec` of our term, guarded by our key, and, unless `trim` says
+    /// them already, reads beside it which old records the end of the term trims: a round trip
+    /// the start would otherwise wait for. `Ok(None)`: our key is gone (the term is over),
+    /// nothing was written.
     pub async fn record_start(
         &self,
         writer: Writer<'_>,
         keep: u32,
         rec: &Record,
+        trim: &TrimFrom,
     ) -> Result<Option<Started>> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
@@ -216,6 +227,17 @@ impl Ctx {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, token)])
             .and_then([TxnOp::put(hk.clone(), serde_json::to_string(rec)?, None)]);
+        if let TrimFrom::Known(trim) = trim {
+            let resp = self.bounded(c.txn(txn)).await?;
+            if !resp.succeeded() {
+                return Ok(None);
+            }
+            return Ok(Some(Started {
+                record: rec.clone(),
+                rev: resp.header().map(|h| h.revision()).unwrap_or(0),
+                trim: trim.clone(),
+            }));
+        }
         let keys_only = GetOptions::new()
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Ascend);

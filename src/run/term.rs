@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use crate::config::RunConfig;
 use crate::election::lease::{Lease, LeaseState, MIN_RENEWAL_TIMEOUT};
 use crate::election::{Candidate, Ctx};
-use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd};
+use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd, TrimFrom};
 use crate::records::Writer;
 use crate::supervisor::{JobControl, JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
@@ -103,11 +103,25 @@ impl Term {
         Record::start(self.writer(cfg), facts)
     }
 
+    /// Which old records the term's end trims, if the creating transaction told: it read the
+    /// newest history keys at the term's token.
+    fn trim_from(&self, ctx: &Ctx, cfg: &RunConfig) -> TrimFrom {
+        match &self.history_newest {
+            Some(newest) => TrimFrom::Known(history::trim_from_newest(
+                newest,
+                cfg.history_keep,
+                &ctx.election.history_key(self.token),
+            )),
+            None => TrimFrom::Read,
+        }
+    }
+
     /// Writes the term's start record before its job, once: `None` if it was not written.
     async fn write_start_record(&self, ctx: &Ctx, cfg: &RunConfig) -> Option<Started> {
         let record = self.fresh_start_record(cfg, None);
+        let trim = self.trim_from(ctx, cfg);
         match ctx
-            .record_start(self.writer(cfg), cfg.history_keep, &record)
+            .record_start(self.writer(cfg), cfg.history_keep, &record, &trim)
             .await
         {
             Ok(Some(s)) => Some(s),
@@ -129,6 +143,7 @@ impl Term {
         // Made once, here: every attempt, and the term's end if none is seen to land, writes
         // the same record, started when the job did.
         let record = self.fresh_start_record(cfg, Some(job_cgroup));
+        let trim = self.trim_from(ctx, cfg);
         let (ctx, cfg, rec) = (ctx.clone(), cfg.clone(), record.clone());
         let (token, key) = (self.token, self.key.clone());
         let (stop, mut stopped) = watch::channel(false);
@@ -140,7 +155,7 @@ impl Term {
             };
             let mut failures = 0u32;
             loop {
-                match ctx.record_start(term, cfg.history_keep, &rec).await {
+                match ctx.record_start(term, cfg.history_keep, &rec, &trim).await {
                     Ok(Some(s)) => {
                         if failures > 0 {
                             tracing::info!(
@@ -359,13 +374,10 @@ impl Term {
         let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(self.slot);
         let id = self.writer(cfg);
-        let trim_unconfirmed = self.history_newest.as_deref().and_then(|newest| {
-            history::trim_from_newest(
-                newest,
-                cfg.history_keep,
-                &ctx.election.history_key(self.token),
-            )
-        });
+        let trim_unconfirmed = match self.trim_from(ctx, cfg) {
+            TrimFrom::Known(t) => t,
+            TrimFrom::Read => None,
+        };
         // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = ctx.mark_run_key_done(id, k, cfg.run_key_ttl).await {
