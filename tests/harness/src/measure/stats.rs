@@ -83,27 +83,24 @@ pub fn fmt_ms(x: f64) -> String {
     }
 }
 
+/// `median ms (min–max)`.
 pub fn summary_ms(v: &[f64]) -> String {
-    if v.is_empty() {
-        return "–".into();
-    }
-    format!(
-        "{} ms ({}–{})",
-        fmt_ms(median(v)),
-        fmt_ms(min(v)),
-        fmt_ms(max(v))
-    )
+    summary_between(v, min, max)
 }
 
 /// `median ms (p10–p90)`.
 pub fn summary_p(v: &[f64]) -> String {
+    summary_between(v, |v| percentile(v, 10.0), |v| percentile(v, 90.0))
+}
+
+fn summary_between(v: &[f64], lo: fn(&[f64]) -> f64, hi: fn(&[f64]) -> f64) -> String {
     if v.is_empty() {
         return "–".into();
     }
     format!(
         "{} ms ({}–{})",
         fmt_ms(median(v)),
-        fmt_ms(percentile(v, 10.0)),
-        fmt_ms(percentile(v, 90.0))
+        fmt_ms(lo(v)),
+        fmt_ms(hi(v))
     )
 }
