@@ -52,3 +52,40 @@ fn three_workers_never_overlap_and_tokens_increase() {
         last = t;
     }
 }
+
+/// An uncontended candidate is confirmed by the transaction that creates its key, with no read
+/// of its own (lead-exec-safety(7), "Round trips"): the leader it learns there is the one a
+/// separate read of the line finds, the oldest key, whose create revision is the job's token.
+#[test]
+fn a_leader_learned_from_its_creating_transaction_is_the_head_a_separate_read_finds() {
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "echo $FENCING_TOKEN > $D/token; while :; do sleep 0.05; done",
+    );
+    let mut w = spawn(f.dir.path(), "a", &run_args("solo", &f.ep, &[], &job));
+    let token = wait_int(&f.dir.path().join("token"), secs(10));
+    let out = f.etcd.ctl(&[
+        "get",
+        "--prefix",
+        "lead-exec/elections/solo/",
+        "--sort-by=CREATE",
+        "--order=ASCEND",
+        "--limit=1",
+        "-w",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let head = v["kvs"][0]["create_revision"].as_i64().expect(&out);
+    assert_eq!(head, token, "{out}");
+    // And a second candidate, which the same kind of transaction does not confirm, waits.
+    let job_b = script(f.dir.path(), "echo $FENCING_TOKEN > $D/token_b");
+    let mut b = spawn(f.dir.path(), "b", &run_args("solo", &f.ep, &[], &job_b));
+    b.wait_log("waiting behind", secs(10));
+    assert!(!f.dir.path().join("token_b").exists(), "b ran beside a");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+    let tb = wait_int(&f.dir.path().join("token_b"), secs(10));
+    assert!(tb > token, "{tb} after {token}");
+    assert_eq!(b.code(secs(10)), 0);
+}

@@ -1462,3 +1462,72 @@ fn an_attempt_claim_whose_answer_was_lost_is_found_again_by_its_token_not_counte
         assert_eq!(ctx.attempts_of("k").await.unwrap().count, 1);
     });
 }
+
+/// A run that ends at once, before its start record is seen written, has its record written
+/// whole by the commit that closes its term (lead-exec-safety(7), "Round trips"): `history`
+/// shows every such term ended, and `--history-keep` still trims, by the keys the creating
+/// transaction read.
+#[test]
+fn short_runs_are_recorded_whole_at_their_end_and_still_trimmed() {
+    let f = Fixture::new();
+    let mut tokens = Vec::new();
+    for i in 0..4 {
+        let job = script(f.dir.path(), &format!("echo $FENCING_TOKEN > $D/t{i}"));
+        let (code, _, err) = run(&run_args("quick", &f.ep, &["--history-keep", "2"], &job));
+        assert_eq!(code, 0, "{err}");
+        tokens.push(wait_int(&f.dir.path().join(format!("t{i}")), secs(5)));
+    }
+    let (_, out, _) = run(&["history", "quick", "--endpoints", &f.ep, "-o", "json"]);
+    let recs = json(&out);
+    let recs = recs.as_array().expect(&out);
+    assert_eq!(recs.len(), 2, "{out}");
+    for (r, t) in recs.iter().zip(&tokens[2..]) {
+        assert_eq!(r["token"].as_i64(), Some(*t), "{out}");
+        assert_eq!(r["end"], "exit 0", "{out}");
+        assert_eq!(r["clean"], true, "{out}");
+    }
+}
+
+/// A whole run does not wait for its lease's revoke (lead-exec-safety(7), "Round trips"): the
+/// commit that closes the term deleted the key, so the run leaves no key behind, and a lease
+/// of its still alive holds none.
+#[test]
+fn a_whole_run_leaves_no_key_behind_and_its_lease_holds_none() {
+    let f = Fixture::new();
+    let (code, _, err) = run(&run_args("left", &f.ep, &[], "true"));
+    assert_eq!(code, 0, "{err}");
+    assert!(f.etcd.keys("lead-exec/elections/left/").is_empty());
+    for line in f.etcd.ctl(&["lease", "list"]).lines().skip(1) {
+        let Some(id) = line.split_whitespace().next() else {
+            continue;
+        };
+        let ttl = f.etcd.ctl(&["lease", "timetolive", id, "--keys"]);
+        assert!(
+            ttl.contains("already expired") || ttl.contains("attached keys([])"),
+            "{ttl}"
+        );
+    }
+}
+
+/// A start record still in flight when the term ends is not waited for (lead-exec-safety(7),
+/// "Round trips"): the end's commit writes the record whole, and the attempt, guarded by the
+/// key that commit deletes, changes nothing after it. Every request is delayed 150 ms each
+/// way, so the attempt sent as the job starts is still in flight when the job has ended.
+#[test]
+fn a_start_record_in_flight_at_the_end_leaves_the_record_closed() {
+    let f = Fixture::new();
+    let proxy = Proxy::start(f.ep.clone());
+    proxy.set(Mode::Delay(150));
+    let ep = proxy.endpoint();
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/t");
+    let (code, _, err) = run(&run_args("flight", &ep, &[], &job));
+    assert_eq!(code, 0, "{err}");
+    let token = wait_int(&f.dir.path().join("t"), secs(5));
+    let (_, out, _) = run(&["history", "flight", "--endpoints", &f.ep, "-o", "json"]);
+    let recs = json(&out);
+    let r = &recs[0];
+    assert_eq!(recs.as_array().map(Vec::len), Some(1), "{out}");
+    assert_eq!(r["token"].as_i64(), Some(token), "{out}");
+    assert_eq!(r["end"], "exit 0", "{out}");
+    assert!(f.etcd.keys("lead-exec/elections/flight/").is_empty());
+}

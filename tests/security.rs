@@ -1,112 +1,9 @@
 //! TLS with client certificates, and user/password auth, against real etcd.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
+use harness::tls::{ca, cert, cert_as, server_args};
 use harness::*;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl (Debian package openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA, and a certificate signed by it for `name` with the given SAN.
-fn ca(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.crt"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={ca}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-}
-
-fn cert(dir: &Path, ca: &str, name: &str, cn: &str) {
-    cert_as(dir, ca, name, cn, true);
-}
-
-/// A certificate signed by `ca`: v3 with its extensions copied from the request, or, with
-/// `v3` false, as `openssl x509 -req` makes it without extensions (X.509 v1).
-fn cert_as(dir: &Path, ca: &str, name: &str, cn: &str, v3: bool) {
-    let (key, csr, crt) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-    );
-    let subj = format!("/CN={cn}");
-    let mut req = vec![
-        "req",
-        "-new",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &key,
-        "-out",
-        &csr,
-        "-subj",
-        &subj,
-    ];
-    if v3 {
-        req.extend([
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-addext",
-            "extendedKeyUsage=serverAuth,clientAuth",
-            "-addext",
-            "basicConstraints=CA:FALSE",
-        ]);
-    }
-    openssl(dir, &req);
-    let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
-    let mut sign = vec![
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        &ca_crt,
-        "-CAkey",
-        &ca_key,
-        "-CAcreateserial",
-        "-out",
-        &crt,
-        "-days",
-        "2",
-    ];
-    if v3 {
-        sign.extend(["-copy_extensions", "copy"]);
-    }
-    openssl(dir, &sign);
-}
 
 struct Tls {
     etcd: Etcd,
@@ -121,16 +18,7 @@ fn tls_etcd() -> Tls {
     cert(&d, "ca", "server", "127.0.0.1");
     cert(&d, "ca", "client", "client");
     cert(&d, "other-ca", "rogue", "client");
-    let p = |f: &str| d.join(f).display().to_string();
-    let extra = vec![
-        "--cert-file".into(),
-        p("server.crt"),
-        "--key-file".into(),
-        p("server.key"),
-        "--trusted-ca-file".into(),
-        p("ca.crt"),
-        "--client-cert-auth".into(),
-    ];
+    let extra = server_args(&d);
     let etcd = Etcd::start_with(1, "https", &extra, Some(tmp));
     Tls { etcd, dir: d }
 }

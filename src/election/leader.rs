@@ -116,14 +116,22 @@ pub struct LeaderWatch {
     preempt_seen: Option<i64>,
     /// Last revision we know the state at.
     rev: i64,
+    /// The state at `rev` is known without a read, for the first opening only: the term was
+    /// confirmed by the transaction that created its key, which saw, at revision `token`, our
+    /// key present and the pause switch off; and no resign request can name a token before
+    /// the token exists. A watch from `token + 1` then reports every change since, exactly as
+    /// the re-read and a watch from after it would. Any reopening reads again (the revision
+    /// may be compacted, the endpoint changed).
+    known: bool,
     stream: Option<WatchStream>,
     /// Pin moves of the etcd channel: the stream may sit on the endpoint just left.
     moves: tokio::sync::watch::Receiver<u64>,
 }
 
 impl LeaderWatch {
-    /// Watches the term whose key is `key` and whose token is `token`.
-    pub fn new(ctx: &Ctx, key: &str, token: i64) -> LeaderWatch {
+    /// Watches the term whose key is `key` and whose token is `token`; `at_creation` when the
+    /// transaction that created the key confirmed the term (see `known`).
+    pub fn new(ctx: &Ctx, key: &str, token: i64, at_creation: bool) -> LeaderWatch {
         LeaderWatch {
             client: ctx.client.clone(),
             timeout: ctx.timeout,
@@ -134,6 +142,7 @@ impl LeaderWatch {
             preempt_seen: None,
             preemptor: None,
             rev: token,
+            known: at_creation,
             stream: None,
             moves: ctx.router.moves(),
         }
@@ -226,6 +235,10 @@ impl LeaderWatch {
     /// Re-reads the state, then watches from just after it.
     async fn open(&mut self) -> Result<Option<LeaderEvent>, etcd_client::Error> {
         let timeout = self.timeout;
+        if std::mem::take(&mut self.known) {
+            let rev = self.rev;
+            return self.watch_from(rev).await;
+        }
         let read = async {
             let own = self
                 .client
@@ -254,6 +267,13 @@ impl LeaderWatch {
             return Ok(Some(ev));
         }
         let rev = own.header().map(|h| h.revision()).unwrap_or(self.rev);
+        self.watch_from(rev).await
+    }
+
+    /// Watches our key, the pause switch and resign requests from just after `rev`, the
+    /// revision the state is known at.
+    async fn watch_from(&mut self, rev: i64) -> Result<Option<LeaderEvent>, etcd_client::Error> {
+        let timeout = self.timeout;
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);

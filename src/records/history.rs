@@ -18,6 +18,15 @@ use super::Writer;
 use crate::election::unix_ms;
 use crate::election::Ctx;
 
+/// Where a term learns which old records its end trims: from a read beside its start record,
+/// or already known (from the newest history keys that its creating transaction read, see
+/// [`trim_from_newest`]).
+#[derive(Debug, Clone)]
+pub enum TrimFrom {
+    Read,
+    Known(Option<Vec<u8>>),
+}
+
 /// How a term ended, as its history record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TermEnd {
@@ -218,14 +227,16 @@ pub struct StartFacts<'a> {
 }
 
 impl Ctx {
-    /// Writes the start record `rec` of our term, guarded by our key, and reads beside it which
-    /// old records the end of the term trims: a round trip the start would otherwise wait for.
-    /// `Ok(None)`: our key is gone (the term is over), nothing was written.
+    /// Writes the start record `rec` of our term, guarded by our key, and, unless `trim` says
+    /// them already, reads beside it which old records the end of the term trims: a round trip
+    /// the start would otherwise wait for. `Ok(None)`: our key is gone (the term is over),
+    /// nothing was written.
     pub async fn record_start(
         &self,
         writer: Writer<'_>,
         keep: u32,
         rec: &Record,
+        trim: &TrimFrom,
     ) -> Result<Option<Started>> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
@@ -234,6 +245,17 @@ impl Ctx {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, token)])
             .and_then([TxnOp::put(hk.clone(), serde_json::to_string(rec)?, None)]);
+        if let TrimFrom::Known(trim) = trim {
+            let resp = self.bounded(c.txn(txn)).await?;
+            if !resp.succeeded() {
+                return Ok(None);
+            }
+            return Ok(Some(Started {
+                record: rec.clone(),
+                rev: resp.header().map(|h| h.revision()).unwrap_or(0),
+                trim: trim.clone(),
+            }));
+        }
         let keys_only = GetOptions::new()
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Ascend);
@@ -282,6 +304,7 @@ impl Ctx {
         slot: Option<u32>,
         start: &Start,
         reason: TermEnd,
+        trim_unconfirmed: Option<Vec<u8>>,
     ) -> Result<bool> {
         let (client, e) = (&self.client, &self.election);
         let mut c = client.clone();
@@ -297,8 +320,9 @@ impl Ctx {
                 ],
                 s.trim.clone(),
             ),
-            // Without the list read beside a start record, nothing is trimmed this term.
-            Start::Unconfirmed(_) => (vec![ours], None),
+            // The list the creating transaction read, if it confirmed the term; without one,
+            // nothing is trimmed this term (the next one does it).
+            Start::Unconfirmed(_) => (vec![ours], trim_unconfirmed),
         };
         let txn = Txn::new().when(guard).and_then(
             [
@@ -489,6 +513,21 @@ fn trim_end(existing: &[Vec<u8>], keep: usize, new_key: &str) -> Option<Vec<u8>>
     )
 }
 
+/// [`trim_end`] from the newest history keys only (newest first, read with limit `keep`), as
+/// the creating transaction reads them: where to stop deleting so that `keep` records remain
+/// with `new_key`. Fewer than `keep` keys read means all of them were, and none goes.
+pub fn trim_from_newest(newest: &[Vec<u8>], keep: u32, new_key: &str) -> Option<Vec<u8>> {
+    let keep = keep.max(1) as usize;
+    let newest: Vec<&Vec<u8>> = newest.iter().filter(|k| *k != new_key.as_bytes()).collect();
+    if newest.len() < keep {
+        return None;
+    }
+    Some(match keep {
+        1 => new_key.as_bytes().to_vec(),
+        k => newest[k - 2].clone(),
+    })
+}
+
 /// Fills in the ends of open records (`recs` oldest first), from what is known: the
 /// create revisions of the candidate keys that exist (`live`) and when they were read
 /// (`observed_ms`).
@@ -586,6 +625,24 @@ mod tests {
             Some(60_000),
             "not the next holder's start"
         );
+    }
+
+    /// The creating transaction reads only the newest `keep` keys: the trim it gives is the
+    /// one the whole list gives, for every length and `keep`.
+    #[test]
+    fn trimming_from_the_newest_keys_matches_trimming_from_all_of_them() {
+        for len in 0..8usize {
+            let all: Vec<Vec<u8>> = (0..len).map(|i| format!("h/{i:04}").into_bytes()).collect();
+            let new_key = "h/9999";
+            for keep in 1..10u32 {
+                let newest: Vec<Vec<u8>> = all.iter().rev().take(keep as usize).cloned().collect();
+                assert_eq!(
+                    trim_from_newest(&newest, keep, new_key),
+                    trim_end(&all, keep as usize, new_key),
+                    "len {len} keep {keep}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -286,6 +286,7 @@ pub async fn campaign(
             priority: cfg.priority,
             slots: cfg.slots,
             takeover_delay: cfg.takeover_delay,
+            history_keep: cfg.history_keep,
         };
         let mut last_wait = None;
         let run = camp.run(|w| {
@@ -313,8 +314,16 @@ pub async fn campaign(
         Ok(o) => o,
         Err(ev) => return Ok((ev, Campaigned::Lease(candidacy))),
     };
-    let (token, key, slot, learned) = match outcome {
-        Ok((Outcome::Elected { token, key, slot }, learned)) => (token, key, slot, learned),
+    let (token, key, slot, at_creation, learned) = match outcome {
+        Ok((
+            Outcome::Elected {
+                token,
+                key,
+                slot,
+                at_creation,
+            },
+            learned,
+        )) => (token, key, slot, at_creation, learned),
         Ok((Outcome::NotAcquired, _)) => {
             let ev = CampaignEnd::NotAcquired { unhealthy: false };
             return Ok((ev, Campaigned::Lease(candidacy)));
@@ -354,7 +363,7 @@ pub async fn campaign(
     if let LeaseState::Alive { deadline } = candidacy.lease.state() {
         metrics::ttl_remaining(deadline.remaining());
     }
-    let watch = LeaderWatch::new(&env.ctx, &key, token);
+    let watch = LeaderWatch::new(&env.ctx, &key, token, at_creation.is_some());
     let settings = Settings::of(&env.cfg);
     let events = TermEvents::new(
         settings,
@@ -363,6 +372,7 @@ pub async fn campaign(
         HealthFailures::new(health.clone()),
     );
     let mut term = Term::new(token, key, slot, events, learned.predecessor_gone);
+    term.history_newest = at_creation.map(|a| a.history_newest);
     let takeover = takeover_delay_for(env, token, learned).await;
     let retry = retry_delay_for(env).await;
     // Both are waits before the job, whichever is longer covers the other.

@@ -11,7 +11,7 @@ use crate::config::RunConfig;
 use crate::election::lease::{Lease, LeaseState, MIN_RENEWAL_TIMEOUT};
 use crate::election::{Candidate, Ctx};
 use crate::records::attempts::{Claim, Claimed};
-use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd};
+use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd, TrimFrom};
 use crate::records::Writer;
 use crate::supervisor::{JobControl, JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
@@ -51,6 +51,9 @@ pub struct Term {
     attempt: Option<Claimed>,
     /// When the key this term waited behind was deleted: its handover is timed from there.
     predecessor_gone: Option<std::time::Instant>,
+    /// The newest history keys, read by the transaction that created our key and confirmed
+    /// the term (none otherwise): what the end trims by when no start record was seen written.
+    pub history_newest: Option<Vec<Vec<u8>>>,
 }
 
 impl Term {
@@ -70,6 +73,7 @@ impl Term {
             takeover_delay_waited: None,
             attempt: None,
             predecessor_gone,
+            history_newest: None,
         }
     }
 
@@ -110,11 +114,25 @@ impl Term {
         Record::start(self.writer(cfg), facts)
     }
 
+    /// Which old records the term's end trims, if the creating transaction told: it read the
+    /// newest history keys at the term's token.
+    fn trim_from(&self, ctx: &Ctx, cfg: &RunConfig) -> TrimFrom {
+        match &self.history_newest {
+            Some(newest) => TrimFrom::Known(history::trim_from_newest(
+                newest,
+                cfg.history_keep,
+                &ctx.election.history_key(self.token),
+            )),
+            None => TrimFrom::Read,
+        }
+    }
+
     /// Writes the term's start record before its job, once: `None` if it was not written.
     async fn write_start_record(&self, ctx: &Ctx, cfg: &RunConfig) -> Option<Started> {
         let record = self.fresh_start_record(cfg, None);
+        let trim = self.trim_from(ctx, cfg);
         match ctx
-            .record_start(self.writer(cfg), cfg.history_keep, &record)
+            .record_start(self.writer(cfg), cfg.history_keep, &record, &trim)
             .await
         {
             Ok(Some(s)) => Some(s),
@@ -136,6 +154,7 @@ impl Term {
         // Made once, here: every attempt, and the term's end if none is seen to land, writes
         // the same record, started when the job did.
         let record = self.fresh_start_record(cfg, Some(job_cgroup));
+        let trim = self.trim_from(ctx, cfg);
         let (ctx, cfg, rec) = (ctx.clone(), cfg.clone(), record.clone());
         let (token, key) = (self.token, self.key.clone());
         let (stop, mut stopped) = watch::channel(false);
@@ -147,7 +166,7 @@ impl Term {
             };
             let mut failures = 0u32;
             loop {
-                match ctx.record_start(term, cfg.history_keep, &rec).await {
+                match ctx.record_start(term, cfg.history_keep, &rec, &trim).await {
                     Ok(Some(s)) => {
                         if failures > 0 {
                             tracing::info!(
@@ -200,17 +219,20 @@ pub struct Writing {
 }
 
 impl Writing {
-    /// What the term's end knows of its start record. The task starts no attempt after this: one
-    /// in flight is let finish (bounded by the command timeout, as every attempt is), since a
-    /// job that ends at once would otherwise lose a write about to land, and the trim read
-    /// beside it; between attempts the task stops at once. Written, if an attempt was seen to
-    /// land; otherwise unconfirmed (one may have landed unseen), to go in whole with the end.
+    /// What the term's end knows of its start record, at once: written, if an attempt was seen
+    /// to land; otherwise unconfirmed, to go in whole with the end. An attempt still in flight
+    /// is not waited for (the end would take its round trip on top of its own): it is guarded
+    /// by our key, which the end's commit deletes, so it either lands before that commit,
+    /// which then overwrites it whole, or finds the key gone and writes nothing.
     async fn settle(mut self) -> Start {
         let _ = self.stop.send(true);
-        match (&mut self.task).await {
-            Ok(Some(s)) => Start::Written(s),
-            _ => Start::Unconfirmed(self.record.clone()),
+        if self.task.is_finished() {
+            if let Ok(Some(s)) = (&mut self.task).await {
+                return Start::Written(s);
+            }
         }
+        self.task.abort();
+        Start::Unconfirmed(self.record.clone())
     }
 }
 
@@ -369,6 +391,10 @@ impl Term {
         let timeout = ctx.timeout;
         let slot = (cfg.slots > 1).then_some(self.slot);
         let id = self.writer(cfg);
+        let trim_unconfirmed = match self.trim_from(ctx, cfg) {
+            TrimFrom::Known(t) => t,
+            TrimFrom::Read => None,
+        };
         // The run key first: it is guarded by our leader key, which the end record deletes.
         if let (TermEnd::Exited(0), Some(k)) = (reason, &cfg.run_key) {
             if let Err(e) = ctx.mark_run_key_done(id, k, cfg.run_key_ttl).await {
@@ -405,7 +431,9 @@ impl Term {
                         timeout: left.min(per_try).max(MIN_RENEWAL_TIMEOUT),
                         ..ctx.clone()
                     };
-                    let r = attempt.record_end_and_release(id, slot, s, reason).await;
+                    let r = attempt
+                        .record_end_and_release(id, slot, s, reason, trim_unconfirmed.clone())
+                        .await;
                     let again = r
                         .as_ref()
                         .is_err_and(|e| crate::exit::exit_of(e) == crate::exit::Exit::Unavailable);

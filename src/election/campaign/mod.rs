@@ -30,19 +30,50 @@ use tokio::time::Instant;
 use super::lease::{Lease, LeaseState, Loss};
 use super::{Candidate, Election};
 use priority::must_yield;
-use protocol::{existing_create_revision, holds_unpaused, patient};
+use protocol::{existing_create_revision, history_newest, holds_unpaused, patient};
 use slots::may_hold;
 
 /// How a campaign ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// We lead, confirmed. `token` is our key's create revision; `slot` is ours among the
-    /// holders (0 when there is one slot).
-    Elected { token: i64, key: String, slot: u32 },
+    /// holders (0 when there is one slot). `at_creation`: the transaction that created our key
+    /// also confirmed us, so the term's state at revision `token` is known (see [`AtCreation`]).
+    Elected {
+        token: i64,
+        key: String,
+        slot: u32,
+        at_creation: Option<AtCreation>,
+    },
     /// Someone else leads and the wait policy gave up.
     NotAcquired,
     /// Our lease or key went away while we waited.
     Lost(Loss),
+}
+
+/// What the creating transaction of a candidate that it confirmed read, at revision `token`,
+/// atomically with the creation: our key exists, the pause switch is off, and the newest
+/// history keys (up to `--history-keep`, newest first) are these. A term needs no read of
+/// its own for any of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtCreation {
+    pub history_newest: Vec<Vec<u8>>,
+}
+
+impl Outcome {
+    fn at_creation(self, seen: AtCreation) -> Outcome {
+        match self {
+            Outcome::Elected {
+                token, key, slot, ..
+            } => Outcome::Elected {
+                token,
+                key,
+                slot,
+                at_creation: Some(seen),
+            },
+            other => other,
+        }
+    }
 }
 
 /// How long a candidate waits in line.
@@ -72,6 +103,8 @@ pub struct Campaign<'a> {
     pub priority: u32,
     /// `--takeover-delay` (only with one slot); every candidate must agree on it.
     pub takeover_delay: Duration,
+    /// `--history-keep`: how many history keys the creating transaction reads, newest first.
+    pub history_keep: u32,
 }
 
 /// What a campaign learned on its way to the outcome, for the term it may win.
@@ -164,11 +197,14 @@ impl Campaign<'_> {
         learned.predecessor_gone = None;
         tracing::debug!(key, my_rev, "candidate key created");
         let mut lease_rx = self.lease.subscribe();
-        if created.is_some_and(|ops| holds_unpaused(&ops, my_rev)) {
+        if let Some(ops) = created.filter(|ops| holds_unpaused(ops, my_rev)) {
+            let seen = AtCreation {
+                history_newest: history_newest(&ops),
+            };
             return self
                 .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait, learned)
                 .await
-                .map(Some);
+                .map(|o| Some(o.at_creation(seen)));
         }
         if self.priority > 0 {
             self.ask_for_handover(&mut client).await;

@@ -53,6 +53,14 @@ impl Campaign<'_> {
                 Some(PutOptions::new().with_lease(self.lease.id)),
             ));
         }
+        // Last: the newest history keys, which a term that this transaction confirms trims
+        // by at its end, with no read of its own (see `history::trim_from_newest`).
+        let newest = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(i64::from(self.history_keep.max(1)));
+        then.push(TxnOp::get(e.history_prefix(), Some(newest)));
         let absent = Compare::create_revision(key, CompareOp::Equal, 0);
         let agreed = self.agreed();
         let create = Txn::new()
@@ -312,6 +320,14 @@ pub(super) fn holds_unpaused(ops: &[TxnOpResponse], my_rev: i64) -> bool {
         _ => true,
     };
     holds && !paused
+}
+
+/// The history keys the creating transaction read (its last operation), newest first.
+pub(super) fn history_newest(ops: &[TxnOpResponse]) -> Vec<Vec<u8>> {
+    match ops.last() {
+        Some(TxnOpResponse::Get(g)) => g.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The create revision of the key that the first read in `ops` found, if it found one.

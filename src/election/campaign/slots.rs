@@ -58,6 +58,7 @@ impl Campaign<'_> {
                 token,
                 key,
                 slot: 0,
+                at_creation: None,
             });
         }
         let e = self.election;
@@ -110,7 +111,12 @@ impl Campaign<'_> {
                 )]);
             let resp = bounded(self.timeout, client.txn(claim)).await?;
             if resp.succeeded() {
-                return Ok(Outcome::Elected { token, key, slot });
+                return Ok(Outcome::Elected {
+                    token,
+                    key,
+                    slot,
+                    at_creation: None,
+                });
             }
             if existing_create_revision(&resp.op_responses()) != Some(token) {
                 return Ok(Outcome::Lost(Loss::KeyDeleted));

@@ -21,6 +21,7 @@ pub mod netns;
 pub mod postgres;
 pub mod proxy;
 pub mod systemd;
+pub mod tls;
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -166,6 +167,19 @@ pub struct Member {
     setup: fn(&mut Command),
     /// Each start runs etcd under strace with these arguments (see [`Etcd::slow_commits`]).
     strace: Option<Vec<String>>,
+    /// The https client port beside the plain one, with [`Member::single_with`]'s TLS.
+    pub tls_port: Option<u16>,
+}
+
+/// How [`Member::single_with`] runs its member.
+#[derive(Default, Clone)]
+pub struct MemberOpts {
+    /// Also serve clients over mutual TLS on a port of its own, with `ca.crt`, `server.crt`
+    /// and `server.key` from this directory (see [`tls`]); the plain port stays for the
+    /// harness's own reads.
+    pub tls: Option<PathBuf>,
+    /// Every fdatasync delayed this long (under strace): a slow disk, so every commit is.
+    pub slow_fsync: Option<Duration>,
 }
 
 impl Member {
@@ -173,6 +187,34 @@ impl Member {
     /// shapes the process before each start. For the examples: tests use [`Etcd`].
     pub fn single(dir: &Path, name: &str, setup: fn(&mut Command)) -> Member {
         let mut m = Member::unstarted(dir, name, setup);
+        m.spawn();
+        m
+    }
+
+    /// [`Member::single`], over TLS or on a slow disk as `opts` say.
+    pub fn single_with(
+        dir: &Path,
+        name: &str,
+        setup: fn(&mut Command),
+        opts: &MemberOpts,
+    ) -> Member {
+        let mut m = Member::unstarted(dir, name, setup);
+        if let Some(certs) = &opts.tls {
+            let port = free_port();
+            let urls = format!(
+                "http://127.0.0.1:{},https://127.0.0.1:{port}",
+                m.client_port
+            );
+            for flag in ["--listen-client-urls", "--advertise-client-urls"] {
+                let i = m.args.iter().position(|a| a == flag).expect("flag") + 1;
+                m.args[i] = urls.clone();
+            }
+            m.args.extend(tls::server_args(certs));
+            m.tls_port = Some(port);
+        }
+        if let Some(delay) = opts.slow_fsync {
+            m.strace = Some(slow_fsync_trace(delay));
+        }
         m.spawn();
         m
     }
@@ -208,6 +250,7 @@ impl Member {
             args,
             setup,
             strace: None,
+            tls_port: None,
         }
     }
 
@@ -292,6 +335,22 @@ impl Drop for Member {
     }
 }
 
+/// strace's arguments that delay every fdatasync of etcd by `delay`.
+fn slow_fsync_trace(delay: Duration) -> Vec<String> {
+    [
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+        "-e",
+        "trace=fdatasync",
+        "-e",
+        &format!("inject=fdatasync:delay_enter={}", delay.as_micros()),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// A throwaway etcd cluster (one or three members) in its own temp dir.
 pub struct Etcd {
     pub members: Vec<Member>,
@@ -367,6 +426,7 @@ impl Etcd {
                 args,
                 setup: |_| {},
                 strace: None,
+                tls_port: None,
             };
             m.spawn();
             members.push(m);
@@ -387,20 +447,7 @@ impl Etcd {
     pub fn slow_commits(delay: Duration) -> Etcd {
         let dir = tempfile::tempdir().unwrap();
         let mut m = Member::unstarted(dir.path(), "slow", |_| {});
-        m.strace = Some(
-            [
-                "-f",
-                "-qq",
-                "-o",
-                "/dev/null",
-                "-e",
-                "trace=fdatasync",
-                "-e",
-                &format!("inject=fdatasync:delay_enter={}", delay.as_micros()),
-            ]
-            .map(String::from)
-            .to_vec(),
-        );
+        m.strace = Some(slow_fsync_trace(delay));
         m.spawn();
         let e = Etcd {
             members: vec![m],

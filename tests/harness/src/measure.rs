@@ -10,6 +10,7 @@
 //! [`crate::proxy::Proxy`] does not. The etcd itself is the harness's [`crate::Member`].
 
 pub mod blackhole;
+pub mod delay;
 pub mod etcd;
 pub mod fifo;
 pub mod reap;

@@ -21,42 +21,77 @@ pub fn etcd_bin(name: &str) -> PathBuf {
 /// harness needs no client library (and spawns no etcdctl while timing).
 pub struct HttpEtcd {
     pub member: crate::Member,
+    /// The plain client port, for the harness's own requests.
     pub port: u16,
+    /// Where the tools under measurement connect: the plain port, or the TLS one, directly or
+    /// through the delay line.
     pub endpoint: String,
+    /// The delay line in front of `endpoint`, if any.
+    pub delay: Option<super::delay::DelayLine>,
 }
 
 impl HttpEtcd {
     pub fn start(dir: &Path) -> io::Result<HttpEtcd> {
+        HttpEtcd::start_with(dir, &crate::MemberOpts::default(), Duration::ZERO)
+    }
+
+    /// An etcd as `opts` say (TLS, a slow disk), with `rtt` added to every round trip the
+    /// tools make to it (none when zero).
+    pub fn start_with(dir: &Path, opts: &crate::MemberOpts, rtt: Duration) -> io::Result<HttpEtcd> {
         crate::locate("etcd", "etcd-server").map_err(fail)?;
-        let member = crate::Member::single(dir, "etcd", |cmd| {
-            // In a group of its own, killed whole on the way out.
-            cmd.process_group(0);
-            // A connection per candidate: `--candidates 1000` needs more descriptors than the
-            // usual soft limit of 1024.
-            // SAFETY: getrlimit/setrlimit are async-signal-safe and touch only our own limits.
-            unsafe {
-                cmd.pre_exec(|| {
-                    let mut r = libc::rlimit {
-                        rlim_cur: 0,
-                        rlim_max: 0,
-                    };
-                    if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
-                        r.rlim_cur = r.rlim_max;
-                        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-                    }
-                    Ok(())
-                });
-            }
-        });
+        let member = crate::Member::single_with(
+            dir,
+            "etcd",
+            |cmd| {
+                // In a group of its own, killed whole on the way out.
+                cmd.process_group(0);
+                // A connection per candidate: `--candidates 1000` needs more descriptors than the
+                // usual soft limit of 1024.
+                // SAFETY: getrlimit/setrlimit are async-signal-safe and touch only our own limits.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        let mut r = libc::rlimit {
+                            rlim_cur: 0,
+                            rlim_max: 0,
+                        };
+                        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+                            r.rlim_cur = r.rlim_max;
+                            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+                        }
+                        Ok(())
+                    });
+                }
+            },
+            opts,
+        );
         reap::add(member.pid());
         let port = member.client_port;
         let log = member.log();
+        let tools_port = member.tls_port.unwrap_or(port);
+        let delay = if rtt.is_zero() {
+            None
+        } else {
+            Some(super::delay::DelayLine::start(
+                format!("127.0.0.1:{tools_port}"),
+                rtt,
+            )?)
+        };
+        let hostport = delay
+            .as_ref()
+            .map_or(format!("127.0.0.1:{tools_port}"), |d| d.endpoint());
+        let endpoint = match member.tls_port {
+            Some(_) => format!("https://{hostport}"),
+            None => hostport,
+        };
         let e = HttpEtcd {
             member,
             port,
-            endpoint: format!("127.0.0.1:{port}"),
+            endpoint,
+            delay,
         };
-        let until = Instant::now() + Duration::from_secs(20);
+        // A slow disk slows start-up's commits too: etcd 3.5 took 45 s to answer here.
+        let limit = if opts.slow_fsync.is_some() { 180 } else { 20 };
+        let until = Instant::now() + Duration::from_secs(limit);
         while !e
             .http("GET", "/health", "")
             .is_ok_and(|b| b.contains("\"true\""))
@@ -110,22 +145,22 @@ impl HttpEtcd {
 
     /// `grpc_server_msg_received_total` summed per grpc_method.
     pub fn msgs_received(&self) -> io::Result<BTreeMap<String, f64>> {
+        by_method(
+            &self.http("GET", "/metrics", "")?,
+            "grpc_server_msg_received_total",
+        )
+    }
+
+    /// `grpc_server_started_total` by grpc_method (requests and streams begun), and
+    /// `etcd_server_proposals_committed_total` as `"commits"`.
+    pub fn requests(&self) -> io::Result<BTreeMap<String, f64>> {
         let text = self.http("GET", "/metrics", "")?;
-        let mut m = BTreeMap::new();
-        for l in text.lines() {
-            let Some(rest) = l.strip_prefix("grpc_server_msg_received_total{") else {
-                continue;
-            };
-            let (labels, value) = rest.rsplit_once("} ").context("metrics line")?;
-            let method = labels
-                .split("grpc_method=\"")
-                .nth(1)
-                .and_then(|s| s.split('"').next())
-                .unwrap_or("?");
-            *m.entry(method.to_string()).or_insert(0.0) += value
-                .trim()
-                .parse::<f64>()
-                .map_err(|e| fail(e.to_string()))?;
+        let mut m = by_method(&text, "grpc_server_started_total")?;
+        if let Some(v) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd_server_proposals_committed_total "))
+        {
+            m.insert("commits".to_string(), v.trim().parse().unwrap_or(0.0));
         }
         Ok(m)
     }
@@ -201,6 +236,28 @@ impl Drop for DeleteWatch {
     fn drop(&mut self) {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
+}
+
+/// The samples of `metric` in a `/metrics` text, summed per grpc_method.
+fn by_method(text: &str, metric: &str) -> io::Result<BTreeMap<String, f64>> {
+    let mut m = BTreeMap::new();
+    let open = format!("{metric}{{");
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix(open.as_str()) else {
+            continue;
+        };
+        let (labels, value) = rest.rsplit_once("} ").context("metrics line")?;
+        let method = labels
+            .split("grpc_method=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap_or("?");
+        *m.entry(method.to_string()).or_insert(0.0) += value
+            .trim()
+            .parse::<f64>()
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(m)
 }
 
 fn range_json(prefix: &str, extra: &str) -> String {

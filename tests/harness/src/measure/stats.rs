@@ -55,6 +55,16 @@ pub fn p99(v: &[f64]) -> f64 {
     s[rank - 1]
 }
 
+/// Nearest-rank percentile `p` (0–100).
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    let s = sorted(v);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0 * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
 pub fn min(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
@@ -73,14 +83,24 @@ pub fn fmt_ms(x: f64) -> String {
     }
 }
 
+/// `median ms (min–max)`.
 pub fn summary_ms(v: &[f64]) -> String {
+    summary_between(v, min, max)
+}
+
+/// `median ms (p10–p90)`.
+pub fn summary_p(v: &[f64]) -> String {
+    summary_between(v, |v| percentile(v, 10.0), |v| percentile(v, 90.0))
+}
+
+fn summary_between(v: &[f64], lo: fn(&[f64]) -> f64, hi: fn(&[f64]) -> f64) -> String {
     if v.is_empty() {
         return "–".into();
     }
     format!(
         "{} ms ({}–{})",
         fmt_ms(median(v)),
-        fmt_ms(min(v)),
-        fmt_ms(max(v))
+        fmt_ms(lo(v)),
+        fmt_ms(hi(v))
     )
 }

@@ -14,6 +14,10 @@ use super::etcd::etcd_bin;
 use super::{reap, Context};
 use crate::FAST;
 
+/// Connection flags every wrapper gets (`--cacert`, `--cert`, `--key` with `--tls`: both tools
+/// spell them alike), set once before the first spawn.
+pub static CONN_ARGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
 /// The TTL of [`FAST`]; `etcdctl lock --ttl 3` matches it.
 pub const FAST_TTL: Duration = Duration::from_secs(3);
 
@@ -58,6 +62,8 @@ pub struct WorkerSpec<'a> {
     pub lead_exec_args: &'a [&'a str],
     pub ttl_s: u64,
     pub script: &'a str,
+    /// Applied to the wrapper's command before it starts (a cgroup to start in, say).
+    pub setup: Option<&'a dyn Fn(&mut Command)>,
 }
 
 impl<'a> WorkerSpec<'a> {
@@ -77,6 +83,7 @@ impl<'a> WorkerSpec<'a> {
             lead_exec_args: &FAST,
             ttl_s: FAST_TTL.as_secs(),
             script,
+            setup: None,
         }
     }
 }
@@ -98,6 +105,7 @@ pub fn spawn(bin: &Path, logs: &Path, w: WorkerSpec) -> io::Result<Worker> {
             c
         }
     };
+    cmd.args(CONN_ARGS.get().map_or(&[][..], Vec::as_slice));
     cmd.args(["--", "sh", "-c", w.script]);
     for (k, _) in std::env::vars() {
         if k.starts_with("LEAD_EXEC_") || k.starts_with("ETCDCTL_") {
@@ -110,6 +118,9 @@ pub fn spawn(bin: &Path, logs: &Path, w: WorkerSpec) -> io::Result<Worker> {
         .stdout(Stdio::null())
         .stderr(File::create(&log)?)
         .process_group(0);
+    if let Some(setup) = w.setup {
+        setup(&mut cmd);
+    }
     let child = cmd
         .spawn()
         .with_context(|| format!("starting {}", w.tool.name()))?;

@@ -1,10 +1,24 @@
 //! Benchmarks lead-exec against `etcdctl lock` on one throwaway etcd.
 //!
 //! ```text
-//! cargo run --release -p lead-exec-harness --bin bench -- [--quick] [--keep-logs] [--candidates N] [--scenario NAME[,NAME...]]
+//! cargo run --release -p lead-exec-harness --bin bench -- [--quick] [--keep-logs] [--candidates N]
+//!     [--n N] [--delay MS] [--tls] [--slow-disk MS] [--lead-exec PATH] [--scenario NAME[,NAME...]]
 //! ```
 //!
 //! `--keep-logs` keeps the temporary directory with every wrapper's stderr and etcd's log.
+//! `--n N` runs every scenario N times per tool (and leaves out `acquire`'s diagnostic runs).
+//! `--lead-exec PATH` measures that lead-exec (its watchdog beside it) instead of building
+//! this tree's: a build from before a change, against the same etcd conditions.
+//!
+//! Where etcd is, for both tools alike (the report's header says which):
+//!
+//! - `--delay MS`: a delay line in front of etcd adds MS to every round trip (MS/2 each way;
+//!   see `harness::measure::delay`).
+//! - `--tls`: mutual TLS, with a CA and certificates made for the run (`harness::tls`).
+//! - `--slow-disk MS`: etcd's every fdatasync takes MS longer (strace), so every commit does.
+//!
+//! Only `acquire`, `wholerun`, `counts`, `cpu`, `handover`, `crash` and `memory` go through
+//! them; the others speak to etcd directly.
 //!
 //! Scenarios (each runs both tools on the same etcd, alternating runs, fresh election per run):
 //!
@@ -18,6 +32,10 @@
 //!   per second while they wait, and the candidates' total RSS.
 //! - `wholerun`: a whole cron-style run, `run X -- true` against `etcdctl lock X -- true`, from
 //!   process start to exit, with lead-exec's time split into phases from its own log.
+//! - `counts`: requests by gRPC method and raft commits of one uncontended whole run of each
+//!   tool, from etcd's own `/metrics`.
+//! - `cpu`: CPU per whole run, every process of it counted (a cgroup it starts in), in runs
+//!   of their own.
 //! - `capacity`: what waiting candidates cost etcd (requests/s, watches, server memory per
 //!   candidate, from etcd's own `/metrics`), etcd's write capacity here, and how many candidates
 //!   one etcd serves before keepalives take a tenth of it.
@@ -39,6 +57,7 @@
 
 mod acquire;
 mod capacity;
+mod counts;
 mod crash;
 mod failclosed;
 mod floor;
@@ -68,7 +87,7 @@ const TTL: Duration = FAST_TTL;
 const MARGIN: Duration = Duration::from_millis(500);
 /// `scale` uses lead-exec's default TTL, so that the idle keepalive rate is the production one.
 const SCALE_TTL_S: u64 = 10;
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 11] = [
     "acquire",
     "handover",
     "crash",
@@ -78,6 +97,8 @@ const SCENARIOS: [&str; 9] = [
     "wholerun",
     "floor",
     "capacity",
+    "counts",
+    "cpu",
 ];
 /// lead-exec's default grace and safety margin: with `SCALE_TTL_S` they give the default
 /// keepalive interval, (TTL − grace − margin)/3.
@@ -94,6 +115,7 @@ fn main() -> ExitCode {
     let mut keep_logs = false;
     let mut only: Option<Vec<String>> = None;
     let mut candidates = 100usize;
+    let mut place = Place::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -102,6 +124,23 @@ fn main() -> ExitCode {
             "--candidates" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) if n >= 4 => candidates = n,
                 _ => return usage(),
+            },
+            "--n" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) if n >= 1 => place.n = Some(n),
+                _ => return usage(),
+            },
+            "--delay" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(ms) => place.rtt = Duration::from_millis(ms),
+                None => return usage(),
+            },
+            "--slow-disk" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(ms) => place.slow_disk = Some(Duration::from_millis(ms)),
+                None => return usage(),
+            },
+            "--tls" => place.tls = true,
+            "--lead-exec" => match args.next() {
+                Some(p) => place.lead_exec = Some(PathBuf::from(p)),
+                None => return usage(),
             },
             "--scenario" => match args.next() {
                 Some(s) => only = Some(s.split(',').map(str::to_string).collect()),
@@ -115,7 +154,7 @@ fn main() -> ExitCode {
             return usage();
         }
     }
-    let result = run(quick, keep_logs, candidates, only);
+    let result = run(quick, keep_logs, candidates, only, place);
     reap::kill_all();
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -128,14 +167,33 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo run --release -p lead-exec-harness --bin bench -- [--quick] [--keep-logs] [--candidates N] [--scenario {}]",
+        "usage: cargo run --release -p lead-exec-harness --bin bench -- [--quick] [--keep-logs] [--candidates N] [--n N] [--delay MS] [--tls] [--slow-disk MS] [--lead-exec PATH] [--scenario {}]",
         SCENARIOS.join("|")
     );
     ExitCode::from(2)
 }
 
-fn run(quick: bool, keep_logs: bool, candidates: usize, only: Option<Vec<String>>) -> Result<()> {
-    let bin = lead_exec_binary()?;
+/// Where etcd is for the tools: `--delay`, `--tls`, `--slow-disk`; and `--n`.
+#[derive(Default)]
+struct Place {
+    rtt: Duration,
+    tls: bool,
+    slow_disk: Option<Duration>,
+    n: Option<usize>,
+    lead_exec: Option<PathBuf>,
+}
+
+fn run(
+    quick: bool,
+    keep_logs: bool,
+    candidates: usize,
+    only: Option<Vec<String>>,
+    place: Place,
+) -> Result<()> {
+    let bin = match &place.lead_exec {
+        Some(p) => p.clone(),
+        None => lead_exec_binary()?,
+    };
     let mut dir = tempfile::Builder::new()
         .prefix("lead-exec-bench-")
         .tempdir()?;
@@ -145,7 +203,50 @@ fn run(quick: bool, keep_logs: bool, candidates: usize, only: Option<Vec<String>
     }
     fs::create_dir_all(dir.path().join("logs"))?;
     print_header(&bin, quick);
-    let etcd = HttpEtcd::start(dir.path())?;
+    let mut opts = harness::MemberOpts {
+        slow_fsync: place.slow_disk,
+        ..Default::default()
+    };
+    if place.tls {
+        let certs = dir.path().join("certs");
+        fs::create_dir_all(&certs)?;
+        harness::tls::ca(&certs, "ca");
+        harness::tls::cert(&certs, "ca", "server", "127.0.0.1");
+        harness::tls::cert(&certs, "ca", "client", "client");
+        let p = |f: &str| certs.join(f).display().to_string();
+        let conn = [
+            "--cacert",
+            &p("ca.crt"),
+            "--cert",
+            &p("client.crt"),
+            "--key",
+            &p("client.key"),
+        ];
+        let _ = worker::CONN_ARGS.set(conn.map(String::from).to_vec());
+        opts.tls = Some(certs);
+    }
+    let etcd = HttpEtcd::start_with(dir.path(), &opts, place.rtt)?;
+    println!(
+        "- etcd reached by both tools {}{}{}",
+        if place.rtt.is_zero() {
+            "directly on loopback".to_string()
+        } else {
+            format!(
+                "through a delay line adding {} ms to every round trip ({} ms each way; TCP handshakes not delayed)",
+                place.rtt.as_millis(),
+                place.rtt.as_secs_f64() * 500.0
+            )
+        },
+        if place.tls {
+            ", over mutual TLS (generated v3 certificates, EC P-256)"
+        } else {
+            ", plain http"
+        },
+        match place.slow_disk {
+            Some(d) => format!(", every fdatasync delayed {} ms (strace)", d.as_millis()),
+            None => String::new(),
+        }
+    );
     let cx = Cx {
         bin,
         etcd,
@@ -153,12 +254,14 @@ fn run(quick: bool, keep_logs: bool, candidates: usize, only: Option<Vec<String>
         quick,
         candidates,
         seq: AtomicU32::new(0),
+        n_override: place.n,
+        lean: place.n.is_some(),
     };
     let started = Instant::now();
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     type Scenario = fn(&Cx) -> Result<Report>;
-    let all: [(&str, Scenario); 9] = [
+    let all: [(&str, Scenario); 11] = [
         ("acquire", acquire::acquire),
         ("handover", handover::handover),
         ("crash", crash::crash),
@@ -168,6 +271,8 @@ fn run(quick: bool, keep_logs: bool, candidates: usize, only: Option<Vec<String>
         ("wholerun", wholerun::wholerun),
         ("floor", floor::floor),
         ("capacity", capacity::capacity),
+        ("counts", counts::counts),
+        ("cpu", counts::cpu),
     ];
     for (name, f) in all {
         if only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
@@ -211,11 +316,17 @@ struct Cx {
     /// Candidates in the `scale` scenario.
     candidates: usize,
     seq: AtomicU32,
+    /// `--n`: runs per tool in every scenario.
+    n_override: Option<usize>,
+    /// Leave out diagnostic runs (with `--n`), so that a run with delay stays short.
+    lean: bool,
 }
 
 impl Cx {
     fn n(&self, full: usize, quick: usize) -> usize {
-        if self.quick {
+        if let Some(n) = self.n_override {
+            n
+        } else if self.quick {
             quick
         } else {
             full

@@ -5,22 +5,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use harness::measure::report::{yes_no, Report, Row};
-use harness::measure::stats::{fmt_ms, median, ms, summary_ms};
+use harness::measure::stats::{fmt_ms, median, ms, summary_p};
 use harness::measure::worker::{Tool, WorkerSpec, TOOLS};
 
 use super::Cx;
 
 /// A whole cron-style run: process start → exit, `-- true` as the job.
 pub(crate) fn wholerun(cx: &Cx) -> Result<Report> {
-    let n = cx.n(25, 5);
+    let n = cx.n(100, 5);
     for t in TOOLS {
-        wholerun_once(cx, t)?;
+        wholerun_once(cx, t, None)?;
     }
     let mut total: [Vec<f64>; 2] = [vec![], vec![]];
     let mut phases: Vec<[f64; 5]> = Vec::new();
     for _ in 0..n {
         for t in TOOLS {
-            let (ms_total, p) = wholerun_once(cx, t)?;
+            let (ms_total, p) = wholerun_once(cx, t, None)?;
             total[t.idx()].push(ms_total);
             if let Some(p) = p {
                 phases.push(p);
@@ -33,9 +33,9 @@ pub(crate) fn wholerun(cx: &Cx) -> Result<Report> {
     let rows = vec![
         Row::new(
             "whole run",
-            &format!("`run X -- true`: process start → exit, median (min–max), n={n}"),
-            summary_ms(le),
-            summary_ms(ctl),
+            &format!("`run X -- true`: process start → exit, median (p10–p90), n={n}"),
+            summary_p(le),
+            summary_p(ctl),
             "≤ ½ etcdctl",
             &format!("{} ({ratio:.2}×)", yes_no(ratio <= 0.5)),
         ),
@@ -68,12 +68,17 @@ pub(crate) fn wholerun(cx: &Cx) -> Result<Report> {
 }
 
 /// One whole run: total ms, and for lead-exec the phase split from its log.
-pub(crate) fn wholerun_once(cx: &Cx, tool: Tool) -> Result<(f64, Option<[f64; 5]>)> {
+pub(crate) fn wholerun_once(
+    cx: &Cx,
+    tool: Tool,
+    setup: Option<&dyn Fn(&mut std::process::Command)>,
+) -> Result<(f64, Option<[f64; 5]>)> {
     let election = cx.unique("whole");
     // -v: the steps ("campaigning -> elected", "leading -> done") are debug lines.
     let args = [&harness::FAST[..], &["-v"]].concat();
     let spec = WorkerSpec {
         lead_exec_args: &args,
+        setup,
         ..WorkerSpec::fast(tool, &election, &cx.etcd.endpoint, "w", "true")
     };
     let wall0 = std::time::SystemTime::now();
