@@ -79,12 +79,14 @@ impl Exit {
     /// The signal the process dies of instead of exiting with this code, when a stop signal
     /// (`stopped_by`) reached lead-exec: as timeout(1) does, a run that ends in 128+N because
     /// it was stopped ends by dying of N, so that a shell still sees 128+N and systemd sees a
-    /// clean stop (`inactive`, not `failed`). Only HUP, INT and TERM: QUIT would dump core,
-    /// and a job's own death by another signal is the job's result, left as an exit code.
+    /// clean stop (`inactive`, not `failed`). Only HUP, INT and TERM, and only the one that
+    /// stopped lead-exec: QUIT would dump core, and a job's death by another signal (one it
+    /// raised itself, or someone else's) is the job's result, left as an exit code; dying of
+    /// INT when TERM was sent would read to a calling shell as a Ctrl-C.
     pub fn dies_of(self, stopped_by: Option<i32>) -> Option<i32> {
         match self {
             Exit::Signal(sig @ (libc::SIGHUP | libc::SIGINT | libc::SIGTERM))
-                if stopped_by.is_some() =>
+                if stopped_by == Some(sig) =>
             {
                 Some(sig)
             }
@@ -205,9 +207,10 @@ mod tests {
         assert_eq!(Exit::Signal(15).dies_of(term), Some(15));
         assert_eq!(
             Exit::Signal(2).dies_of(term),
-            Some(2),
-            "the job died of another stop"
+            None,
+            "the job died of another signal than the one that stopped lead-exec"
         );
+        assert_eq!(Exit::Signal(15).dies_of(Some(3)), None, "stopped by QUIT");
         assert_eq!(Exit::Signal(1).dies_of(Some(1)), Some(1));
         assert_eq!(
             Exit::Signal(15).dies_of(None),

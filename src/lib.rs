@@ -275,7 +275,33 @@ pub fn main() -> ExitCode {
     if args.get(1).is_some_and(|a| a == run::health::GUARD_ARG) {
         return run::health::guard_main(args);
     }
+    unblock_handled_signals();
     cli_main(args)
+}
+
+/// A parent may start lead-exec with signals blocked (inherited through exec): unblocked here,
+/// before any thread is started (threads inherit the mask), as timeout(1) does, so that the
+/// signals lead-exec acts on reach it. A signal *ignored* at start stays ignored (nohup): that
+/// is the caller's choice, and the signal thread keeps it.
+fn unblock_handled_signals() {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+        Signal::SIGCONT,
+        Signal::SIGCHLD,
+    ] {
+        set.add(s);
+    }
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
 }
 
 /// The signal the process dies of at exit, 0 for none: set once the outcome is known (see

@@ -59,6 +59,23 @@ fn a_hangup_ignored_at_start_stays_ignored() {
     assert_eq!(w.code(secs(10)), 143, "{}", w.log_text());
 }
 
+/// A parent that starts lead-exec with TERM, INT and HUP blocked (inherited through exec) does
+/// not take them from it: they are unblocked at start, as timeout(1) does, and TERM still
+/// stops the run. Blocked by perl (perl-base, in every Debian), then exec.
+#[test]
+fn stop_signals_blocked_by_the_parent_still_stop_the_run() {
+    let f = Fixture::new();
+    let s = script(f.dir.path(), "echo up > $D/up; sleep 30");
+    let block = "use POSIX; sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGTERM, SIGINT, SIGHUP)); exec @ARGV or die";
+    let mut args = vec!["-e", block, bin()];
+    args.extend(run_args("blocked", &f.ep, &[], &s));
+    let mut w = spawn_program(std::path::Path::new("perl"), f.dir.path(), "w", &args, &[]);
+    wait_line(&f.dir.path().join("up"), secs(10), |l| l == "up");
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.died_of(secs(10)), Some(libc::SIGTERM), "{}", w.log_text());
+    assert!(f.etcd.keys("lead-exec/elections/blocked/").is_empty());
+}
+
 /// A background command of a non-interactive shell starts with INT and QUIT ignored; they
 /// stay so (a ^C meant for the foreground does not end the run).
 #[test]

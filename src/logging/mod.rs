@@ -114,6 +114,8 @@ struct RunSpan {
     span: tracing::Span,
     /// Its fields as text lines end with them (tracing's default field format: `Debug`).
     text: String,
+    /// Its fields as journal fields, as the journal layer names them.
+    journal: Vec<(String, String)>,
 }
 
 /// Opens the span of a run: `election` and `id` on every line of it, from here and from
@@ -123,6 +125,10 @@ pub fn run_span(election: &str, id: &str) -> tracing::Span {
     *RUN.lock().unwrap_or_else(|e| e.into_inner()) = Some(RunSpan {
         span: span.clone(),
         text: format!(" election={election:?} id={id:?}"),
+        journal: vec![
+            ("ELECTION".to_string(), election.to_string()),
+            ("LEAD_EXEC_ID".to_string(), id.to_string()),
+        ],
     });
     span
 }
@@ -298,10 +304,18 @@ impl Log {
     /// lines printed without tracing (a usage error, the final error).
     pub fn eprint_line(&self, line: &str) {
         if self.sink.journal.is_some() {
+            // The run's fields, as every other entry of the run has them: `journalctl
+            // ELECTION=…` finds the line that ended it.
+            let fields = RUN
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|r| r.journal.clone())
+                .unwrap_or_default();
             self.sink.push_entry(Entry::Journal {
                 message: line.to_string(),
                 level: tracing::Level::ERROR,
-                fields: Vec::new(),
+                fields,
             });
             return;
         }
@@ -535,7 +549,7 @@ fn writer(sink: &Sink) {
             in_run(|| {
                 tracing::warn!(
                     dropped,
-                    "{dropped} log lines were dropped: stderr was not being read"
+                    "{dropped} log lines were dropped: the log was not being read"
                 )
             });
         }
@@ -545,7 +559,9 @@ fn writer(sink: &Sink) {
 }
 
 /// One entry to journald, blocking this thread only. One too large for a datagram goes
-/// again with its message cut; any other failure loses it, as a failed stderr write does.
+/// again with its message cut. One journald does not take (its socket gone or refusing) goes
+/// to stderr as a text line instead, which is journald's stream for this service too, and is
+/// counted as dropped from the journal (the metric only: a warning would go the same way).
 fn send_journal(
     sock: &UnixDatagram,
     message: &str,
@@ -561,7 +577,14 @@ fn send_journal(
                 let _ = sock.send(&journal::shortened(message, level, fields, 8192));
                 return;
             }
-            Err(_) => return,
+            Err(_) => {
+                crate::metrics::log_line_dropped();
+                let line = format!("{level:>5} {message}");
+                let mut bytes = text_line(&line, false).into_owned().into_bytes();
+                bytes.push(b'\n');
+                write_stderr(&bytes);
+                return;
+            }
         }
     }
 }

@@ -159,7 +159,7 @@ fn metrics() -> Metrics {
             r,
             IntCounter::new(
                 "lead_exec_log_lines_dropped_total",
-                "Log lines dropped because stderr was not being read",
+                "Log lines dropped because the log (stderr, or journald) was not being read",
             ),
         ),
         failovers: made(
