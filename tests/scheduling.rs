@@ -1365,7 +1365,9 @@ fn a_health_check_does_not_outlive_its_sigkilled_guard() {
             })
             .collect::<Vec<i32>>()
     };
-    assert!(!sleeper().is_empty(), "the check does not hang in sleep");
+    // The check wrote its pid before it forks `sleep`: the sleep may still be on its way.
+    let hangs = wait_until(secs(5), || !sleeper().is_empty());
+    assert!(hangs, "the check does not hang in sleep");
     signal(guard, libc::SIGKILL);
     let gone = wait_until(secs(6), || sleeper().is_empty());
     let left = sleeper();
