@@ -321,14 +321,16 @@ exec "$0" "$@" write --token "$FENCING_TOKEN" --worker "$LEAD_EXEC_ID" --note "t
     std::fs::write(&queued, "").context("starting the tick")?;
     let mut exits = Vec::new();
     for (name, mut child) in children {
-        let until = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = child.try_wait()? {
-                break s;
-            }
-            ensure!(Instant::now() < until, "{name} did not end its tick");
-            sleep(Duration::from_millis(20))?;
-        };
+        let mut status = None;
+        wait_until(
+            Duration::from_secs(20),
+            &format!("end of {name}'s tick"),
+            || {
+                status = child.try_wait()?;
+                Ok(status.is_some())
+            },
+        )?;
+        let status = status.expect("waited for");
         say(&format!(
             "{name}'s lead-exec exited with {}",
             describe(status)

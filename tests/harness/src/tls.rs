@@ -4,6 +4,16 @@
 use std::path::Path;
 use std::process::Command;
 
+/// A new P-256 key, unencrypted, written to the path that follows.
+const NEW_KEY: [&str; 6] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+    "-keyout",
+];
+
 pub fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .current_dir(dir)
@@ -19,30 +29,27 @@ pub fn openssl(dir: &Path, args: &[&str]) {
 
 /// A CA, and a certificate signed by it for `name` with the given SAN.
 pub fn ca(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.crt"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={ca}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
+    let (key, crt, subj) = (
+        format!("{ca}.key"),
+        format!("{ca}.crt"),
+        format!("/CN={ca}"),
     );
+    let mut args = vec!["req", "-x509"];
+    args.extend(NEW_KEY);
+    args.extend([
+        key.as_str(),
+        "-out",
+        &crt,
+        "-days",
+        "2",
+        "-subj",
+        &subj,
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(dir, &args);
 }
 
 pub fn cert(dir: &Path, ca: &str, name: &str, cn: &str) {
@@ -58,21 +65,9 @@ pub fn cert_as(dir: &Path, ca: &str, name: &str, cn: &str, v3: bool) {
         format!("{name}.crt"),
     );
     let subj = format!("/CN={cn}");
-    let mut req = vec![
-        "req",
-        "-new",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &key,
-        "-out",
-        &csr,
-        "-subj",
-        &subj,
-    ];
+    let mut req = vec!["req", "-new"];
+    req.extend(NEW_KEY);
+    req.extend([key.as_str(), "-out", &csr, "-subj", &subj]);
     if v3 {
         req.extend([
             "-addext",
