@@ -1225,7 +1225,7 @@ fn a_start_record_that_failed_is_retried_until_it_lands() {
 /// The start record never gets through while the job runs: every request carrying it is cut.
 /// When the job exits 0, the term's one release commit writes the record whole (the start the
 /// term knew, and the end) as it deletes the leader key; `history` shows the term complete,
-/// where it showed none.
+/// where it showed it running, known by its key alone.
 #[test]
 fn a_term_whose_start_record_never_landed_is_recorded_whole_at_its_end() {
     let f = Fixture::new();
@@ -1241,9 +1241,15 @@ fn a_term_whose_start_record_never_landed_is_recorded_whole_at_its_end() {
     let started_by = now_ms();
     assert!(proxy.resets_on() >= 1);
     assert!(
-        history_json(&f.etcd, name).is_empty(),
+        f.etcd
+            .keys(&format!("lead-exec/meta/{name}/history/"))
+            .is_empty(),
         "the start record got through"
     );
+    // Meanwhile `history` knows the term by its key: running.
+    let open = history_json(&f.etcd, name);
+    assert_eq!(open[0]["token"].as_i64(), Some(token), "{open:?}");
+    assert!(open[0]["end"].is_null(), "{open:?}");
     std::fs::write(f.dir.path().join("go"), "").unwrap();
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());
     assert!(
@@ -1520,7 +1526,9 @@ fn a_start_record_in_flight_at_the_end_leaves_the_record_closed() {
     proxy.set(Mode::Delay(150));
     let ep = proxy.endpoint();
     let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/t");
-    let (code, _, err) = run(&run_args("flight", &ep, &[], &job));
+    // Sent as the job starts, as a longer job's record is once the hold is over.
+    let at_once = [("LEAD_EXEC_TEST_START_RECORD_HOLD_MS", "0")];
+    let (code, _, err) = run_env(&run_args("flight", &ep, &[], &job), &at_once);
     assert_eq!(code, 0, "{err}");
     let token = wait_int(&f.dir.path().join("t"), secs(5));
     let (_, out, _) = run(&["history", "flight", "--endpoints", &f.ep, "-o", "json"]);
@@ -1530,4 +1538,101 @@ fn a_start_record_in_flight_at_the_end_leaves_the_record_closed() {
     assert_eq!(r["token"].as_i64(), Some(token), "{out}");
     assert_eq!(r["end"], "exit 0", "{out}");
     assert!(f.etcd.keys("lead-exec/elections/flight/").is_empty());
+}
+
+/// A term elected by the transaction that created its key is marked so in the key, and holds
+/// its start record back (lead-exec-safety(7), "Round trips"). Until the record is there,
+/// `history`, `status` and a blocking `pause` know the term by its key: here the record is
+/// held for the whole term, and the job takes 3 s to stop, past the 1.5 s a pause gives a
+/// holder without a record.
+#[test]
+fn a_term_known_by_its_key_alone_is_running_for_pause_status_and_history() {
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "trap 'sleep 3; echo end $FENCING_TOKEN >> $D/log; exit 0' TERM; \
+         echo $FENCING_TOKEN > $D/a.token; while :; do sleep 0.05; done",
+    );
+    let grace = ["--ttl", "8s", "--grace", "5s", "--safety-margin", "500ms"];
+    let hold = [("LEAD_EXEC_TEST_START_RECORD_HOLD_MS", "600000")];
+    let a = spawn_env(
+        f.dir.path(),
+        "a",
+        &run_args_with(&grace, "held", &f.ep, &["--id", "alpha"], &job),
+        &hold,
+    );
+    let token = wait_int(&f.dir.path().join("a.token"), secs(10));
+    assert!(
+        f.etcd.keys("lead-exec/meta/held/history/").is_empty(),
+        "the start record is held back"
+    );
+    let (code, out, err) = run(&["history", "held", "--endpoints", &f.ep, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let recs = json(&out);
+    assert_eq!(recs[0]["token"].as_i64(), Some(token), "{out}");
+    assert_eq!(recs[0]["id"], "alpha", "{out}");
+    assert!(recs[0]["end"].is_null(), "running: {out}");
+    let (code, out, err) = run(&["status", "held", "--endpoints", &f.ep]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("leader:    alpha"), "{out}");
+    assert!(out.contains(&format!("token {token}")), "{out}");
+
+    let (code, out, err) = run(&["pause", "held", "--endpoints", &f.ep, "--reason", "upgrade"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        lines(&f.dir.path().join("log")).contains(&format!("end {token}")),
+        "pause returned while the job still ran:\n{out}"
+    );
+    assert!(
+        out.contains(&format!("waiting for token {token} to stop its job")),
+        "{out}"
+    );
+    // Its end wrote the record whole, started when the job did.
+    let (_, out, _) = run(&["history", "held", "--endpoints", &f.ep, "-o", "json"]);
+    let recs = json(&out);
+    assert_eq!(recs.as_array().map(Vec::len), Some(1), "{out}");
+    assert_eq!(recs[0]["token"].as_i64(), Some(token), "{out}");
+    assert_eq!(recs[0]["end"], "paused", "{out}");
+    assert_eq!(f.etcd.keys("lead-exec/meta/held/history/").len(), 1);
+    drop(a);
+}
+
+/// An uncontended run that ends within the hold makes three raft commits: the lease grant,
+/// the creating transaction and the closing one (lead-exec-safety(7), "Round trips"), as
+/// etcd's own counter says, and its record is whole.
+#[test]
+fn a_short_uncontended_run_makes_three_raft_commits_and_is_recorded_whole() {
+    let f = Fixture::new();
+    let commits = || -> f64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&f.ep).expect("etcd's client port");
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", f.ep).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("etcd_server_proposals_committed_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("etcd reports its committed proposals")
+    };
+    // The first run sets the election up; the next ones are what every run costs.
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN >> $D/t");
+    let (code, _, err) = run(&run_args("three", &f.ep, &[], &job));
+    assert_eq!(code, 0, "{err}");
+    for _ in 0..3 {
+        let before = commits();
+        let (code, _, err) = run(&run_args("three", &f.ep, &[], &job));
+        assert_eq!(code, 0, "{err}");
+        // A revoke sent on the way out would land within this.
+        std::thread::sleep(Duration::from_millis(300));
+        let made = commits() - before;
+        assert!(made <= 3.0, "{made} raft commits for one run");
+    }
+    let tokens = lines(&f.dir.path().join("t"));
+    let (_, out, _) = run(&["history", "three", "--endpoints", &f.ep, "-o", "json"]);
+    let recs = json(&out);
+    assert_eq!(recs.as_array().map(Vec::len), Some(4), "{out}");
+    for (r, t) in recs.as_array().unwrap().iter().zip(&tokens) {
+        assert_eq!(r["token"].to_string(), *t, "{out}");
+        assert_eq!(r["end"], "exit 0", "{out}");
+    }
 }

@@ -193,6 +193,12 @@ pub struct Candidate {
     /// While a leader waits out `--takeover-delay`: when its job is due to start, Unix ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub takeover_until_ms: Option<u64>,
+    /// Set by the transaction that created the key when that same transaction elected it (one
+    /// slot, no older key, no pause), at the time it was sent, Unix ms: the key's term may run
+    /// a job before its start record is written (see `history::START_RECORD_HOLD`), and readers
+    /// of the history count it as a running term until the record is there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elected_ms: Option<u64>,
 }
 
 fn is_zero(p: &u32) -> bool {
@@ -208,6 +214,7 @@ impl Candidate {
             started_ms: unix_ms(),
             priority: 0,
             takeover_until_ms: None,
+            elected_ms: None,
         }
     }
 
@@ -221,6 +228,7 @@ impl Candidate {
             started_ms: 0,
             priority: 0,
             takeover_until_ms: None,
+            elected_ms: None,
         })
     }
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Writer;
 use crate::election::unix_ms;
+use crate::election::Candidate;
 use crate::election::Ctx;
 
 /// Where a term learns which old records its end trims: from a read beside its start record,
@@ -131,22 +132,41 @@ impl Record {
             run_key,
             attempt,
         } = facts;
+        let host = crate::election::hostname();
         Record {
-            token: writer.token,
-            id: writer.id.to_string(),
-            host: crate::election::hostname(),
-            pid: std::process::id(),
-            started_ms: unix_ms(),
-            ended_ms: None,
-            end: None,
-            clean: None,
             takeover_delay_ms: takeover_delay.map(|d| d.as_millis() as u64),
             job_cgroup,
             timeout_ms: job_timeout.map(|d| d.as_millis() as u64),
-            ended_before_ms: None,
-            preempted_by: None,
             run_key: run_key.map(str::to_string),
             attempt,
+            ..Record::open(
+                writer.token,
+                writer.id,
+                &host,
+                std::process::id(),
+                unix_ms(),
+            )
+        }
+    }
+
+    /// A running term's record with nothing known beyond who holds it and since when.
+    pub fn open(token: i64, id: &str, host: &str, pid: u32, started_ms: u64) -> Record {
+        Record {
+            token,
+            id: id.to_string(),
+            host: host.to_string(),
+            pid,
+            started_ms,
+            ended_ms: None,
+            end: None,
+            clean: None,
+            takeover_delay_ms: None,
+            job_cgroup: None,
+            timeout_ms: None,
+            ended_before_ms: None,
+            preempted_by: None,
+            run_key: None,
+            attempt: None,
         }
     }
 
@@ -202,6 +222,25 @@ impl Start {
             Start::Unconfirmed(r) => r,
         }
     }
+}
+
+/// How long a term's start record waits beside its job before its first write. A job that
+/// ends sooner needs none of its own: the closing transaction writes the record whole, so a
+/// short run costs three raft commits (grant, creation, close), not four. What reads a
+/// running term by its record copes with one this late: a blocking `pause` counts a holder
+/// without a record as running for 1.5 s (see `ops::pause`), `status` shows the leader from
+/// its key, and `history` shows the term from the hold's end or from its end record.
+pub const START_RECORD_HOLD: Duration = Duration::from_millis(250);
+
+/// [`START_RECORD_HOLD`], or in debug builds `LEAD_EXEC_TEST_START_RECORD_HOLD_MS`: tests
+/// hold a record back for as long as they look at a term known by its key alone, or send it
+/// at once to have it in flight at the term's end.
+pub fn start_record_hold() -> Duration {
+    let test = cfg!(debug_assertions)
+        .then(|| std::env::var("LEAD_EXEC_TEST_START_RECORD_HOLD_MS").ok())
+        .flatten()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    test.map_or(START_RECORD_HOLD, Duration::from_millis)
 }
 
 /// The pause before the retry after `failures` failed start-record writes: 100 ms doubling up
@@ -434,7 +473,8 @@ impl Ctx {
             .with_prefix()
             .with_sort(SortTarget::Key, SortOrder::Descend)
             .with_limit(n.map_or(0, |n| n.max(1) as i64));
-        let line = GetOptions::new().with_prefix().with_keys_only();
+        // With values: a key written as elected is a running term before its record is.
+        let line = GetOptions::new().with_prefix();
         let txn = Txn::new().and_then([
             TxnOp::get(e.history_prefix(), Some(history)),
             TxnOp::get(e.candidates(), Some(line)),
@@ -459,7 +499,13 @@ impl Ctx {
             .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
             .collect();
         recs.reverse();
-        let live: Vec<i64> = line.kvs().iter().map(|kv| kv.create_revision()).collect();
+        let keys: Vec<(i64, Candidate)> = line
+            .kvs()
+            .iter()
+            .map(|kv| (kv.create_revision(), Candidate::parse(kv.value())))
+            .collect();
+        with_elected_keys(&mut recs, &keys, n);
+        let live: Vec<i64> = keys.iter().map(|(t, _)| *t).collect();
         let slots: u32 = slots
             .kvs()
             .first()
@@ -528,6 +574,32 @@ pub fn trim_from_newest(newest: &[Vec<u8>], keep: u32, new_key: &str) -> Option<
     })
 }
 
+/// Adds to `recs` (oldest first) an open record for each candidate key (`keys`: create
+/// revision and value) written as elected whose term has no record yet (see
+/// [`START_RECORD_HOLD`]), started when it was elected; then keeps the last `n`. Such a term
+/// runs, or is about to, as long as its key exists; once it ends, its record is written in
+/// the commit that deletes the key.
+pub fn with_elected_keys(recs: &mut Vec<Record>, keys: &[(i64, Candidate)], n: Option<usize>) {
+    let before = recs.len();
+    for (token, c) in keys {
+        let Some(elected_ms) = c.elected_ms else {
+            continue;
+        };
+        if recs[..before].iter().any(|r| r.token == *token) {
+            continue;
+        }
+        recs.push(Record::open(*token, &c.id, &c.host, c.pid, elected_ms));
+    }
+    if recs.len() == before {
+        return;
+    }
+    recs.sort_by_key(|r| r.token);
+    if let Some(n) = n {
+        let extra = recs.len().saturating_sub(n);
+        recs.drain(..extra);
+    }
+}
+
 /// Fills in the ends of open records (`recs` oldest first), from what is known: the
 /// create revisions of the candidate keys that exist (`live`) and when they were read
 /// (`observed_ms`).
@@ -566,22 +638,39 @@ mod tests {
 
     fn rec(token: i64, end: Option<&str>) -> Record {
         Record {
-            token,
-            id: "w".into(),
-            host: "h".into(),
-            pid: 1,
-            started_ms: token as u64 * 1000,
-            ended_ms: None,
             end: end.map(str::to_string),
-            clean: None,
-            takeover_delay_ms: None,
-            job_cgroup: None,
-            timeout_ms: None,
-            ended_before_ms: None,
-            preempted_by: None,
-            run_key: None,
-            attempt: None,
+            ..Record::open(token, "w", "h", 1, token as u64 * 1000)
         }
+    }
+
+    #[test]
+    fn a_key_written_as_elected_is_a_running_term_until_its_record_is_there() {
+        let key = |token: i64, elected_ms: Option<u64>| {
+            let c = Candidate {
+                elected_ms,
+                ..Candidate::parse(b"w")
+            };
+            (token, c)
+        };
+        // Record 9 is stored; key 12 was elected at creation and has none yet; key 15 waits.
+        let mut r = vec![rec(5, Some("exit 0")), rec(9, None)];
+        let keys = [key(9, Some(9_000)), key(12, Some(12_345)), key(15, None)];
+        with_elected_keys(&mut r, &keys, Some(3));
+        let tokens: Vec<i64> = r.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, [5, 9, 12]);
+        assert_eq!((r[2].started_ms, r[2].end.clone()), (12_345, None));
+        assert_eq!(r[1].started_ms, 9_000, "a stored record is kept as it is");
+        infer_ends(&mut r, &[9, 12, 15], true, 60_000);
+        assert!(r[1].end.is_none() && r[2].end.is_none(), "both run");
+        // The last n are kept, the newest term among them.
+        let mut r = vec![rec(5, Some("exit 0")), rec(9, Some("exit 0"))];
+        with_elected_keys(&mut r, &keys[1..2], Some(2));
+        let tokens: Vec<i64> = r.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, [9, 12]);
+        // Nothing written as elected: nothing added, nothing dropped.
+        let mut r = vec![rec(5, Some("exit 0")), rec(9, Some("exit 0"))];
+        with_elected_keys(&mut r, &keys[2..], Some(1));
+        assert_eq!(r.len(), 2);
     }
 
     #[test]

@@ -137,11 +137,17 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
         let (c, ttl, grace, margin) = (ctx.clone(), cfg.ttl, cfg.grace, cfg.safety_margin);
         tokio::spawn(async move { Lease::grant(&c, ttl, grace, margin).await }.in_current_span())
     });
-    // The requests go out first: the watchdog the first campaign starts ahead (see
-    // `Driver::campaign`) then overlaps their round trips instead of preceding them.
+    // The requests go out first. Then, with nothing to consult before the first campaign,
+    // its watchdog starts (see `start_watchdog_ahead`): its exec and set-up overlap the
+    // first round trip instead of following it. Otherwise the campaign starts it.
     for _ in 0..CONNECT_POLLS {
         tokio::task::yield_now().await;
     }
+    let standby = if grant_beside_probe {
+        start_watchdog_ahead(&cfg)
+    } else {
+        None
+    };
     let probe = if grant_beside_probe {
         Some(probe)
     } else {
@@ -168,7 +174,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
         health,
         signals,
         launcher: Launcher {
-            standby: None,
+            standby,
             job_control,
             warned_uncontained: false,
         },
@@ -372,7 +378,10 @@ pub async fn campaign(
         HealthFailures::new(health.clone()),
     );
     let mut term = Term::new(token, key, slot, events, learned.predecessor_gone);
-    term.history_newest = at_creation.map(|a| a.history_newest);
+    if let Some(a) = at_creation {
+        term.history_newest = Some(a.history_newest);
+        term.elected_ms = a.elected_ms;
+    }
     let takeover = takeover_delay_for(env, token, learned).await;
     let retry = retry_delay_for(env).await;
     // Both are waits before the job, whichever is longer covers the other.
@@ -446,8 +455,13 @@ async fn takeover_delay_for(env: &Env, token: i64, learned: Learned) -> Option<(
         // Earlier terms ran without a delay, so without a start record before their jobs:
         // the last record need not be the last term's. Only an election that never ran a
         // term (no record at all) starts at once.
-        let ran = env.ctx.history(Some(1)).await;
-        if !ran.as_ref().is_ok_and(|r| r.is_empty()) {
+        // Our own term, known by its key, may be the newest: an earlier one is a record
+        // of another token.
+        let ran = env.ctx.history(Some(2)).await;
+        if !ran
+            .as_ref()
+            .is_ok_and(|r| r.iter().all(|rec| rec.token == token))
+        {
             let why = "this election ran without --takeover-delay until now, so how its last term ended is unknown";
             return Some((d, why.to_string()));
         }
@@ -512,6 +526,7 @@ async fn begin_delay(env: &Env, lease: &Lease, term: &mut Term, delay: &Delay) {
         term.takeover_delay_waited = Some(d);
         let value = Candidate {
             takeover_until_ms: Some(unix_ms() + d.as_millis() as u64),
+            elected_ms: term.elected_ms,
             ..env.candidate.clone()
         };
         term.show_in_status(&env.ctx, lease, &value).await;

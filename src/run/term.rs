@@ -54,6 +54,10 @@ pub struct Term {
     /// The newest history keys, read by the transaction that created our key and confirmed
     /// the term (none otherwise): what the end trims by when no start record was seen written.
     pub history_newest: Option<Vec<Vec<u8>>>,
+    /// When the creating transaction wrote our key as elected (its `elected_ms`), if it did:
+    /// readers then know the term by its key, and its start record can wait (see
+    /// [`history::START_RECORD_HOLD`]).
+    pub elected_ms: Option<u64>,
 }
 
 impl Term {
@@ -74,6 +78,7 @@ impl Term {
             attempt: None,
             predecessor_gone,
             history_newest: None,
+            elected_ms: None,
         }
     }
 
@@ -147,8 +152,9 @@ impl Term {
         }
     }
 
-    /// Writes the term's start record beside its job, in a task of its own, trying again after
-    /// each failure (see [`history::start_retry_pause`]) until it lands, etcd says our key is
+    /// Writes the term's start record beside its job, in a task of its own (after
+    /// [`history::START_RECORD_HOLD`] if our key says the term runs), and again after each
+    /// failure (see [`history::start_retry_pause`]) until it lands, etcd says our key is
     /// gone, or the term's end stops it (see [`Writing::settle`]).
     fn start_record_task(&self, ctx: &Ctx, cfg: &RunConfig, job_cgroup: bool) -> Writing {
         // Made once, here: every attempt, and the term's end if none is seen to land, writes
@@ -157,6 +163,7 @@ impl Term {
         let trim = self.trim_from(ctx, cfg);
         let (ctx, cfg, rec) = (ctx.clone(), cfg.clone(), record.clone());
         let (token, key) = (self.token, self.key.clone());
+        let hold = self.elected_ms.is_some();
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let term = Writer {
@@ -164,6 +171,14 @@ impl Term {
                 key: &key,
                 id: &cfg.id,
             };
+            // A job that ends within the hold is recorded whole by the term's end alone. Only
+            // a term whose key says it runs may wait: others are known by this record alone.
+            if hold {
+                tokio::select! {
+                    _ = tokio::time::sleep(history::start_record_hold()) => {}
+                    _ = stopped.wait_for(|s| *s) => return None,
+                }
+            }
             let mut failures = 0u32;
             loop {
                 match ctx.record_start(term, cfg.history_keep, &rec, &trim).await {

@@ -58,6 +58,10 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AtCreation {
     pub history_newest: Vec<Vec<u8>>,
+    /// When the key was written as elected (its value's `elected_ms`): with one slot, the
+    /// creating transaction marks the key it elects, so that a running term is known by its
+    /// key before its start record exists. `None` with more slots.
+    pub elected_ms: Option<u64>,
 }
 
 impl Outcome {
@@ -197,9 +201,10 @@ impl Campaign<'_> {
         learned.predecessor_gone = None;
         tracing::debug!(key, my_rev, "candidate key created");
         let mut lease_rx = self.lease.subscribe();
-        if let Some(ops) = created.filter(|ops| holds_unpaused(ops, my_rev)) {
+        if let Some(c) = created.filter(|c| holds_unpaused(&c.ops, my_rev)) {
             let seen = AtCreation {
-                history_newest: history_newest(&ops),
+                history_newest: history_newest(&c.ops),
+                elected_ms: c.elected_ms,
             };
             return self
                 .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait, learned)

@@ -18,29 +18,63 @@ use crate::election::Candidate;
 use crate::etcd::{bounded, classify};
 use crate::exit::Exit;
 
+/// What the creating transaction answered, when it created our key.
+pub(super) struct Created {
+    /// Its reads, in the order [`Campaign::create`] makes them.
+    pub ops: Vec<TxnOpResponse>,
+    /// When our key was written as elected (see [`Candidate::elected_ms`]), if it was.
+    pub elected_ms: Option<u64>,
+}
+
 impl Campaign<'_> {
     /// Creates our key, only if absent and only if the election runs with our slot count, and
     /// reads in the same transaction the head of the line and the pause switch, so that an
-    /// uncontended candidate is confirmed by this one round trip. Returns those reads (`None`
-    /// when an earlier attempt had created the key) and our key's create revision.
+    /// uncontended candidate is confirmed by this one round trip. With one slot, the key's
+    /// value then says so (`elected_ms`), decided by a transaction nested in this one whose
+    /// compares see the same state as the reads. Returns those reads (`None` when an earlier
+    /// attempt had created the key) and our key's create revision.
     pub(super) async fn create(
         &self,
         client: &mut Client,
         key: &str,
         learned: &mut Learned,
-    ) -> Result<(Option<Vec<TxnOpResponse>>, i64)> {
+    ) -> Result<(Option<Created>, i64)> {
         let e = self.election;
         let head = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(i64::from(self.slots))
             .with_keys_only();
-        let mut then = vec![
+        let put = |value: String| {
             TxnOp::put(
                 key,
-                self.value.clone(),
+                value,
                 Some(PutOptions::new().with_lease(self.lease.id)),
-            ),
+            )
+        };
+        let elected_ms = crate::election::unix_ms();
+        let create_key = if self.slots == 1 {
+            // Evaluated with the outer compares, before any write: no key in line (ours is
+            // not there yet) and no pause is exactly "the head read below finds us and no
+            // pause" (`holds_unpaused`), which confirms this candidate.
+            let elected = Candidate {
+                elected_ms: Some(elected_ms),
+                ..Candidate::parse(self.value.as_bytes())
+            };
+            TxnOp::txn(
+                Txn::new()
+                    .when([
+                        Compare::version(e.candidates(), CompareOp::Equal, 0).with_prefix(),
+                        Compare::version(e.paused_key(), CompareOp::Equal, 0),
+                    ])
+                    .and_then([put(elected.encode())])
+                    .or_else([put(self.value.clone())]),
+            )
+        } else {
+            put(self.value.clone())
+        };
+        let mut then = vec![
+            create_key,
             TxnOp::get(e.candidates(), Some(head)),
             TxnOp::get(e.paused_key(), Some(GetOptions::new().with_count_only())),
         ];
@@ -142,7 +176,9 @@ impl Campaign<'_> {
             my_rev > 0,
             "etcd returned no revision for our candidate key"
         );
-        Ok((Some(ops), my_rev))
+        let marked = matches!(ops.first(), Some(TxnOpResponse::Txn(t)) if t.succeeded());
+        let elected_ms = marked.then_some(elected_ms);
+        Ok((Some(Created { ops, elected_ms }), my_rev))
     }
 
     /// First in line: confirms that our key still has create revision `my_rev` and that the
