@@ -1540,44 +1540,53 @@ fn a_start_record_in_flight_at_the_end_leaves_the_record_closed() {
     assert!(f.etcd.keys("lead-exec/elections/flight/").is_empty());
 }
 
-/// A term elected by the transaction that created its key is marked so in the key, and holds
-/// its start record back (lead-exec-safety(7), "Round trips"). Until the record is there,
-/// `history`, `status` and a blocking `pause` know the term by its key: here the record is
-/// held for the whole term, and the job takes 3 s to stop, past the 1.5 s a pause gives a
-/// holder without a record.
-#[test]
-fn a_term_known_by_its_key_alone_is_running_for_pause_status_and_history() {
-    let f = Fixture::new();
-    let job = script(
-        f.dir.path(),
-        "trap 'sleep 3; echo end $FENCING_TOKEN >> $D/log; exit 0' TERM; \
-         echo $FENCING_TOKEN > $D/a.token; while :; do sleep 0.05; done",
-    );
-    let grace = ["--ttl", "8s", "--grace", "5s", "--safety-margin", "500ms"];
-    let hold = [("LEAD_EXEC_TEST_START_RECORD_HOLD_MS", "600000")];
-    let a = spawn_env(
-        f.dir.path(),
-        "a",
-        &run_args_with(&grace, "held", &f.ep, &["--id", "alpha"], &job),
-        &hold,
-    );
+/// Starts a worker on `name` (with `extra` flags) whose start record is held back for the
+/// whole term, and whose job takes 3 s to stop: past the 1.5 s a pause gives a holder without a
+/// record. Returns once `history` shows the term running, known by its key alone.
+fn held_term(f: &Fixture, name: &str, extra: &[&str]) -> (Worker, i64) {
+    let a = spawn_held(f, name, ("a", "alpha"), extra);
     let token = wait_int(&f.dir.path().join("a.token"), secs(10));
     assert!(
-        f.etcd.keys("lead-exec/meta/held/history/").is_empty(),
+        f.etcd
+            .keys(&format!("lead-exec/meta/{name}/history/"))
+            .is_empty(),
         "the start record is held back"
     );
-    let (code, out, err) = run(&["history", "held", "--endpoints", &f.ep, "-o", "json"]);
+    let (code, out, err) = run(&["history", name, "--endpoints", &f.ep, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let recs = json(&out);
     assert_eq!(recs[0]["token"].as_i64(), Some(token), "{out}");
     assert_eq!(recs[0]["id"], "alpha", "{out}");
     assert!(recs[0]["end"].is_null(), "running: {out}");
-    let (code, out, err) = run(&["status", "held", "--endpoints", &f.ep]);
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains("leader:    alpha"), "{out}");
-    assert!(out.contains(&format!("token {token}")), "{out}");
+    (a, token)
+}
 
-    let (code, out, err) = run(&["pause", "held", "--endpoints", &f.ep, "--reason", "upgrade"]);
+/// A worker `who` (its name, its id) on `name` whose start record is held back for the whole
+/// term; its job writes its token to `$D/<name>.token` and takes 3 s to stop.
+fn spawn_held(f: &Fixture, name: &str, who: (&str, &str), extra: &[&str]) -> Worker {
+    let job = script(
+        f.dir.path(),
+        &format!(
+            "trap 'sleep 3; echo end $FENCING_TOKEN >> $D/log; exit 0' TERM; \
+             echo $FENCING_TOKEN > $D/{}.token; while :; do sleep 0.05; done",
+            who.0
+        ),
+    );
+    let grace = ["--ttl", "8s", "--grace", "5s", "--safety-margin", "500ms"];
+    let hold = [("LEAD_EXEC_TEST_START_RECORD_HOLD_MS", "600000")];
+    let flags = [&["--id", who.1][..], extra].concat();
+    spawn_env(
+        f.dir.path(),
+        who.0,
+        &run_args_with(&grace, name, &f.ep, &flags, &job),
+        &hold,
+    )
+}
+
+/// A blocking `pause` of `name` returns only once the job of `token` has ended, and that
+/// term's end wrote its record whole.
+fn pause_waits_for(f: &Fixture, name: &str, token: i64) {
+    let (code, out, err) = run(&["pause", name, "--endpoints", &f.ep, "--reason", "upgrade"]);
     assert_eq!(code, 0, "{err}");
     assert!(
         lines(&f.dir.path().join("log")).contains(&format!("end {token}")),
@@ -1587,14 +1596,96 @@ fn a_term_known_by_its_key_alone_is_running_for_pause_status_and_history() {
         out.contains(&format!("waiting for token {token} to stop its job")),
         "{out}"
     );
-    // Its end wrote the record whole, started when the job did.
-    let (_, out, _) = run(&["history", "held", "--endpoints", &f.ep, "-o", "json"]);
+    let (_, out, _) = run(&["history", name, "--endpoints", &f.ep, "-o", "json"]);
     let recs = json(&out);
     assert_eq!(recs.as_array().map(Vec::len), Some(1), "{out}");
     assert_eq!(recs[0]["token"].as_i64(), Some(token), "{out}");
     assert_eq!(recs[0]["end"], "paused", "{out}");
-    assert_eq!(f.etcd.keys("lead-exec/meta/held/history/").len(), 1);
+    assert_eq!(
+        f.etcd
+            .keys(&format!("lead-exec/meta/{name}/history/"))
+            .len(),
+        1
+    );
+}
+
+/// A term elected by the transaction that created its key is marked so in the key, and holds
+/// its start record back (lead-exec-safety(7), "Round trips"). Until the record is there,
+/// `history`, `status` and a blocking `pause` know the term by its key.
+#[test]
+fn a_term_known_by_its_key_alone_is_running_for_pause_status_and_history() {
+    let f = Fixture::new();
+    let (a, token) = held_term(&f, "held", &[]);
+    let (code, out, err) = run(&["status", "held", "--endpoints", &f.ep]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("leader:    alpha"), "{out}");
+    assert!(out.contains(&format!("token {token}")), "{out}");
+    pause_waits_for(&f, "held", token);
     drop(a);
+}
+
+/// With `--slots`, the transaction that claims a slot marks the holder's key the same way.
+#[test]
+fn a_slot_holder_is_marked_by_its_claim_and_pause_waits_for_its_job() {
+    let f = Fixture::new();
+    let (a, token) = held_term(&f, "heldslot", &["--slots", "2"]);
+    pause_waits_for(&f, "heldslot", token);
+    drop(a);
+}
+
+/// A candidate that waited behind another is marked elected by the transaction that confirms
+/// it: its start record is held back too,
+/// and a blocking `pause` waits for its job however long the record takes (lead-exec-safety(7),
+/// "Round trips"). Before, a record delayed past 1.5 s let `pause` return with the job running.
+#[test]
+fn a_term_confirmed_behind_another_is_marked_and_pause_waits_for_its_job() {
+    let f = Fixture::new();
+    let first = job_until_go(f.dir.path());
+    let a = spawn(
+        f.dir.path(),
+        "a",
+        &run_args("behind", &f.ep, &["--id", "alpha"], &first),
+    );
+    let t1 = wait_int(&f.dir.path().join("started"), secs(10));
+    let b = spawn_held(&f, "behind", ("b", "beta"), &[]);
+    assert!(wait_until(secs(10), || f
+        .etcd
+        .keys("lead-exec/elections/behind/")
+        .len()
+        == 2));
+    std::fs::write(f.dir.path().join("go"), "").unwrap();
+    let t2 = wait_int(&f.dir.path().join("b.token"), secs(10));
+    assert!(t2 > t1);
+    let values = f.etcd.ctl(&[
+        "get",
+        "--prefix",
+        "lead-exec/elections/behind/",
+        "--print-value-only",
+    ]);
+    assert!(values.contains("\"elected_ms\""), "{values}");
+    assert_eq!(
+        f.etcd.keys("lead-exec/meta/behind/history/").len(),
+        1,
+        "only the first term's record; the second's is held back"
+    );
+    let (code, out, err) = run(&[
+        "pause",
+        "behind",
+        "--endpoints",
+        &f.ep,
+        "--reason",
+        "upgrade",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        lines(&f.dir.path().join("log")).contains(&format!("end {t2}")),
+        "pause returned while the job still ran:\n{out}"
+    );
+    let (_, out, _) = run(&["history", "behind", "--endpoints", &f.ep, "-o", "json"]);
+    let recs = json(&out);
+    assert_eq!(recs[1]["token"].as_i64(), Some(t2), "{out}");
+    assert_eq!(recs[1]["end"], "paused", "{out}");
+    drop((a, b));
 }
 
 /// An uncontended run that ends within the hold makes three raft commits: the lease grant,

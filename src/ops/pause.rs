@@ -63,8 +63,9 @@ pub async fn pause(a: PauseArgs) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// How long a holder with no start record yet may still be one whose job just started: its
-/// record is written beside the job, retried from 100 ms on.
+/// How long a holder with no start record and no mark of its election may still be one whose
+/// job just started: one of an older lead-exec, whose record goes out beside its job. A term
+/// marked elected needs none of it: `ctx.history` counts its key as a running term.
 const RECORD_GRACE: Duration = Duration::from_millis(1500);
 
 /// Between two looks at the terms while a pause waits.

@@ -320,16 +320,17 @@ pub async fn campaign(
         Ok(o) => o,
         Err(ev) => return Ok((ev, Campaigned::Lease(candidacy))),
     };
-    let (token, key, slot, at_creation, learned) = match outcome {
+    let (token, key, slot, at_creation, elected_ms, learned) = match outcome {
         Ok((
             Outcome::Elected {
                 token,
                 key,
                 slot,
                 at_creation,
+                elected_ms,
             },
             learned,
-        )) => (token, key, slot, at_creation, learned),
+        )) => (token, key, slot, at_creation, elected_ms, learned),
         Ok((Outcome::NotAcquired, _)) => {
             let ev = CampaignEnd::NotAcquired { unhealthy: false };
             return Ok((ev, Campaigned::Lease(candidacy)));
@@ -378,10 +379,8 @@ pub async fn campaign(
         HealthFailures::new(health.clone()),
     );
     let mut term = Term::new(token, key, slot, events, learned.predecessor_gone);
-    if let Some(a) = at_creation {
-        term.history_newest = Some(a.history_newest);
-        term.elected_ms = a.elected_ms;
-    }
+    term.history_newest = at_creation.map(|a| a.history_newest);
+    term.elected_ms = elected_ms;
     let takeover = takeover_delay_for(env, token, learned).await;
     let retry = retry_delay_for(env).await;
     // Both are waits before the job, whichever is longer covers the other.

@@ -44,6 +44,9 @@ pub enum Outcome {
         key: String,
         slot: u32,
         at_creation: Option<AtCreation>,
+        /// When the transaction that elected us also marked our key as elected (its value's
+        /// `elected_ms`, see [`Candidate::elected_ms`]), if it did.
+        elected_ms: Option<u64>,
     },
     /// Someone else leads and the wait policy gave up.
     NotAcquired,
@@ -58,22 +61,26 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AtCreation {
     pub history_newest: Vec<Vec<u8>>,
-    /// When the key was written as elected (its value's `elected_ms`): with one slot, the
-    /// creating transaction marks the key it elects, so that a running term is known by its
-    /// key before its start record exists. `None` with more slots.
-    pub elected_ms: Option<u64>,
 }
 
 impl Outcome {
-    fn at_creation(self, seen: AtCreation) -> Outcome {
+    /// The outcome as known to a transaction that elected us before the slot was claimed:
+    /// what the creation read (`seen`), and when it marked our key (`marked`), unless the
+    /// slot's claim marked it (more than one slot).
+    fn confirmed_by(self, seen: Option<AtCreation>, marked: Option<u64>) -> Outcome {
         match self {
             Outcome::Elected {
-                token, key, slot, ..
+                token,
+                key,
+                slot,
+                elected_ms,
+                ..
             } => Outcome::Elected {
                 token,
                 key,
                 slot,
-                at_creation: Some(seen),
+                at_creation: seen,
+                elected_ms: elected_ms.or(marked),
             },
             other => other,
         }
@@ -204,12 +211,11 @@ impl Campaign<'_> {
         if let Some(c) = created.filter(|c| holds_unpaused(&c.ops, my_rev)) {
             let seen = AtCreation {
                 history_newest: history_newest(&c.ops),
-                elected_ms: c.elected_ms,
             };
             return self
                 .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait, learned)
                 .await
-                .map(|o| Some(o.at_creation(seen)));
+                .map(|o| Some(o.confirmed_by(Some(seen), c.elected_ms)));
         }
         if self.priority > 0 {
             self.ask_for_handover(&mut client).await;
@@ -251,17 +257,19 @@ impl Campaign<'_> {
                     None => continue,
                 }
             }
-            let resp = self.confirm(&client, &key, my_rev).await?;
+            let elected_ms = crate::election::unix_ms();
+            let resp = self.confirm(&client, &key, my_rev, elected_ms).await?;
             if resp.succeeded() && must_yield(&resp.op_responses(), my_rev, self.priority) {
                 // Out of line; the next creation puts us behind the one we let pass.
                 self.leave_line(&mut client, &key, my_rev).await?;
                 return Ok(None);
             }
             if resp.succeeded() {
+                let marked = (self.slots == 1).then_some(elected_ms);
                 return self
                     .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait, learned)
                     .await
-                    .map(Some);
+                    .map(|o| Some(o.confirmed_by(None, marked)));
             }
             let ops = resp.op_responses();
             if existing_create_revision(&ops[..1]) != Some(my_rev) {

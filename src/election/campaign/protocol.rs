@@ -27,6 +27,15 @@ pub(super) struct Created {
 }
 
 impl Campaign<'_> {
+    /// Our key's value, marked as elected at `elected_ms` (see [`Candidate::elected_ms`]).
+    pub(super) fn elected_value(&self, elected_ms: u64) -> String {
+        Candidate {
+            elected_ms: Some(elected_ms),
+            ..Candidate::parse(self.value.as_bytes())
+        }
+        .encode()
+    }
+
     /// Creates our key, only if absent and only if the election runs with our slot count, and
     /// reads in the same transaction the head of the line and the pause switch, so that an
     /// uncontended candidate is confirmed by this one round trip. With one slot, the key's
@@ -57,17 +66,13 @@ impl Campaign<'_> {
             // Evaluated with the outer compares, before any write: no key in line (ours is
             // not there yet) and no pause is exactly "the head read below finds us and no
             // pause" (`holds_unpaused`), which confirms this candidate.
-            let elected = Candidate {
-                elected_ms: Some(elected_ms),
-                ..Candidate::parse(self.value.as_bytes())
-            };
             TxnOp::txn(
                 Txn::new()
                     .when([
                         Compare::version(e.candidates(), CompareOp::Equal, 0).with_prefix(),
                         Compare::version(e.paused_key(), CompareOp::Equal, 0),
                     ])
-                    .and_then([put(elected.encode())])
+                    .and_then([put(self.elected_value(elected_ms))])
                     .or_else([put(self.value.clone())]),
             )
         } else {
@@ -184,22 +189,33 @@ impl Campaign<'_> {
     /// First in line: confirms that our key still has create revision `my_rev` and that the
     /// election is not paused. The same read tells whether a younger candidate of higher
     /// priority waits behind us (see [`super::priority::must_yield`]); on failure it reads our
-    /// key and the pause switch instead.
+    /// key and the pause switch instead. With one slot, the same transaction marks our key as
+    /// elected at `elected_ms` (see [`Candidate::elected_ms`]): a candidate that then lets
+    /// one of higher priority pass deletes the key it marked.
     pub(super) async fn confirm(
         &self,
         client: &Client,
         key: &str,
         my_rev: i64,
+        elected_ms: u64,
     ) -> Result<TxnResponse> {
+        let mut then = vec![TxnOp::get(
+            self.election.priority_prefix(),
+            Some(GetOptions::new().with_prefix()),
+        )];
+        if self.slots == 1 {
+            then.push(TxnOp::put(
+                key,
+                self.elected_value(elected_ms),
+                Some(PutOptions::new().with_lease(self.lease.id)),
+            ));
+        }
         let confirm = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, my_rev),
                 Compare::version(self.election.paused_key(), CompareOp::Equal, 0),
             ])
-            .and_then([TxnOp::get(
-                self.election.priority_prefix(),
-                Some(GetOptions::new().with_prefix()),
-            )])
+            .and_then(then)
             .or_else([
                 TxnOp::get(key, None),
                 TxnOp::get(self.election.paused_key(), None),

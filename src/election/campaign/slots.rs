@@ -59,6 +59,7 @@ impl Campaign<'_> {
                 key,
                 slot: 0,
                 at_creation: None,
+                elected_ms: None,
             });
         }
         let e = self.election;
@@ -95,16 +96,18 @@ impl Campaign<'_> {
                     None => continue,
                 }
             };
+            // The claim also marks our key as elected (see `Candidate::elected_ms`).
+            let elected_ms = crate::election::unix_ms();
+            let on_lease = || Some(PutOptions::new().with_lease(self.lease.id));
             let claim = Txn::new()
                 .when([
                     Compare::create_revision(key.clone(), CompareOp::Equal, token),
                     Compare::version(e.slot_key(slot), CompareOp::Equal, 0),
                 ])
-                .and_then([TxnOp::put(
-                    e.slot_key(slot),
-                    token.to_string(),
-                    Some(PutOptions::new().with_lease(self.lease.id)),
-                )])
+                .and_then([
+                    TxnOp::put(e.slot_key(slot), token.to_string(), on_lease()),
+                    TxnOp::put(key.clone(), self.elected_value(elected_ms), on_lease()),
+                ])
                 .or_else([TxnOp::get(
                     key.clone(),
                     Some(GetOptions::new().with_keys_only()),
@@ -116,6 +119,7 @@ impl Campaign<'_> {
                     key,
                     slot,
                     at_creation: None,
+                    elected_ms: Some(elected_ms),
                 });
             }
             if existing_create_revision(&resp.op_responses()) != Some(token) {
