@@ -1788,6 +1788,18 @@ fn the_worker_after_a_failed_attempt_waits_the_retry_delay_before_its_attempt() 
     let flags = ["--attempts", "2", "--run-key", "k4", "--retry-delay", "2s"];
     let mut w = attempt_workers(&f, "rd", &["a", "b"], &flags, &job);
     std::fs::write(f.dir.path().join("go"), "").unwrap();
+    // While it waits, the term runs no job, and no reader says it does: every term in the
+    // history is closed (its key no longer says it was elected).
+    w[1].wait_log("waiting --retry-delay", secs(20));
+    let mut hist = Vec::new();
+    let quiet = wait_until(Duration::from_millis(1500), || {
+        hist = history_of(&f, "rd");
+        hist.iter().all(|r| !r["end"].is_null())
+    });
+    assert!(
+        quiet,
+        "a term waiting out its retry delay shown running: {hist:?}"
+    );
     assert_eq!(w[0].code(secs(20)), 3, "{}", w[0].log_text());
     assert_eq!(w[1].code(secs(20)), 0, "{}", w[1].log_text());
     let log = w[1].log_text();

@@ -519,19 +519,22 @@ async fn begin_delay(env: &Env, lease: &Lease, term: &mut Term, delay: &Delay) {
         "{why}: waiting {flag} {} before starting the job",
         crate::clock::human(d)
     );
-    if let Delay::Takeover(..) = delay {
+    // A term waiting out a delay runs no job: its key no longer says it was elected (readers
+    // would show it running), and its record is written before its job instead.
+    term.elected_ms = None;
+    let value = if let Delay::Takeover(..) = delay {
         metrics::takeover_delayed();
         notify::status(&format!("takeover delay, token {token}"));
         term.takeover_delay_waited = Some(d);
-        let value = Candidate {
+        Candidate {
             takeover_until_ms: Some(unix_ms() + d.as_millis() as u64),
-            elected_ms: term.elected_ms,
             ..env.candidate.clone()
-        };
-        term.show_in_status(&env.ctx, lease, &value).await;
+        }
     } else {
         notify::status(&format!("retry delay, token {token}"));
-    }
+        env.candidate.clone()
+    };
+    term.show_in_status(&env.ctx, lease, &value).await;
     // Counted from here: never shorter than asked, whatever the status write took.
     term.events.delay = Timer::after(d);
 }

@@ -289,8 +289,10 @@ impl Term {
             }
         }
         // With --takeover-delay, the next leader decides by this term's record, so it must
-        // exist before the job does: a term that ran a job always has one.
-        let recorded = if cfg.takeover_delay.is_zero() {
+        // exist before the job does: a term that ran a job always has one. So must the record
+        // of a term its key does not mark as elected (one that waited out a delay): readers
+        // know it by nothing else.
+        let recorded = if cfg.takeover_delay.is_zero() && self.elected_ms.is_some() {
             None
         } else {
             match self.write_start_record(ctx, cfg).await {
@@ -298,7 +300,7 @@ impl Term {
                 None => {
                     tracing::warn!(
                         token,
-                        "not starting the job: its history record, which --takeover-delay needs first, could not be written"
+                        "not starting the job: its history record, which must exist before this job, could not be written"
                     );
                     return lost;
                 }
