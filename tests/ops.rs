@@ -1495,23 +1495,48 @@ fn short_runs_are_recorded_whole_at_their_end_and_still_trimmed() {
 }
 
 /// A whole run does not wait for its lease's revoke (lead-exec-safety(7), "Round trips"): the
-/// commit that closes the term deleted the key, so the run leaves no key behind, and a lease
-/// of its still alive holds none.
+/// commit that closes the term deleted the key and what else the lease held (its `--priority`
+/// key, a resign request written on it), so the run leaves no key behind, and a lease of its
+/// still alive holds none. A resign request on another lease is not the term's to delete.
 #[test]
 fn a_whole_run_leaves_no_key_behind_and_its_lease_holds_none() {
     let f = Fixture::new();
+    let d = f.dir.path();
+    let job = job_until_go(d);
+    let mut w = spawn(d, "w", &run_args("left", &f.ep, &["--priority", "5"], &job));
+    wait_int(&d.join("started"), secs(10));
+    let key = std::fs::read_to_string(d.join("key")).unwrap();
+    let lease = key.trim().rsplit('/').next().unwrap().to_string();
+    // A request naming another token: the leader leaves it be, and it goes with the term.
+    f.etcd
+        .ctl(&["put", "lead-exec/meta/left/resign", "1", "--lease", &lease]);
+    std::fs::write(d.join("go"), "").unwrap();
+    assert_eq!(w.wait(secs(10)).code(), Some(0), "{}", w.log_text());
+    let meta = f.etcd.keys("lead-exec/meta/left/");
+    assert!(
+        meta.iter()
+            .all(|k| k.starts_with("lead-exec/meta/left/history/")),
+        "{meta:?}"
+    );
+    assert!(f.etcd.keys("lead-exec/elections/left/").is_empty());
+    let held = |id: &str| {
+        let ttl = f.etcd.ctl(&["lease", "timetolive", id, "--keys"]);
+        !(ttl.contains("already expired") || ttl.contains("attached keys([])"))
+    };
+    assert!(!held(&lease), "the run's lease holds a key");
+    // A request on a lease not ours stays for its own holder.
+    let other = f.etcd.ctl(&["lease", "grant", "60"]);
+    let other = other.split_whitespace().nth(1).unwrap().to_string();
+    f.etcd
+        .ctl(&["put", "lead-exec/meta/left/resign", "1", "--lease", &other]);
     let (code, _, err) = run(&run_args("left", &f.ep, &[], "true"));
     assert_eq!(code, 0, "{err}");
-    assert!(f.etcd.keys("lead-exec/elections/left/").is_empty());
+    assert!(!f.etcd.keys("lead-exec/meta/left/resign").is_empty());
     for line in f.etcd.ctl(&["lease", "list"]).lines().skip(1) {
         let Some(id) = line.split_whitespace().next() else {
             continue;
         };
-        let ttl = f.etcd.ctl(&["lease", "timetolive", id, "--keys"]);
-        assert!(
-            ttl.contains("already expired") || ttl.contains("attached keys([])"),
-            "{ttl}"
-        );
+        assert!(id == other || !held(id), "lease {id} holds a key");
     }
 }
 

@@ -265,6 +265,40 @@ pub struct StartFacts<'a> {
     pub attempt: Option<u32>,
 }
 
+/// What else a term's lease holds, for the commit that ends the term to delete with its key:
+/// the revoke that follows is not awaited, and a lease that outlives lead-exec (until its TTL)
+/// must hold nothing (lead-exec-safety(7), "Round trips").
+#[derive(Clone, Copy, Debug)]
+pub struct OnLease {
+    /// The lease: a resign request written on it was for this term.
+    pub lease: i64,
+    /// Our slot, with `--slots` above 1.
+    pub slot: Option<u32>,
+    /// Whether we put a `--priority` key.
+    pub priority: bool,
+}
+
+impl OnLease {
+    fn deletes(self, e: &crate::election::Election) -> Vec<TxnOp> {
+        let mut ops: Vec<TxnOp> = self
+            .slot
+            .map(|s| TxnOp::delete(e.slot_key(s), None))
+            .into_iter()
+            .collect();
+        if self.priority {
+            ops.push(TxnOp::delete(e.priority_key(self.lease), None));
+        }
+        // Only a request on our lease: with `--slots` above 1, one may be there for another
+        // holder.
+        ops.push(TxnOp::txn(
+            Txn::new()
+                .when([Compare::lease(e.resign_key(), CompareOp::Equal, self.lease)])
+                .and_then([TxnOp::delete(e.resign_key(), None)]),
+        ));
+        ops
+    }
+}
+
 impl Ctx {
     /// Writes the start record `rec` of our term, guarded by our key, and, unless `trim` says
     /// them already, reads beside it which old records the end of the term trims: a round trip
@@ -324,9 +358,10 @@ impl Ctx {
 
     /// Writes the end of our term and deletes our leader key in one transaction, guarded by the
     /// key (and by a start record seen written being unchanged): one commit hands over
-    /// leadership and closes the record. The same commit frees our slot key (`slot`, with
-    /// `--slots` above 1), so the next holder finds it free at once, and trims the records beyond
-    /// `--history-keep` (from the list read beside a start record seen written).
+    /// leadership and closes the record. The same commit deletes the other keys our lease holds
+    /// ([`OnLease`]), so the next holder finds our slot free at once and the revoke that follows
+    /// need not land, and trims the records beyond `--history-keep` (from the list read beside a
+    /// start record seen written).
     /// `Ok(false)` when the guard failed and nothing was written.
     ///
     /// A start record not seen written goes in whole, closed. That is a put whatever is there,
@@ -340,7 +375,7 @@ impl Ctx {
     pub async fn record_end_and_release(
         &self,
         writer: Writer<'_>,
-        slot: Option<u32>,
+        on_lease: OnLease,
         start: &Start,
         reason: TermEnd,
         trim_unconfirmed: Option<Vec<u8>>,
@@ -369,7 +404,7 @@ impl Ctx {
                 TxnOp::delete(writer.key, None),
             ]
             .into_iter()
-            .chain(slot.map(|s| TxnOp::delete(e.slot_key(s), None)))
+            .chain(on_lease.deletes(e))
             .chain(trim.map(|end| {
                 TxnOp::delete(
                     e.history_prefix(),

@@ -415,7 +415,7 @@ impl Driver {
             }),
             // The term ends here: its record closes it, and what is left is its lease.
             (Action::RecordEnd(reason), Held::Term(mut c, t)) => {
-                c.closing = t.end(&self.process.env, reason).await;
+                c.closing = t.end(&self.process.env, c.lease.id, reason).await;
                 Ok(Held::Lease(c))
             }
             (Action::RevokeLease, held) => {

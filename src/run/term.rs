@@ -11,7 +11,9 @@ use crate::config::RunConfig;
 use crate::election::lease::{Lease, LeaseState, MIN_RENEWAL_TIMEOUT};
 use crate::election::{Candidate, Ctx};
 use crate::records::attempts::{Claim, Claimed};
-use crate::records::history::{self, Record, Start, StartFacts, Started, TermEnd, TrimFrom};
+use crate::records::history::{
+    self, OnLease, Record, Start, StartFacts, Started, TermEnd, TrimFrom,
+};
 use crate::records::Writer;
 use crate::supervisor::{JobControl, JobSpec, Launch, Standby};
 use crate::{fencing, metrics, notify};
@@ -393,7 +395,7 @@ impl Term {
     /// Writes how the term ended, while our key still guards the write; also the run key.
     /// This ends the term: what is left is its lease, whose revoke follows, told by what is
     /// returned what it must do.
-    pub async fn end(mut self, env: &Env, reason: TermEnd) -> Closing {
+    pub async fn end(mut self, env: &Env, lease: i64, reason: TermEnd) -> Closing {
         // The end record goes after the start record, or in its place: one still being written
         // is stopped, and goes in whole with the end.
         let mut start = match self.start_record.take() {
@@ -406,7 +408,11 @@ impl Term {
         }
         let (cfg, ctx) = (&env.cfg, &env.ctx);
         let timeout = ctx.timeout;
-        let slot = (cfg.slots > 1).then_some(self.slot);
+        let on_lease = OnLease {
+            lease,
+            slot: (cfg.slots > 1).then_some(self.slot),
+            priority: cfg.priority > 0,
+        };
         let id = self.writer(cfg);
         let trim_unconfirmed = match self.trim_from(ctx, cfg) {
             TrimFrom::Known(t) => t,
@@ -449,7 +455,7 @@ impl Term {
                         ..ctx.clone()
                     };
                     let r = attempt
-                        .record_end_and_release(id, slot, s, reason, trim_unconfirmed.clone())
+                        .record_end_and_release(id, on_lease, s, reason, trim_unconfirmed.clone())
                         .await;
                     let again = r
                         .as_ref()
@@ -499,7 +505,8 @@ impl Term {
 pub enum Closing {
     /// Our key is still in line (or there was no term).
     Open,
-    /// The end record also deleted our key: the lease holds nothing any more, so revoking
+    /// The end record also deleted our key and the lease's other keys (`OnLease`): the lease
+    /// holds nothing any more, so revoking
     /// it can wait in the background (or be left to expire when lead-exec exits).
     KeyDeleted,
     /// The end record could not close the term in one commit with the key: the revoke
