@@ -99,7 +99,7 @@
 //!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
 //! - [`exit`], [`clock`], [`period`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
 //!   CLOCK_BOOTTIME, `--every`'s periods in UTC, Prometheus, systemd, values made safe to
-//!   print.
+//!   print; [`hooks`], the debug-build hooks by which tests force an order of events.
 //!
 //! The safety decisions are pure functions with unit and property tests:
 //! the step functions of [`run::lifecycle`], [`supervisor::watchdog::enforcer::Enforcer`],
@@ -113,6 +113,7 @@ pub mod election;
 pub mod etcd;
 pub mod exit;
 pub mod fencing;
+pub mod hooks;
 pub mod logging;
 pub mod metrics;
 pub mod notify;

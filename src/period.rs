@@ -163,14 +163,7 @@ pub fn now_unix_ms() -> i64 {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
         Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
     };
-    let skew = if cfg!(debug_assertions) {
-        std::env::var(TEST_SKEW_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<i64>().ok())
-            .unwrap_or(0)
-    } else {
-        0
-    };
+    let skew = crate::hooks::value::<i64>(TEST_SKEW_VAR).unwrap_or(0);
     now.saturating_add(skew)
 }
 

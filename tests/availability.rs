@@ -86,6 +86,30 @@ fn wait_counts_from_each_campaign_not_from_process_start() {
     w.wait(secs(10));
 }
 
+/// A first endpoint that refuses connections is passed over at start-up at once, not after
+/// a read attempt's bound (half the dial timeout): connecting it ahead of the first requests
+/// (lead-exec-safety(7), "Round trips") moves the pin on its refusal, and the run goes on at
+/// the next endpoint.
+#[test]
+fn a_first_endpoint_that_refuses_connections_is_passed_over_at_start_up() {
+    let f = Fixture::new();
+    let eps = format!("127.0.0.1:1,{}", f.ep);
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/t");
+    let started = std::time::Instant::now();
+    let dial = ["--dial-timeout", "10s"];
+    let (code, _, err) = run(&run_args("refused", &eps, &dial, &job));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        started.elapsed() < secs(4),
+        "{:?}: {err}",
+        started.elapsed()
+    );
+    let token = wait_int(&f.dir.path().join("t"), secs(1));
+    let (_, out, _) = run(&["history", "refused", "--endpoints", &f.ep, "-o", "json"]);
+    let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(recs[0]["token"].as_i64(), Some(token), "{out}");
+}
+
 /// A worker that starts while etcd elects a leader (a member restarted, the raft leader
 /// lost) waits for it within `--dial-timeout` instead of exiting 69 at the first "no leader".
 #[test]

@@ -1,6 +1,6 @@
 //! TLS with client certificates, and user/password auth, against real etcd.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use harness::tls::{ca, cert, cert_as, server_args};
 use harness::*;
@@ -255,6 +255,35 @@ fn user_auth_takes_the_password_from_env_or_file_and_never_logs_it() {
     let (code, _, err) = run(&args);
     assert_eq!(code, 6, "{err}");
     assert!(!err.contains("s3cret"));
+}
+
+/// A worker that etcd lets write its keys but not read the whole of `lead-exec/` is refused by
+/// the start-up probe (77) after its creating transaction, sent beside the lease's grant, has
+/// put it in line: it revokes that lease on its way out, so no key of it stands in line. Every
+/// commit is slowed, so that the refusal (a read) comes back before the grant (a commit).
+#[test]
+fn a_worker_refused_at_start_leaves_no_key_in_line() {
+    let mut etcd = Etcd::slow_commits(Duration::from_millis(200));
+    etcd.ctl(&["user", "add", "root", "--new-user-password=s3cret-root"]);
+    etcd.ctl(&["user", "add", "narrow", "--new-user-password=s3cret-narrow"]);
+    etcd.ctl(&["role", "add", "narrow"]);
+    for prefix in ["lead-exec/elections/", "lead-exec/meta/"] {
+        let grant = ["role", "grant-permission", "narrow", "--prefix=true"];
+        etcd.ctl(&[&grant[..], &["readwrite", prefix]].concat());
+    }
+    etcd.ctl(&["user", "grant-role", "narrow", "narrow"]);
+    etcd.ctl(&["auth", "enable"]);
+    etcd.ctl_args = vec!["--user=root:s3cret-root".into()];
+    let f = Fixture::with(etcd);
+    for _ in 0..2 {
+        let (code, _, err) = run_env(
+            &run_args("narrow", &f.ep, &["--user", "narrow"], "exit 0"),
+            &[("LEAD_EXEC_PASSWORD", "s3cret-narrow")],
+        );
+        assert_eq!(code, 77, "{err}");
+        let keys = f.etcd.keys("lead-exec/elections/narrow/");
+        assert!(keys.is_empty(), "left in line: {keys:?}");
+    }
 }
 
 #[test]

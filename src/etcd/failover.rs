@@ -84,6 +84,7 @@ impl Outage {
 
 struct Member {
     uri: Uri,
+    endpoint: Endpoint,
     channel: tonic::transport::Channel,
 }
 
@@ -113,9 +114,50 @@ impl Router {
                     members.push(Member {
                         uri,
                         channel: ep.connect_lazy(),
+                        endpoint: ep,
                     });
                 }
                 Change::Remove(uri) => members.retain(|m| m.uri != uri),
+            }
+        }
+    }
+
+    /// Connects the pinned endpoint now, its TLS handshake included, rather than when the
+    /// first request routed there: requests queued behind a handshake leave together once it
+    /// is done, and etcd may then take them in any order. Once connected, each request goes out
+    /// as it is made. `false` when it did not connect within one read attempt's bound: the pin
+    /// then moves on, as after a read that failed there.
+    pub async fn connect_pinned(&self) -> bool {
+        self.absorb_changes();
+        let pinned = {
+            let members = self.members.lock().expect("router lock");
+            let i = self.pinned.load(Ordering::SeqCst) % members.len().max(1);
+            members
+                .get(i)
+                .map(|m| (i, m.uri.clone(), m.endpoint.clone()))
+        };
+        let Some((i, uri, endpoint)) = pinned else {
+            return false;
+        };
+        match tokio::time::timeout(self.attempt_timeout, endpoint.connect()).await {
+            Ok(Ok(channel)) => {
+                let mut members = self.members.lock().expect("router lock");
+                match members.get_mut(i).filter(|m| m.uri == uri) {
+                    Some(m) => {
+                        m.channel = channel;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!("connecting to {uri}: {e}");
+                self.failed(i);
+                false
+            }
+            Err(_) => {
+                self.failed(i);
+                false
             }
         }
     }

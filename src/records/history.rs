@@ -236,11 +236,8 @@ pub const START_RECORD_HOLD: Duration = Duration::from_millis(250);
 /// hold a record back for as long as they look at a term known by its key alone, or send it
 /// at once to have it in flight at the term's end.
 pub fn start_record_hold() -> Duration {
-    let test = cfg!(debug_assertions)
-        .then(|| std::env::var("LEAD_EXEC_TEST_START_RECORD_HOLD_MS").ok())
-        .flatten()
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    test.map_or(START_RECORD_HOLD, Duration::from_millis)
+    crate::hooks::value("LEAD_EXEC_TEST_START_RECORD_HOLD_MS")
+        .map_or(START_RECORD_HOLD, Duration::from_millis)
 }
 
 /// The pause before the retry after `failures` failed start-record writes: 100 ms doubling up

@@ -11,14 +11,14 @@ use tokio::time::Instant;
 
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
-use crate::election::campaign::{Campaign, Learned, Outcome, Wait};
+use crate::election::campaign::{withdraw, Campaign, Joined, Joining, Learned, Outcome, Wait};
 use crate::election::leader::LeaderWatch;
-use crate::election::lease::{Lease, LeaseState};
+use crate::election::lease::{fresh_id, Lease, LeaseState};
 use crate::election::{unix_ms, Candidate, Ctx};
 use crate::exit::Exit;
 
 use crate::supervisor::Standby;
-use crate::{etcd, metrics, notify};
+use crate::{etcd, hooks, metrics, notify};
 
 use super::env::{token_regressed, Env, Failure};
 use super::events::{HealthFailures, Settings, TermEvents, Timer};
@@ -93,6 +93,42 @@ pub struct StartUp {
     probe: Option<JoinHandle<Result<()>>>,
     /// The first campaign's lease grant, sent beside the probe.
     first_lease: Option<JoinHandle<Result<Lease>>>,
+    /// The first campaign's creating transaction, sent right behind that grant.
+    early: Option<Early>,
+}
+
+/// A creating transaction sent before its lease was granted, naming the lease id the grant
+/// asks for: the grant and the creation take one round trip between them.
+struct Early {
+    lease: i64,
+    joined: JoinHandle<Result<Joined>>,
+}
+
+impl Early {
+    /// What it answered, if it stands for the first creation of the campaign on `lease`: it
+    /// named that lease and etcd took it. One that arrived before the grant wrote nothing (a
+    /// put naming a lease that does not exist fails the whole transaction) and is sent again
+    /// by the campaign. One that named another lease (ours was refused as taken, or its grant
+    /// failed and was made again) and created a key has that key withdrawn: it is ours, on a
+    /// lease we do not keep alive, and must not hold a place in line.
+    async fn settle(self, ctx: &Ctx, lease: &Lease) -> Option<Joined> {
+        let answer = self.joined.await.ok()?;
+        match answer {
+            Ok(j) if self.lease == lease.id => Some(j),
+            Ok(j) => {
+                if let Err(e) = withdraw(ctx, self.lease, j.rev).await {
+                    tracing::warn!(
+                        "a key created on a lease not ours stays until it expires: {e:#}"
+                    );
+                }
+                None
+            }
+            Err(e) => {
+                tracing::debug!("creating transaction sent ahead of its lease: {e:#}");
+                None
+            }
+        }
+    }
 }
 
 /// Turns of the scheduler the connection gets before the watchdog is spawned (which holds
@@ -119,6 +155,15 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
         ..Candidate::this_process(&cfg.id)
     };
     let ctx = Ctx::open(&cfg.conn, cfg.election.clone()).await?;
+    // Without a health check or a run key to consult first, the first campaign's lease grant
+    // goes out beside the probe, on the connection it opens.
+    // Nor with a splay, which would hold that lease idle through its wait.
+    let grant_beside_probe = cfg.health.is_none() && cfg.run_key.is_none() && cfg.splay.is_zero();
+    // And the transaction that puts us in line goes out behind the grant, without waiting
+    // for its answer, if the connection is made first (see `Early`): etcd then gets the two in
+    // the order they were sent. A connection that authenticating made is up already.
+    let connected =
+        grant_beside_probe && (cfg.conn.auth.is_some() || ctx.router.connect_pinned().await);
     let probe = {
         let (c, conn) = (ctx.client.clone(), cfg.conn.clone());
         tokio::spawn(async move { etcd::probe(&c, &conn).await }.in_current_span())
@@ -129,13 +174,20 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
         let (c, t) = (ctx.client.clone(), cfg.conn.dial_timeout);
         tokio::spawn(async move { etcd::server_version(&c, t).await }.in_current_span())
     };
-    // Without a health check or a run key to consult first, the first campaign's lease grant
-    // goes out beside the probe, on the connection it opens.
-    // Nor with a splay, which would hold that lease idle through its wait.
-    let grant_beside_probe = cfg.health.is_none() && cfg.run_key.is_none() && cfg.splay.is_zero();
+    let first_id = connected
+        .then(|| hooks::value("LEAD_EXEC_TEST_FIRST_LEASE_ID").or_else(fresh_id))
+        .flatten();
     let first_lease = grant_beside_probe.then(|| {
         let (c, ttl, grace, margin) = (ctx.clone(), cfg.ttl, cfg.grace, cfg.safety_margin);
-        tokio::spawn(async move { Lease::grant(&c, ttl, grace, margin).await }.in_current_span())
+        // Tests send it after the creation behind it, as etcd may take them.
+        let late = hooks::value("LEAD_EXEC_TEST_FIRST_GRANT_LATE_MS").map(Duration::from_millis);
+        let grant = async move {
+            if let Some(late) = late {
+                tokio::time::sleep(late).await;
+            }
+            Lease::grant(&c, ttl, grace, margin, first_id).await
+        };
+        tokio::spawn(grant.in_current_span())
     });
     // The requests go out first. Then, with nothing to consult before the first campaign,
     // its watchdog starts (see `start_watchdog_ahead`): its exec and set-up overlap the
@@ -148,6 +200,12 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
     } else {
         None
     };
+    // Behind the grant, on the id it asks for: the transaction that puts us in line. After
+    // the watchdog's spawn, which leaves the grant's request time to reach etcd first.
+    let early = first_id.map(|lease| Early {
+        lease,
+        joined: tokio::spawn(join_early(&ctx, &cfg, &candidate, lease).in_current_span()),
+    });
     let probe = if grant_beside_probe {
         Some(probe)
     } else {
@@ -181,7 +239,12 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
         give_up_at,
         etcd_warning,
     };
-    Ok(Ok((process, StartUp { probe, first_lease })))
+    let startup = StartUp {
+        probe,
+        first_lease,
+        early,
+    };
+    Ok(Ok((process, startup)))
 }
 
 /// What start-up made that lives as long as the process: the driver is made of it.
@@ -265,9 +328,12 @@ pub async fn campaign(
         launcher.standby = start_watchdog_ahead(cfg);
     }
     let started = Instant::now();
-    let granted = match startup {
-        Some(s) => first_grant(env, s).await?,
-        None => grant(&env.ctx, cfg).await,
+    let (granted, early) = match startup {
+        Some(mut s) => {
+            let early = s.early.take();
+            (first_grant(env, s).await?, early)
+        }
+        None => (grant(&env.ctx, cfg).await, None),
     };
     let lease = match granted {
         Ok(l) => l,
@@ -278,6 +344,10 @@ pub async fn campaign(
             }));
             return Ok((failed, Campaigned::Nothing));
         }
+    };
+    let joined = match early {
+        Some(e) => e.settle(&env.ctx, &lease).await,
+        None => None,
     };
     let outcome = {
         let camp = Campaign {
@@ -295,7 +365,7 @@ pub async fn campaign(
             history_keep: cfg.history_keep,
         };
         let mut last_wait = None;
-        let run = camp.run(|w| {
+        let run = camp.run(joined, |w| {
             if last_wait.as_ref() != Some(w) {
                 tracing::info!("{w}");
                 if let Some(status) = w.status() {
@@ -403,13 +473,13 @@ pub async fn campaign(
 /// The first campaign's lease, granted at start-up beside the probe. What etcd says to the
 /// probe still decides the start: unreachable or refusing us (exit 69 or 77; a lease grant may
 /// succeed where reading our keys is not allowed), or, if it answers and the grant did not (a
-/// leader election that the probe waited out), a grant again at once. The candidate key is
-/// created only after both, so a worker that gives up at start may leave an empty lease
-/// behind, never a key in line.
+/// leader election that the probe waited out), a grant again at once. The creating
+/// transaction sent behind the grant may have put our key in line by then: a worker that
+/// gives up at start revokes the lease ([`give_up_first`]).
 ///
-/// Start-up is bounded by `--dial-timeout`, the probe's bound: a grant still in flight when
-/// the probe gives up is abandoned (its lease, if the server grants it after all, holds no
-/// key and expires), not waited for through `--command-timeout`.
+/// Start-up is bounded by `--dial-timeout`, the probe's bound, and by a second more for the
+/// grant's answer when the probe failed; a grant unanswered by then is abandoned, not waited
+/// for through `--command-timeout`.
 async fn first_grant(env: &Env, startup: StartUp) -> Result<Result<Lease>> {
     let Some(first) = startup.first_lease else {
         return Ok(grant(&env.ctx, &env.cfg).await);
@@ -431,7 +501,7 @@ async fn first_grant(env: &Env, startup: StartUp) -> Result<Result<Lease>> {
                 }
             }
             Err(e) => {
-                first.abort();
+                give_up_first(env, first).await;
                 return Err(e);
             }
         },
@@ -441,6 +511,48 @@ async fn first_grant(env: &Env, startup: StartUp) -> Result<Result<Lease>> {
         Ok(l) => Ok(l),
         Err(_) => grant(&env.ctx, &env.cfg).await,
     })
+}
+
+/// Gives up the first lease at a start-up that failed. The creating transaction sent behind
+/// its grant may have put our key in line on it, so the grant's answer is waited for (a
+/// second at most: a probe refused for want of permission answers before a commit does), and
+/// a lease granted is revoked, which takes the key with it. A grant unanswered by then is
+/// abandoned: if etcd takes it later, a key on it stands in line until the lease expires.
+async fn give_up_first(env: &Env, mut first: JoinHandle<Result<Lease>>) {
+    let wait = env.cfg.conn.command_timeout.min(Duration::from_secs(1));
+    match tokio::time::timeout(wait, &mut first).await {
+        Ok(Ok(Ok(lease))) => {
+            lease.revoke(wait, wait).await;
+        }
+        Ok(_) => {}
+        Err(_) => first.abort(),
+    }
+}
+
+/// The first creating transaction, owning what it needs, for [`Early`].
+fn join_early(
+    ctx: &Ctx,
+    cfg: &RunConfig,
+    candidate: &Candidate,
+    lease: i64,
+) -> impl std::future::Future<Output = Result<Joined>> + 'static {
+    let (client, election, value) = (ctx.client.clone(), cfg.election.clone(), candidate.encode());
+    let (timeout, slots, priority) = (cfg.conn.command_timeout, cfg.slots, cfg.priority);
+    let (takeover_delay, history_keep) = (cfg.takeover_delay, cfg.history_keep);
+    async move {
+        let joining = Joining {
+            client: &client,
+            election: &election,
+            lease,
+            value: &value,
+            timeout,
+            slots,
+            priority,
+            takeover_delay,
+            history_keep,
+        };
+        joining.join().await
+    }
 }
 
 /// The takeover delay a new term owes, with what was judged: `--takeover-delay` when the term
@@ -661,7 +773,7 @@ const VERSION_WAIT: Duration = Duration::from_millis(200);
 
 /// A lease for one campaign, kept alive from now on.
 pub async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
-    Lease::grant(ctx, cfg.ttl, cfg.grace, cfg.safety_margin).await
+    Lease::grant(ctx, cfg.ttl, cfg.grace, cfg.safety_margin, None).await
 }
 
 /// A watchdog for the next job, or none if it cannot start now (the start is tried again

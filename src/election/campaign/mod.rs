@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use super::lease::{Lease, LeaseState, Loss};
 use super::{Candidate, Election};
 use priority::must_yield;
+pub use protocol::Created;
 use protocol::{existing_create_revision, history_newest, holds_unpaused, patient};
 use slots::may_hold;
 
@@ -118,6 +119,60 @@ pub struct Campaign<'a> {
     pub history_keep: u32,
 }
 
+/// What the transaction that puts a candidate in line needs of its campaign: no more of the
+/// lease than its id, so that it can go out beside the lease's grant (see
+/// [`super::lease::Lease::grant`]'s `id`, and lead-exec-safety(7), "Round trips").
+pub struct Joining<'a> {
+    pub client: &'a Client,
+    pub election: &'a Election,
+    pub lease: i64,
+    pub value: &'a str,
+    pub timeout: Duration,
+    pub slots: u32,
+    pub priority: u32,
+    pub takeover_delay: Duration,
+    pub history_keep: u32,
+}
+
+/// What a creating transaction sent ahead of the campaign answered: see [`Campaign::run`].
+pub struct Joined {
+    pub created: Option<Created>,
+    /// Our key's create revision.
+    pub rev: i64,
+    pub learned: Learned,
+}
+
+impl Joining<'_> {
+    /// Creates our key as [`Joining::create`] does, for a campaign that follows.
+    pub async fn join(&self) -> Result<Joined> {
+        let mut learned = Learned::default();
+        let (created, rev) = self.create(&mut learned).await?;
+        Ok(Joined {
+            created,
+            rev,
+            learned,
+        })
+    }
+}
+
+/// Deletes our key on `lease` if its create revision is still `rev`, with the `--priority`
+/// key put beside it: what a creating transaction put in line on a lease the campaign does
+/// not keep alive (see [`Joining`]).
+pub async fn withdraw(ctx: &super::Ctx, lease: i64, rev: i64) -> Result<()> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let e = &ctx.election;
+    let key = e.candidate_key(lease);
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+        .and_then([
+            TxnOp::delete(key, None),
+            TxnOp::delete(e.priority_key(lease), None),
+        ]);
+    let mut c = ctx.client.clone();
+    ctx.bounded(c.txn(txn)).await?;
+    Ok(())
+}
+
 /// What a campaign learned on its way to the outcome, for the term it may win.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Learned {
@@ -184,10 +239,35 @@ impl InLine {
 }
 
 impl Campaign<'_> {
-    pub async fn run(&self, mut on_wait: impl FnMut(&InLine)) -> Result<(Outcome, Learned)> {
+    /// The part of the campaign that needs no more of the lease than its id.
+    pub fn joining(&self) -> Joining<'_> {
+        Joining {
+            client: self.client,
+            election: self.election,
+            lease: self.lease.id,
+            value: &self.value,
+            timeout: self.timeout,
+            slots: self.slots,
+            priority: self.priority,
+            takeover_delay: self.takeover_delay,
+            history_keep: self.history_keep,
+        }
+    }
+
+    /// Campaigns until an outcome. `joined`: what a creating transaction sent ahead of this
+    /// call on our lease answered ([`Joining::join`]), which stands for the first one.
+    pub async fn run(
+        &self,
+        joined: Option<Joined>,
+        mut on_wait: impl FnMut(&InLine),
+    ) -> Result<(Outcome, Learned)> {
         let mut learned = Learned::default();
+        let mut joined = joined;
         loop {
-            match self.queue_once(&mut on_wait, &mut learned).await? {
+            match self
+                .queue_once(joined.take(), &mut on_wait, &mut learned)
+                .await?
+            {
                 Some(outcome) => return Ok((outcome, learned)),
                 None => on_wait(&InLine::Yielding),
             }
@@ -198,12 +278,19 @@ impl Campaign<'_> {
     /// higher-priority candidate pass.
     async fn queue_once(
         &self,
+        joined: Option<Joined>,
         on_wait: &mut impl FnMut(&InLine),
         learned: &mut Learned,
     ) -> Result<Option<Outcome>> {
         let mut client = self.client.clone();
         let key = self.election.candidate_key(self.lease.id);
-        let (created, my_rev) = self.create(&mut client, &key, learned).await?;
+        let (created, my_rev) = match joined {
+            Some(j) => {
+                learned.delay_turned_on |= j.learned.delay_turned_on;
+                (j.created, j.rev)
+            }
+            None => self.joining().create(learned).await?,
+        };
         // A new place in line: only a key ahead of this one times our handover.
         learned.predecessor_gone = None;
         tracing::debug!(key, my_rev, "candidate key created");

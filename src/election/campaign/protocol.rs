@@ -12,21 +12,21 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::settings::{agree, disagree, disagree_delay, same};
-use super::{Campaign, Learned, Outcome};
+use super::{Campaign, Joining, Learned, Outcome};
 use crate::election::lease::{LeaseState, Loss};
 use crate::election::Candidate;
 use crate::etcd::{bounded, classify};
 use crate::exit::Exit;
 
 /// What the creating transaction answered, when it created our key.
-pub(super) struct Created {
+pub struct Created {
     /// Its reads, in the order [`Campaign::create`] makes them.
     pub ops: Vec<TxnOpResponse>,
     /// When our key was written as elected (see [`Candidate::elected_ms`]), if it was.
     pub elected_ms: Option<u64>,
 }
 
-impl Campaign<'_> {
+impl Joining<'_> {
     /// Our key's value, marked as elected at `elected_ms` (see [`Candidate::elected_ms`]).
     pub(super) fn elected_value(&self, elected_ms: u64) -> String {
         Candidate {
@@ -42,25 +42,17 @@ impl Campaign<'_> {
     /// value then says so (`elected_ms`), decided by a transaction nested in this one whose
     /// compares see the same state as the reads. Returns those reads (`None` when an earlier
     /// attempt had created the key) and our key's create revision.
-    pub(super) async fn create(
-        &self,
-        client: &mut Client,
-        key: &str,
-        learned: &mut Learned,
-    ) -> Result<(Option<Created>, i64)> {
-        let e = self.election;
+    pub(super) async fn create(&self, learned: &mut Learned) -> Result<(Option<Created>, i64)> {
+        let (e, client) = (self.election, &mut self.client.clone());
+        let key = e.candidate_key(self.lease);
+        let key = key.as_str();
         let head = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(i64::from(self.slots))
             .with_keys_only();
-        let put = |value: String| {
-            TxnOp::put(
-                key,
-                value,
-                Some(PutOptions::new().with_lease(self.lease.id)),
-            )
-        };
+        let put =
+            |value: String| TxnOp::put(key, value, Some(PutOptions::new().with_lease(self.lease)));
         let elected_ms = crate::election::unix_ms();
         let create_key = if self.slots == 1 {
             // Evaluated with the outer compares, before any write: no key in line (ours is
@@ -73,10 +65,10 @@ impl Campaign<'_> {
                         Compare::version(e.paused_key(), CompareOp::Equal, 0),
                     ])
                     .and_then([put(self.elected_value(elected_ms))])
-                    .or_else([put(self.value.clone())]),
+                    .or_else([put(self.value.to_string())]),
             )
         } else {
-            put(self.value.clone())
+            put(self.value.to_string())
         };
         let mut then = vec![
             create_key,
@@ -87,9 +79,9 @@ impl Campaign<'_> {
             // Same transaction, so its mod revision is our key's create revision: others tell
             // by it whether we are younger than they are.
             then.push(TxnOp::put(
-                e.priority_key(self.lease.id),
+                e.priority_key(self.lease),
                 self.priority.to_string(),
-                Some(PutOptions::new().with_lease(self.lease.id)),
+                Some(PutOptions::new().with_lease(self.lease)),
             ));
         }
         // Last: the newest history keys, which a term that this transaction confirms trims
@@ -184,6 +176,13 @@ impl Campaign<'_> {
         let marked = matches!(ops.first(), Some(TxnOpResponse::Txn(t)) if t.succeeded());
         let elected_ms = marked.then_some(elected_ms);
         Ok((Some(Created { ops, elected_ms }), my_rev))
+    }
+}
+
+impl Campaign<'_> {
+    /// Our key's value, marked as elected at `elected_ms` (see [`Candidate::elected_ms`]).
+    pub(super) fn elected_value(&self, elected_ms: u64) -> String {
+        self.joining().elected_value(elected_ms)
     }
 
     /// First in line: confirms that our key still has create revision `my_rev` and that the

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp};
 
-use super::Campaign;
+use super::Joining;
 use crate::election::Election;
 use crate::exit::{fail, Exit};
 
@@ -23,7 +23,7 @@ pub(super) struct Agreed {
     pub(super) delay: Option<String>,
 }
 
-impl Campaign<'_> {
+impl Joining<'_> {
     pub(super) fn agreed(&self) -> Agreed {
         // Rounded up: any delay at all writes the start record first, which is what must agree.
         let ms = self.takeover_delay.as_nanos().div_ceil(1_000_000);

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use anyhow::Result;
-use etcd_client::Client;
+use etcd_client::{Client, LeaseGrantOptions};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -64,19 +64,37 @@ pub fn says_gone(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// A lease id of our own choosing, for a grant whose id requests name before it is answered:
+/// 63 random bits (etcd's ids are positive), so that one taken already is as likely as
+/// guessing a live lease's. `None` if the kernel gives no random bytes.
+pub fn fresh_id() -> Option<i64> {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into the buffer it is given.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
+    if n != b.len() as isize {
+        return None;
+    }
+    let id = i64::from_ne_bytes(b) & i64::MAX;
+    (id != 0).then_some(id)
+}
+
 impl Lease {
-    /// Grants a lease and starts keeping it alive.
+    /// Grants a lease and starts keeping it alive. With `id`, the lease gets that id (see
+    /// [`fresh_id`]), so that requests naming it can go out before the answer; etcd refuses
+    /// an id that a live lease has ("lease already exists").
     pub async fn grant(
         ctx: &Ctx,
         ttl: Duration,
         grace: Duration,
         margin: Duration,
+        id: Option<i64>,
     ) -> Result<Lease> {
         let client = &ctx.client;
         let mut c = client.clone();
         let sent = BootInstant::now();
+        let opts = id.map(|id| LeaseGrantOptions::new().with_id(id));
         let resp = ctx
-            .bounded(c.lease_grant(ttl.as_secs().max(1) as i64, None))
+            .bounded(c.lease_grant(ttl.as_secs().max(1) as i64, opts))
             .await?;
         let granted = Duration::from_secs(resp.ttl().max(0) as u64);
         let plan = Renewal::plan(granted, grace, margin);
@@ -232,5 +250,20 @@ async fn try_revoke(c: &mut Client, id: i64, timeout: Duration) -> bool {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_lease_id_is_positive_and_another_each_time() {
+        let ids: Vec<i64> = (0..64).map(|_| fresh_id().expect("random bytes")).collect();
+        assert!(ids.iter().all(|id| *id > 0), "{ids:?}");
+        let mut distinct = ids.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ids.len(), "{ids:?}");
     }
 }

@@ -61,7 +61,9 @@ pub(crate) fn counts(cx: &Cx) -> Result<Report> {
             if lo == hi {
                 format!("{lo}")
             } else {
-                format!("{lo}–{hi}")
+                // How often the most: a request or commit made only in some runs.
+                let most = v.iter().filter(|x| **x == hi).count();
+                format!("{lo}–{hi} ({hi} in {most} of {})", v.len())
             }
         };
         match key {
