@@ -4,7 +4,9 @@
 //! # Theory of operation
 //!
 //! Every worker runs `lead-exec run ELECTION -- COMMAND`. Each one grants an etcd lease and
-//! creates a candidate key `lead-exec/elections/ELECTION/<lease hex>` on it, only if absent.
+//! creates a candidate key `lead-exec/elections/ELECTION/<lease hex>` on it, only if absent
+//! (the first time right behind the grant, naming the lease id it picked, without waiting for
+//! the grant's answer).
 //! The key with the lowest create revision leads; the others watch the key just ahead of
 //! theirs and wait for it to be deleted. Before spawning, the winner confirms in one
 //! transaction that its key still exists with that create revision, which becomes the job's
