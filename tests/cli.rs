@@ -209,39 +209,39 @@ fn unreachable_etcd_is_69_within_the_dial_timeout() {
 }
 
 /// An endpoint that accepts connections and never answers (a hung member, a firewall that
-/// swallows packets after the handshake): `run` gives up after `--dial-timeout`, not after
-/// the first grant's `--command-timeout`, and names the flag to raise.
+/// swallows packets after the handshake): `run` gives up after `--dial-timeout`, connecting
+/// included (with TLS, a handshake that never ends), not after the first grant's
+/// `--command-timeout`, and names the flag to raise.
 #[test]
 fn a_silent_etcd_is_69_within_the_dial_timeout_naming_the_flag() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = silent.local_addr().unwrap().to_string();
-    let start = Instant::now();
-    let (code, _, err) = run(&[
-        "run",
-        "x",
-        "--endpoints",
-        &ep,
-        "--dial-timeout",
-        "1s",
-        "--ttl",
-        "30s",
-        "--command-timeout",
-        "20s",
-        "--",
-        "true",
-    ]);
-    let took = start.elapsed();
-    assert_eq!(code, 69, "{err}");
-    assert!(
-        took < secs(5),
-        "gave up after {took:?}, not within --dial-timeout 1s"
-    );
-    assert!(
-        err.trim_end().starts_with(&format!(
-            "lead-exec: etcd at {ep} unavailable: no answer within 1s (--dial-timeout) election=\"x\" id=\""
-        )),
-        "{err}"
-    );
+    let tmp = tempfile::tempdir().unwrap();
+    harness::tls::ca(tmp.path(), "ca");
+    let cacert = tmp.path().join("ca.crt").display().to_string();
+    let https = format!("https://{ep}");
+    for (endpoint, tls) in [(&ep, None), (&https, Some(&cacert))] {
+        let mut args = vec!["run", "x", "--endpoints", endpoint, "--dial-timeout", "1s"];
+        args.extend(["--ttl", "30s", "--command-timeout", "20s"]);
+        if let Some(ca) = tls {
+            args.extend(["--cacert", ca.as_str()]);
+        }
+        args.extend(["--", "true"]);
+        let start = Instant::now();
+        let (code, _, err) = run(&args);
+        let took = start.elapsed();
+        assert_eq!(code, 69, "{err}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "gave up after {took:?}, not within --dial-timeout 1s"
+        );
+        assert!(
+            err.trim_end().starts_with(&format!(
+                "lead-exec: etcd at {endpoint} unavailable: no answer within 1s (--dial-timeout) election=\"x\" id=\""
+            )),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -1793,6 +1793,36 @@ fn a_lease_id_taken_already_is_left_alone_and_the_key_put_on_it_is_withdrawn() {
     assert!(meta.iter().all(|k| k.contains("/history/")), "{meta:?}");
 }
 
+/// A lease id that a running worker's lease has: the key the creating transaction finds there
+/// is that worker's, not ours, and stays, with its job; we queue behind it on a lease etcd
+/// picks and lead after it.
+#[test]
+fn a_lease_id_taken_by_a_running_worker_leaves_its_key_and_job_alone() {
+    let f = Fixture::new();
+    let d = f.dir.path();
+    let same = [("LEAD_EXEC_TEST_FIRST_LEASE_ID", "777")];
+    let a_job = script(
+        d,
+        "echo $FENCING_TOKEN > $D/a; trap 'echo term > $D/a.term; exit 0' TERM; \
+         while [ ! -e $D/go ]; do sleep 0.05; done",
+    );
+    let mut a = spawn_env(d, "a", &run_args("same", &f.ep, &[], &a_job), &same);
+    let token_a = wait_int(&d.join("a"), secs(10));
+    let b_job = script(d, "echo $FENCING_TOKEN > $D/b");
+    let mut b = spawn_env(d, "b", &run_args("same", &f.ep, &[], &b_job), &same);
+    let in_line = || f.etcd.keys("lead-exec/elections/same/").len() == 2;
+    assert!(wait_until(secs(10), in_line), "{}", b.log_text());
+    let keys = f.etcd.keys("lead-exec/elections/same/");
+    assert!(keys.iter().any(|k| k.ends_with("/309")), "{keys:?}");
+    assert!(!d.join("a.term").exists(), "{}", a.log_text());
+    assert!(!d.join("b").exists(), "{}", b.log_text());
+    std::fs::write(d.join("go"), "").unwrap();
+    assert_eq!(a.wait(secs(10)).code(), Some(0), "{}", a.log_text());
+    assert_eq!(b.wait(secs(10)).code(), Some(0), "{}", b.log_text());
+    assert!(wait_int(&d.join("b"), secs(1)) > token_a);
+    assert!(!d.join("a.term").exists(), "{}", a.log_text());
+}
+
 /// An uncontended run that ends within the hold makes three raft commits: the lease grant,
 /// the creating transaction and the closing one (lead-exec-safety(7), "Round trips"), as
 /// etcd's own counter says, and its record is whole.

@@ -69,7 +69,7 @@ pub type Connection = (Client, std::sync::Arc<failover::Router>);
 /// Connects and proves the cluster answers, within the dial timeout.
 pub async fn connect(conn: &Conn) -> Result<Connection> {
     let (client, router) = open(conn).await?;
-    probe(&client, conn).await?;
+    probe(&client, conn, tokio::time::Instant::now()).await?;
     Ok((client, router))
 }
 
@@ -138,21 +138,26 @@ pub async fn open(conn: &Conn) -> Result<Connection> {
     Ok((client, router))
 }
 
-/// Proves, within the dial timeout, that the cluster answers and has a quorum: one cheap
-/// linearizable read. Members that answer "no leader" are electing one (a member restarted,
-/// the raft leader lost): that takes a second or two, so it is asked again within the dial
-/// timeout rather than reported at once.
-pub async fn probe(client: &Client, conn: &Conn) -> Result<()> {
+/// Proves, within the dial timeout counted from `dialing` (when connecting began), that the
+/// cluster answers and has a quorum: one cheap linearizable read. Members that answer "no
+/// leader" are electing one (a member restarted, the raft leader lost): that takes a second
+/// or two, so it is asked again within the dial timeout rather than reported at once.
+pub async fn probe(client: &Client, conn: &Conn, dialing: tokio::time::Instant) -> Result<()> {
     let mut client = client.clone();
     let what = what(conn);
-    let until = tokio::time::Instant::now() + conn.dial_timeout;
+    let until = dialing + conn.dial_timeout;
     loop {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         let probe = client.get(
             format!("{ROOT}/"),
             Some(etcd_client::GetOptions::new().with_count_only()),
         );
-        match bounded_by(Bound::Dial(left.max(MIN_ATTEMPT)), &what, probe).await {
+        // The flag's value in the message, whatever is left of it.
+        let Ok(answer) = tokio::time::timeout(left.max(MIN_ATTEMPT), probe).await else {
+            let bound = Bound::Dial(conn.dial_timeout);
+            return Err(fail(Exit::Unavailable, no_answer(&what, bound)));
+        };
+        match bounded_by(Bound::Dial(conn.dial_timeout), &what, async { answer }).await {
             Ok(_) => return Ok(()),
             Err(e) if format!("{e:#}").contains("no leader") && left > NO_LEADER_RETRY => {
                 tokio::time::sleep(NO_LEADER_RETRY).await;

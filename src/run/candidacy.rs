@@ -110,11 +110,13 @@ impl Early {
     /// put naming a lease that does not exist fails the whole transaction) and is sent again
     /// by the campaign. One that named another lease (ours was refused as taken, or its grant
     /// failed and was made again) and created a key has that key withdrawn: it is ours, on a
-    /// lease we do not keep alive, and must not hold a place in line.
+    /// lease we do not keep alive, and must not hold a place in line. A key it found there
+    /// already is not ours, whoever's lease has our id: it stays.
     async fn settle(self, ctx: &Ctx, lease: &Lease) -> Option<Joined> {
         let answer = self.joined.await.ok()?;
         match answer {
             Ok(j) if self.lease == lease.id => Some(j),
+            Ok(Joined { created: None, .. }) => None,
             Ok(j) => {
                 if let Err(e) = withdraw(ctx, self.lease, j.rev).await {
                     tracing::warn!(
@@ -162,11 +164,13 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
     // And the transaction that puts us in line goes out behind the grant, without waiting
     // for its answer, if the connection is made first (see `Early`): etcd then gets the two in
     // the order they were sent. A connection that authenticating made is up already.
+    let dialing = Instant::now();
     let connected =
         grant_beside_probe && (cfg.conn.auth.is_some() || ctx.router.connect_pinned().await);
     let probe = {
+        // `--dial-timeout` counts from before connecting.
         let (c, conn) = (ctx.client.clone(), cfg.conn.clone());
-        tokio::spawn(async move { etcd::probe(&c, &conn).await }.in_current_span())
+        tokio::spawn(async move { etcd::probe(&c, &conn, dialing).await }.in_current_span())
     };
     // The server's version, beside the probe: a member's own answer, no commit, so it costs
     // no time on the way to the job.
@@ -331,7 +335,7 @@ pub async fn campaign(
     let (granted, early) = match startup {
         Some(mut s) => {
             let early = s.early.take();
-            (first_grant(env, s).await?, early)
+            (first_grant(env, s, early.is_some()).await?, early)
         }
         None => (grant(&env.ctx, cfg).await, None),
     };
@@ -474,13 +478,13 @@ pub async fn campaign(
 /// probe still decides the start: unreachable or refusing us (exit 69 or 77; a lease grant may
 /// succeed where reading our keys is not allowed), or, if it answers and the grant did not (a
 /// leader election that the probe waited out), a grant again at once. The creating
-/// transaction sent behind the grant may have put our key in line by then: a worker that
-/// gives up at start revokes the lease ([`give_up_first`]).
+/// transaction sent behind the grant (`ahead`) may have put our key in line by then: a worker
+/// that etcd refuses at start revokes the lease ([`give_up_first`]).
 ///
-/// Start-up is bounded by `--dial-timeout`, the probe's bound, and by a second more for the
-/// grant's answer when the probe failed; a grant unanswered by then is abandoned, not waited
-/// for through `--command-timeout`.
-async fn first_grant(env: &Env, startup: StartUp) -> Result<Result<Lease>> {
+/// Start-up is bounded by `--dial-timeout` (connecting first included), the probe's bound,
+/// and, after a refusal, by a second more for the grant's answer; a grant unanswered by then
+/// is abandoned, not waited for through `--command-timeout`.
+async fn first_grant(env: &Env, startup: StartUp, ahead: bool) -> Result<Result<Lease>> {
     let Some(first) = startup.first_lease else {
         return Ok(grant(&env.ctx, &env.cfg).await);
     };
@@ -500,8 +504,14 @@ async fn first_grant(env: &Env, startup: StartUp) -> Result<Result<Lease>> {
                     Err(_) => return Err(e),
                 }
             }
-            Err(e) => {
+            // Refused (no permission, bad credentials): etcd answers, so the grant's answer
+            // is worth a wait when a creation went out behind it.
+            Err(e) if ahead && crate::exit::exit_of(&e) != Exit::Unavailable => {
                 give_up_first(env, first).await;
+                return Err(e);
+            }
+            Err(e) => {
+                first.abort();
                 return Err(e);
             }
         },
@@ -513,10 +523,10 @@ async fn first_grant(env: &Env, startup: StartUp) -> Result<Result<Lease>> {
     })
 }
 
-/// Gives up the first lease at a start-up that failed. The creating transaction sent behind
-/// its grant may have put our key in line on it, so the grant's answer is waited for (a
-/// second at most: a probe refused for want of permission answers before a commit does), and
-/// a lease granted is revoked, which takes the key with it. A grant unanswered by then is
+/// Gives up the first lease at a start-up that etcd refused. The creating transaction sent
+/// behind its grant may have put our key in line on it, so the grant's answer is waited for
+/// (a second at most: a probe refused for want of permission answers before a commit does),
+/// and a lease granted is revoked, which takes the key with it. A grant unanswered by then is
 /// abandoned: if etcd takes it later, a key on it stands in line until the lease expires.
 async fn give_up_first(env: &Env, mut first: JoinHandle<Result<Lease>>) {
     let wait = env.cfg.conn.command_timeout.min(Duration::from_secs(1));
