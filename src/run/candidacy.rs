@@ -112,7 +112,17 @@ impl Early {
     /// failed and was made again) and created a key has that key withdrawn: it is ours, on a
     /// lease we do not keep alive, and must not hold a place in line. A key it found there
     /// already is not ours, whoever's lease has our id: it stays.
-    async fn settle(self, ctx: &Ctx, lease: &Lease) -> Option<Joined> {
+    ///
+    /// Still unanswered on another lease than ours, after a grant that etcd did not answer
+    /// (the endpoint it went to hangs), it is not waited for: if that endpoint applies it
+    /// later, it fails (no lease) or puts a key in line on a lease nobody renews, which
+    /// expires with it. A grant refused as taken was answered, and so will this be.
+    async fn settle(self, ctx: &Ctx, lease: &Lease, first: FirstGrant) -> Option<Joined> {
+        if self.lease != lease.id && first == FirstGrant::Unanswered && !self.joined.is_finished() {
+            tracing::debug!("creating transaction sent ahead of its lease: no answer; left");
+            self.joined.abort();
+            return None;
+        }
         let answer = self.joined.await.ok()?;
         match answer {
             Ok(j) if self.lease == lease.id => Some(j),
@@ -131,6 +141,15 @@ impl Early {
             }
         }
     }
+}
+
+/// How the first lease grant, sent at start-up, ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstGrant {
+    /// Granted, or refused with an answer (its id taken, say).
+    Answered,
+    /// No answer in time, or the connection failed: its endpoint may apply it later.
+    Unanswered,
 }
 
 /// Turns of the scheduler the connection gets before the watchdog is spawned (which holds
@@ -335,7 +354,8 @@ pub async fn campaign(
     let (granted, early) = match startup {
         Some(mut s) => {
             let early = s.early.take();
-            (first_grant(env, s, early.is_some()).await?, early)
+            let (granted, first) = first_grant(env, s, early.is_some()).await?;
+            (granted, early.map(|e| (e, first)))
         }
         None => (grant(&env.ctx, cfg).await, None),
     };
@@ -350,7 +370,7 @@ pub async fn campaign(
         }
     };
     let joined = match early {
-        Some(e) => e.settle(&env.ctx, &lease).await,
+        Some((e, first)) => e.settle(&env.ctx, &lease, first).await,
         None => None,
     };
     let outcome = {
@@ -484,9 +504,13 @@ pub async fn campaign(
 /// Start-up is bounded by `--dial-timeout` (connecting first included), the probe's bound,
 /// and, after a refusal, by a second more for the grant's answer; a grant unanswered by then
 /// is abandoned, not waited for through `--command-timeout`.
-async fn first_grant(env: &Env, startup: StartUp, ahead: bool) -> Result<Result<Lease>> {
+async fn first_grant(
+    env: &Env,
+    startup: StartUp,
+    ahead: bool,
+) -> Result<(Result<Lease>, FirstGrant)> {
     let Some(first) = startup.first_lease else {
-        return Ok(grant(&env.ctx, &env.cfg).await);
+        return Ok((grant(&env.ctx, &env.cfg).await, FirstGrant::Answered));
     };
     let lease = match startup.probe {
         None => first.await?,
@@ -518,8 +542,16 @@ async fn first_grant(env: &Env, startup: StartUp, ahead: bool) -> Result<Result<
     };
     notify::ready();
     Ok(match lease {
-        Ok(l) => Ok(l),
-        Err(_) => grant(&env.ctx, &env.cfg).await,
+        Ok(l) => (Ok(l), FirstGrant::Answered),
+        Err(e) => {
+            let first = match crate::exit::exit_of(&e) {
+                Exit::Unavailable if !format!("{e:#}").contains("lease already exists") => {
+                    FirstGrant::Unanswered
+                }
+                _ => FirstGrant::Answered,
+            };
+            (grant(&env.ctx, &env.cfg).await, first)
+        }
     })
 }
 
