@@ -110,6 +110,34 @@ fn a_first_endpoint_that_refuses_connections_is_passed_over_at_start_up() {
     assert_eq!(recs[0]["token"].as_i64(), Some(token), "{out}");
 }
 
+/// A first endpoint that connects and then hangs (its member frozen) holds the first grant
+/// and the creating transaction sent behind it: the grant is made again at the next endpoint
+/// and the transaction is not waited for, so the job starts long before `--command-timeout`
+/// (lead-exec-safety(7), "Round trips").
+#[test]
+fn a_first_endpoint_that_hangs_does_not_hold_the_job_for_the_command_timeout() {
+    let f = Fixture::with(Etcd::start3());
+    let eps: Vec<String> = f.etcd.members.iter().map(|m| m.endpoint()).collect();
+    let eps = eps.join(",");
+    f.etcd.members[0].stop();
+    let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/t");
+    let lease = [
+        "--ttl",
+        "20s",
+        "--command-timeout",
+        "10s",
+        "--dial-timeout",
+        "2s",
+    ];
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(&run_args_with(&lease, "hang", &eps, &[], &job));
+    let took = started.elapsed();
+    f.etcd.members[0].cont();
+    assert_eq!(code, 0, "{err}");
+    assert!(took < secs(6), "{took:?}: {err}");
+    wait_int(&f.dir.path().join("t"), secs(1));
+}
+
 /// A worker that starts while etcd elects a leader (a member restarted, the raft leader
 /// lost) waits for it within `--dial-timeout` instead of exiting 69 at the first "no leader".
 #[test]

@@ -93,6 +93,9 @@ pub struct StartUp {
     probe: Option<JoinHandle<Result<()>>>,
     /// The first campaign's lease grant, sent beside the probe.
     first_lease: Option<JoinHandle<Result<Lease>>>,
+    /// The endpoint moves counted when that grant went out: one more since, and the endpoint
+    /// it went to has failed.
+    moves_at_grant: u64,
     /// The first campaign's creating transaction, sent right behind that grant.
     early: Option<Early>,
 }
@@ -200,6 +203,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
     let first_id = connected
         .then(|| hooks::value("LEAD_EXEC_TEST_FIRST_LEASE_ID").or_else(fresh_id))
         .flatten();
+    let moves_at_grant = *ctx.router.moves().borrow();
     let first_lease = grant_beside_probe.then(|| {
         let (c, ttl, grace, margin) = (ctx.clone(), cfg.ttl, cfg.grace, cfg.safety_margin);
         // Tests send it after the creation behind it, as etcd may take them.
@@ -265,6 +269,7 @@ pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>
     let startup = StartUp {
         probe,
         first_lease,
+        moves_at_grant,
         early,
     };
     Ok(Ok((process, startup)))
@@ -515,6 +520,19 @@ async fn first_grant(
     let lease = match startup.probe {
         None => first.await?,
         Some(probe) => match probe.await? {
+            // The probe answered at the next endpoint after the grant's had failed: a write is
+            // not sent twice, so that grant would hold on to its caller for the whole
+            // `--command-timeout`. It is abandoned, and made again where etcd answers.
+            Ok(())
+                if *env.ctx.router.moves().borrow() > startup.moves_at_grant
+                    && !first.is_finished() =>
+            {
+                first.abort();
+                Err(crate::exit::fail(
+                    Exit::Unavailable,
+                    "the first lease grant went to an endpoint that failed since",
+                ))
+            }
             Ok(()) => first.await?,
             // A granted lease proves a quorum that answers: a probe that only ran out of
             // time waited for that grant's commit (slow disks make a linearizable read wait
