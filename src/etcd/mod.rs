@@ -8,7 +8,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 pub mod failover;
@@ -157,7 +157,7 @@ pub async fn probe(client: &Client, conn: &Conn, dialing: tokio::time::Instant) 
             let bound = Bound::Dial(conn.dial_timeout);
             return Err(fail(Exit::Unavailable, no_answer(&what, bound)));
         };
-        match bounded_by(Bound::Dial(conn.dial_timeout), &what, async { answer }).await {
+        match answered(&what, answer) {
             Ok(_) => return Ok(()),
             Err(e) if format!("{e:#}").contains("no leader") && left > NO_LEADER_RETRY => {
                 tokio::time::sleep(NO_LEADER_RETRY).await;
@@ -284,16 +284,20 @@ pub async fn bounded_by<T>(
 ) -> Result<T> {
     match tokio::time::timeout(bound.timeout(), fut).await {
         Err(_) => Err(fail(Exit::Unavailable, no_answer(what, bound))),
-        Ok(Err(e)) => {
-            let err = classify(e);
-            let how = match crate::exit::exit_of(&err) {
-                Exit::Auth => "refused the credentials",
-                _ => "unavailable",
-            };
-            Err(err).with_context(|| format!("{what} {how}"))
-        }
-        Ok(Ok(v)) => Ok(v),
+        Ok(answer) => answered(what, answer),
     }
+}
+
+/// etcd's answer from `what`, an error coded and named (see [`classify`]).
+fn answered<T>(what: &str, answer: Result<T, etcd_client::Error>) -> Result<T> {
+    answer.map_err(|e| {
+        let err = classify(e);
+        let how = match crate::exit::exit_of(&err) {
+            Exit::Auth => "refused the credentials",
+            _ => "unavailable",
+        };
+        err.context(format!("{what} {how}"))
+    })
 }
 
 /// "etcd unavailable: no answer within 5s (--command-timeout)": the flag to raise when the

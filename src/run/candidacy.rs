@@ -378,20 +378,14 @@ pub async fn campaign(
         Some((e, first)) => e.settle(&env.ctx, &lease, first).await,
         None => None,
     };
+    let value = env.candidate.encode();
     let outcome = {
         let camp = Campaign {
-            client: &env.ctx.client,
+            line: line(&env.ctx.client, cfg, &value),
             router: &env.ctx.router,
-            election: &cfg.election,
             lease: &lease,
-            value: env.candidate.encode(),
             wait: cfg.wait,
             give_up_at: *give_up_at,
-            timeout: cfg.conn.command_timeout,
-            priority: cfg.priority,
-            slots: cfg.slots,
-            takeover_delay: cfg.takeover_delay,
-            history_keep: cfg.history_keep,
         };
         let mut last_wait = None;
         let run = camp.run(joined, |w| {
@@ -589,6 +583,20 @@ async fn give_up_first(env: &Env, mut first: JoinHandle<Result<Lease>>) {
     }
 }
 
+/// What our key goes in line with, from the flags.
+fn line<'a>(client: &'a etcd_client::Client, cfg: &'a RunConfig, value: &'a str) -> Joining<'a> {
+    Joining {
+        client,
+        election: &cfg.election,
+        value,
+        timeout: cfg.conn.command_timeout,
+        slots: cfg.slots,
+        priority: cfg.priority,
+        takeover_delay: cfg.takeover_delay,
+        history_keep: cfg.history_keep,
+    }
+}
+
 /// The first creating transaction, owning what it needs, for [`Early`].
 fn join_early(
     ctx: &Ctx,
@@ -596,23 +604,8 @@ fn join_early(
     candidate: &Candidate,
     lease: i64,
 ) -> impl std::future::Future<Output = Result<Joined>> + 'static {
-    let (client, election, value) = (ctx.client.clone(), cfg.election.clone(), candidate.encode());
-    let (timeout, slots, priority) = (cfg.conn.command_timeout, cfg.slots, cfg.priority);
-    let (takeover_delay, history_keep) = (cfg.takeover_delay, cfg.history_keep);
-    async move {
-        let joining = Joining {
-            client: &client,
-            election: &election,
-            lease,
-            value: &value,
-            timeout,
-            slots,
-            priority,
-            takeover_delay,
-            history_keep,
-        };
-        joining.join().await
-    }
+    let (client, cfg, value) = (ctx.client.clone(), cfg.clone(), candidate.encode());
+    async move { line(&client, &cfg, &value).join(lease).await }
 }
 
 /// The takeover delay a new term owes, with what was judged: `--takeover-delay` when the term

@@ -98,16 +98,25 @@ pub enum Wait {
 
 /// What we need to campaign.
 pub struct Campaign<'a> {
-    pub client: &'a Client,
+    /// What our key goes in line with.
+    pub line: Joining<'a>,
     /// The client's router: its pin moves strand our watches.
     pub router: &'a crate::etcd::failover::Router,
-    pub election: &'a Election,
     pub lease: &'a Lease,
-    /// The candidate key's value (see [`super::Candidate`]).
-    pub value: String,
     pub wait: Wait,
     /// When `--wait` gives up, if it does.
     pub give_up_at: Option<Instant>,
+}
+
+/// What a candidate goes in line with: all a campaign needs but its lease, so that the
+/// transaction that puts it in line can go out beside the lease's grant, naming the id the
+/// grant asks for (see [`super::lease::Lease::grant`]'s `id`, and lead-exec-safety(7),
+/// "Round trips").
+pub struct Joining<'a> {
+    pub client: &'a Client,
+    pub election: &'a Election,
+    /// The candidate key's value (see [`super::Candidate`]).
+    pub value: &'a str,
     pub timeout: Duration,
     /// `--slots`: how many candidates hold at once.
     pub slots: u32,
@@ -116,21 +125,6 @@ pub struct Campaign<'a> {
     /// `--takeover-delay` (only with one slot); every candidate must agree on it.
     pub takeover_delay: Duration,
     /// `--history-keep`: how many history keys the creating transaction reads, newest first.
-    pub history_keep: u32,
-}
-
-/// What the transaction that puts a candidate in line needs of its campaign: no more of the
-/// lease than its id, so that it can go out beside the lease's grant (see
-/// [`super::lease::Lease::grant`]'s `id`, and lead-exec-safety(7), "Round trips").
-pub struct Joining<'a> {
-    pub client: &'a Client,
-    pub election: &'a Election,
-    pub lease: i64,
-    pub value: &'a str,
-    pub timeout: Duration,
-    pub slots: u32,
-    pub priority: u32,
-    pub takeover_delay: Duration,
     pub history_keep: u32,
 }
 
@@ -143,10 +137,10 @@ pub struct Joined {
 }
 
 impl Joining<'_> {
-    /// Creates our key as [`Joining::create`] does, for a campaign that follows.
-    pub async fn join(&self) -> Result<Joined> {
+    /// Creates our key on `lease`, as a campaign does first (`create`), for one that follows.
+    pub async fn join(&self, lease: i64) -> Result<Joined> {
         let mut learned = Learned::default();
-        let (created, rev) = self.create(&mut learned).await?;
+        let (created, rev) = self.create(lease, &mut learned).await?;
         Ok(Joined {
             created,
             rev,
@@ -239,30 +233,14 @@ impl InLine {
 }
 
 impl Campaign<'_> {
-    /// The part of the campaign that needs no more of the lease than its id.
-    pub fn joining(&self) -> Joining<'_> {
-        Joining {
-            client: self.client,
-            election: self.election,
-            lease: self.lease.id,
-            value: &self.value,
-            timeout: self.timeout,
-            slots: self.slots,
-            priority: self.priority,
-            takeover_delay: self.takeover_delay,
-            history_keep: self.history_keep,
-        }
-    }
-
     /// Campaigns until an outcome. `joined`: what a creating transaction sent ahead of this
     /// call on our lease answered ([`Joining::join`]), which stands for the first one.
     pub async fn run(
         &self,
-        joined: Option<Joined>,
+        mut joined: Option<Joined>,
         mut on_wait: impl FnMut(&InLine),
     ) -> Result<(Outcome, Learned)> {
         let mut learned = Learned::default();
-        let mut joined = joined;
         loop {
             match self
                 .queue_once(joined.take(), &mut on_wait, &mut learned)
@@ -282,14 +260,14 @@ impl Campaign<'_> {
         on_wait: &mut impl FnMut(&InLine),
         learned: &mut Learned,
     ) -> Result<Option<Outcome>> {
-        let mut client = self.client.clone();
-        let key = self.election.candidate_key(self.lease.id);
+        let mut client = self.line.client.clone();
+        let key = self.line.election.candidate_key(self.lease.id);
         let (created, my_rev) = match joined {
             Some(j) => {
                 learned.delay_turned_on |= j.learned.delay_turned_on;
                 (j.created, j.rev)
             }
-            None => self.joining().create(learned).await?,
+            None => self.line.create(self.lease.id, learned).await?,
         };
         // A new place in line: only a key ahead of this one times our handover.
         learned.predecessor_gone = None;
@@ -304,7 +282,7 @@ impl Campaign<'_> {
                 .await
                 .map(|o| Some(o.confirmed_by(Some(seen), c.elected_ms)));
         }
-        if self.priority > 0 {
+        if self.line.priority > 0 {
             self.ask_for_handover(&mut client).await;
         }
 
@@ -318,9 +296,9 @@ impl Campaign<'_> {
                 .with_prefix()
                 .with_max_create_revision(my_rev - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(i64::from(self.slots));
-            let prefix = self.election.candidates();
-            let resp = patient(self.timeout, || {
+                .with_limit(i64::from(self.line.slots));
+            let prefix = self.line.election.candidates();
+            let resp = patient(self.line.timeout, || {
                 let (mut c, opts, prefix) = (client.clone(), opts.clone(), prefix.clone());
                 async move { c.get(prefix, Some(opts)).await }
             })
@@ -330,7 +308,7 @@ impl Campaign<'_> {
             if self.revoke_orphans(older).await? {
                 continue;
             }
-            if !may_hold(older.len(), self.slots) {
+            if !may_hold(older.len(), self.line.slots) {
                 if self.wait == Wait::No {
                     return Ok(Some(Outcome::NotAcquired));
                 }
@@ -346,13 +324,13 @@ impl Campaign<'_> {
             }
             let elected_ms = crate::election::unix_ms();
             let resp = self.confirm(&client, &key, my_rev, elected_ms).await?;
-            if resp.succeeded() && must_yield(&resp.op_responses(), my_rev, self.priority) {
+            if resp.succeeded() && must_yield(&resp.op_responses(), my_rev, self.line.priority) {
                 // Out of line; the next creation puts us behind the one we let pass.
                 self.leave_line(&mut client, &key, my_rev).await?;
                 return Ok(None);
             }
             if resp.succeeded() {
-                let marked = (self.slots == 1).then_some(elected_ms);
+                let marked = (self.line.slots == 1).then_some(elected_ms);
                 return self
                     .claim_slot(&mut client, key, my_rev, &mut lease_rx, on_wait, learned)
                     .await
@@ -370,7 +348,7 @@ impl Campaign<'_> {
             if let Some(outcome) = self
                 .wait_for_delete(
                     &mut client,
-                    self.election.paused_key().into_bytes(),
+                    self.line.election.paused_key().into_bytes(),
                     false,
                     rev,
                     &mut lease_rx,

@@ -31,29 +31,32 @@ impl Campaign<'_> {
             .with_limit(1);
         let ask = async {
             let resp = bounded(
-                self.timeout,
-                client.get(self.election.candidates(), Some(head)),
+                self.line.timeout,
+                client.get(self.line.election.candidates(), Some(head)),
             )
             .await?;
             let Some(leader) = resp.kvs().first() else {
                 return Ok(());
             };
             let who = Candidate::parse(leader.value());
-            if leader.lease() == self.lease.id || who.priority >= self.priority {
+            if leader.lease() == self.lease.id || who.priority >= self.line.priority {
                 return Ok(());
             }
-            let me = Candidate::parse(self.value.as_bytes());
+            let me = Candidate::parse(self.line.value.as_bytes());
             let token = leader.create_revision();
             let txn = crate::election::leader::request_txn(
-                self.election,
+                self.line.election,
                 leader.key(),
                 token,
                 leader.lease(),
-                crate::election::leader::preempt_request(token, self.priority, &me.id),
+                crate::election::leader::preempt_request(token, self.line.priority, &me.id),
             );
-            if bounded(self.timeout, client.txn(txn)).await?.succeeded() {
+            if bounded(self.line.timeout, client.txn(txn))
+                .await?
+                .succeeded()
+            {
                 tracing::info!(
-                    priority = self.priority,
+                    priority = self.line.priority,
                     "asked {} (priority {}, token {token}) to hand over",
                     who.id,
                     who.priority
@@ -78,7 +81,7 @@ impl Campaign<'_> {
         let leave = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, my_rev)])
             .and_then([TxnOp::delete(key, None)]);
-        bounded(self.timeout, client.txn(leave)).await?;
+        bounded(self.line.timeout, client.txn(leave)).await?;
         Ok(())
     }
 }

@@ -20,7 +20,7 @@ use crate::exit::Exit;
 
 /// What the creating transaction answered, when it created our key.
 pub struct Created {
-    /// Its reads, in the order [`Campaign::create`] makes them.
+    /// Its reads, in the order `Joining::create` makes them.
     pub ops: Vec<TxnOpResponse>,
     /// When our key was written as elected (see [`Candidate::elected_ms`]), if it was.
     pub elected_ms: Option<u64>,
@@ -42,17 +42,20 @@ impl Joining<'_> {
     /// value then says so (`elected_ms`), decided by a transaction nested in this one whose
     /// compares see the same state as the reads. Returns those reads (`None` when an earlier
     /// attempt had created the key) and our key's create revision.
-    pub(super) async fn create(&self, learned: &mut Learned) -> Result<(Option<Created>, i64)> {
+    pub(super) async fn create(
+        &self,
+        lease: i64,
+        learned: &mut Learned,
+    ) -> Result<(Option<Created>, i64)> {
         let (e, client) = (self.election, &mut self.client.clone());
-        let key = e.candidate_key(self.lease);
+        let key = e.candidate_key(lease);
         let key = key.as_str();
         let head = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(i64::from(self.slots))
             .with_keys_only();
-        let put =
-            |value: String| TxnOp::put(key, value, Some(PutOptions::new().with_lease(self.lease)));
+        let put = |value: String| TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
         let elected_ms = crate::election::unix_ms();
         let create_key = if self.slots == 1 {
             // Evaluated with the outer compares, before any write: no key in line (ours is
@@ -79,9 +82,9 @@ impl Joining<'_> {
             // Same transaction, so its mod revision is our key's create revision: others tell
             // by it whether we are younger than they are.
             then.push(TxnOp::put(
-                e.priority_key(self.lease),
+                e.priority_key(lease),
                 self.priority.to_string(),
-                Some(PutOptions::new().with_lease(self.lease)),
+                Some(PutOptions::new().with_lease(lease)),
             ));
         }
         // Last: the newest history keys, which a term that this transaction confirms trims
@@ -180,11 +183,6 @@ impl Joining<'_> {
 }
 
 impl Campaign<'_> {
-    /// Our key's value, marked as elected at `elected_ms` (see [`Candidate::elected_ms`]).
-    pub(super) fn elected_value(&self, elected_ms: u64) -> String {
-        self.joining().elected_value(elected_ms)
-    }
-
     /// First in line: confirms that our key still has create revision `my_rev` and that the
     /// election is not paused. The same read tells whether a younger candidate of higher
     /// priority waits behind us (see [`super::priority::must_yield`]); on failure it reads our
@@ -199,27 +197,27 @@ impl Campaign<'_> {
         elected_ms: u64,
     ) -> Result<TxnResponse> {
         let mut then = vec![TxnOp::get(
-            self.election.priority_prefix(),
+            self.line.election.priority_prefix(),
             Some(GetOptions::new().with_prefix()),
         )];
-        if self.slots == 1 {
+        if self.line.slots == 1 {
             then.push(TxnOp::put(
                 key,
-                self.elected_value(elected_ms),
+                self.line.elected_value(elected_ms),
                 Some(PutOptions::new().with_lease(self.lease.id)),
             ));
         }
         let confirm = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, my_rev),
-                Compare::version(self.election.paused_key(), CompareOp::Equal, 0),
+                Compare::version(self.line.election.paused_key(), CompareOp::Equal, 0),
             ])
             .and_then(then)
             .or_else([
                 TxnOp::get(key, None),
-                TxnOp::get(self.election.paused_key(), None),
+                TxnOp::get(self.line.election.paused_key(), None),
             ]);
-        patient(self.timeout, || {
+        patient(self.line.timeout, || {
             let (mut c, t) = (client.clone(), confirm.clone());
             async move { c.txn(t).await }
         })
@@ -231,7 +229,7 @@ impl Campaign<'_> {
     /// or a revoke that did not get through. Such a key would keep us waiting behind
     /// ourselves until its lease expires. `true` when one was revoked (read the line again).
     pub(super) async fn revoke_orphans(&self, older: &[KeyValue]) -> Result<bool> {
-        let me = Candidate::parse(self.value.as_bytes());
+        let me = Candidate::parse(self.line.value.as_bytes());
         let mut revoked = false;
         for kv in older {
             // Ours are always on a lease; a key without one was put by someone else.
@@ -244,8 +242,8 @@ impl Campaign<'_> {
                 key = %String::from_utf8_lossy(kv.key()),
                 "a key of ours from an earlier campaign is still in line; revoking its lease"
             );
-            let gone: Result<()> = patient(self.timeout, || {
-                let mut c = self.client.clone();
+            let gone: Result<()> = patient(self.line.timeout, || {
+                let mut c = self.line.client.clone();
                 async move {
                     match c.lease_revoke(lease).await {
                         Err(e) if crate::election::lease::says_gone(&e) => Ok(()),
@@ -275,13 +273,13 @@ impl Campaign<'_> {
         // on the endpoint just left, with nothing to tell us.
         let mut moves = self.router.moves();
         // A resume is not a holder's end: only a candidate or slot key's deletion times a handover.
-        let holder = key != self.election.paused_key().as_bytes();
+        let holder = key != self.line.election.paused_key().as_bytes();
         let opts = WatchOptions::new()
             .with_start_revision(rev + 1)
             .with_filters([WatchFilterType::NoPut]);
         let opts = if prefix { opts.with_prefix() } else { opts };
         let mut stream =
-            match tokio::time::timeout(self.timeout, client.watch(key, Some(opts))).await {
+            match tokio::time::timeout(self.line.timeout, client.watch(key, Some(opts))).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     let e = classify(e);

@@ -26,7 +26,7 @@ impl Campaign<'_> {
     /// `true`: every key under it). `older` are the keys ahead of it, nearest first.
     pub(super) fn ahead_of_us(&self, older: &[KeyValue]) -> (InLine, Vec<u8>, bool) {
         // One slot: wait for the predecessor only. Several: any delete may free one.
-        if self.slots == 1 {
+        if self.line.slots == 1 {
             let pred = &older[0];
             let why = InLine::Behind {
                 key: String::from_utf8_lossy(pred.key()).into_owned(),
@@ -36,9 +36,9 @@ impl Campaign<'_> {
         } else {
             let why = InLine::SlotsFull {
                 ahead: older.len(),
-                slots: self.slots,
+                slots: self.line.slots,
             };
-            (why, self.election.candidates().into_bytes(), true)
+            (why, self.line.election.candidates().into_bytes(), true)
         }
     }
 
@@ -53,7 +53,7 @@ impl Campaign<'_> {
         on_wait: &mut impl FnMut(&InLine),
         learned: &mut Learned,
     ) -> Result<Outcome> {
-        if self.slots == 1 {
+        if self.line.slots == 1 {
             return Ok(Outcome::Elected {
                 token,
                 key,
@@ -62,13 +62,13 @@ impl Campaign<'_> {
                 elected_ms: None,
             });
         }
-        let e = self.election;
+        let e = self.line.election;
         loop {
             if let LeaseState::Lost(r) = *lease_rx.borrow() {
                 return Ok(Outcome::Lost(r));
             }
             let opts = GetOptions::new().with_prefix().with_keys_only();
-            let resp = bounded(self.timeout, client.get(e.slot_prefix(), Some(opts))).await?;
+            let resp = bounded(self.line.timeout, client.get(e.slot_prefix(), Some(opts))).await?;
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
             let prefix = e.slot_prefix();
             let taken: Vec<u32> = resp
@@ -82,7 +82,7 @@ impl Campaign<'_> {
                         .ok()
                 })
                 .collect();
-            let Some(slot) = lowest_free(&taken, self.slots) else {
+            let Some(slot) = lowest_free(&taken, self.line.slots) else {
                 if self.wait == Wait::No {
                     return Ok(Outcome::NotAcquired);
                 }
@@ -106,13 +106,13 @@ impl Campaign<'_> {
                 ])
                 .and_then([
                     TxnOp::put(e.slot_key(slot), token.to_string(), on_lease()),
-                    TxnOp::put(key.clone(), self.elected_value(elected_ms), on_lease()),
+                    TxnOp::put(key.clone(), self.line.elected_value(elected_ms), on_lease()),
                 ])
                 .or_else([TxnOp::get(
                     key.clone(),
                     Some(GetOptions::new().with_keys_only()),
                 )]);
-            let resp = bounded(self.timeout, client.txn(claim)).await?;
+            let resp = bounded(self.line.timeout, client.txn(claim)).await?;
             if resp.succeeded() {
                 return Ok(Outcome::Elected {
                     token,
