@@ -117,8 +117,7 @@ fn a_first_endpoint_that_refuses_connections_is_passed_over_at_start_up() {
 #[test]
 fn a_first_endpoint_that_hangs_does_not_hold_the_job_for_the_command_timeout() {
     let f = Fixture::with(Etcd::start3());
-    let eps: Vec<String> = f.etcd.members.iter().map(|m| m.endpoint()).collect();
-    let eps = eps.join(",");
+    let eps = f.etcd.endpoints();
     f.etcd.members[0].stop();
     let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/t");
     let lease = [
