@@ -241,7 +241,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
                 // and so is a place where the job's processes could not be seen (64).
                 supervisor::preflight(&cfg.command[0])?;
                 supervisor::handle::preflight::proc_view()?;
-                let exit = run::run(cfg.clone()).await?;
+                let exit = Box::pin(run::run(cfg.clone())).await?;
                 if let Exit::NotAcquired(_) | Exit::Unhealthy = exit {
                     ops::status::report_not_acquired(&cfg, exit == Exit::Unhealthy).await;
                 }

@@ -54,17 +54,27 @@ fn job_gets_token_and_identity_in_its_environment() {
     );
 }
 
+/// Nor to its watchdog, forked from lead-exec with lead-exec's environment: not in its
+/// variables, which the job inherits, nor in the area /proc/PID/environ shows, which the job
+/// (same user) can read.
 #[test]
 fn password_is_not_passed_to_the_job() {
     let f = Fixture::new();
-    let s = script(f.dir.path(), "env > $D/env");
+    let s = script(
+        f.dir.path(),
+        "env > $D/env; tr '\\0' '\\n' < /proc/$PPID/environ > $D/wd_env",
+    );
     let (code, _, err) = run_env(
         &run_args("pw", &f.ep, &[], &s),
         &[("LEAD_EXEC_PASSWORD", "hunter2")],
     );
     assert_eq!(code, 0, "{err}");
     let env = std::fs::read_to_string(f.dir.path().join("env")).unwrap();
+    assert!(env.contains("FENCING_TOKEN="), "{env}");
     assert!(!env.contains("hunter2"));
+    let wd_env = std::fs::read_to_string(f.dir.path().join("wd_env")).unwrap();
+    assert!(wd_env.contains("PATH="), "{wd_env}");
+    assert!(!wd_env.contains("hunter2"), "{wd_env}");
 }
 
 #[test]

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use crate::etcd::Client;
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions, WatchStream,
 };
 

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::etcd::Client;
 use anyhow::Result;
-use etcd_client::Client;
 
 use super::Election;
 use crate::etcd::{self, failover, Conn};
@@ -46,11 +46,11 @@ impl Ctx {
     }
 
     /// Runs one etcd request within the command timeout (see [`etcd::bounded`]).
-    pub async fn bounded<T>(
+    pub fn bounded<'a, T: 'a>(
         &self,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        etcd::bounded_by(etcd::Bound::Command(self.timeout), "etcd", fut).await
+        fut: impl Future<Output = Result<T, etcd_client::Error>> + 'a,
+    ) -> impl Future<Output = Result<T>> + 'a {
+        etcd::bounded_by(etcd::Bound::Command(self.timeout), "etcd", fut)
     }
 
     /// Puts `value` in candidate key `key` on `lease`, only while the key is still the one

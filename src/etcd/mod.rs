@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 
 pub mod failover;
 
@@ -59,6 +59,27 @@ impl Secret {
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Secret(***)")
+    }
+}
+
+/// An etcd client on the heap. `etcd_client::Client` is 3.7 KB (a handle for each of etcd's
+/// services), and nearly every request clones one into its future: held inline, each clone
+/// made that future, every future that awaits it and every stack frame that polls them 3.7 KB
+/// larger. A waiting candidate's main thread then kept a third of a megabyte of stack
+/// resident, touched again at each keepalive. A clone of this one is one pointer in a future.
+#[derive(Clone)]
+pub struct Client(Box<etcd_client::Client>);
+
+impl std::ops::Deref for Client {
+    type Target = etcd_client::Client;
+    fn deref(&self) -> &etcd_client::Client {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut etcd_client::Client {
+        &mut self.0
     }
 }
 
@@ -131,11 +152,11 @@ pub async fn open(conn: &Conn) -> Result<Connection> {
     let client = bounded_by(
         Bound::Dial(conn.dial_timeout),
         &what(conn),
-        Client::connect_with_balanced_channel(&endpoints, Some(opts), builder),
+        etcd_client::Client::connect_with_balanced_channel(&endpoints, Some(opts), builder),
     )
     .await
     .map_err(|e| explain(conn, e))?;
-    Ok((client, router))
+    Ok((Client(Box::new(client)), router))
 }
 
 /// Proves, within the dial timeout counted from `dialing` (when connecting began), that the
@@ -233,20 +254,20 @@ const NO_LEADER_RETRY: Duration = Duration::from_millis(100);
 
 /// Runs one etcd request, bounded by `timeout`, and classifies its failure; an error names
 /// the server as "etcd".
-pub async fn bounded<T>(
+pub fn bounded<'a, T: 'a>(
     timeout: Duration,
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    bounded_by(Bound::Other(timeout), "etcd", fut).await
+    fut: impl Future<Output = Result<T, etcd_client::Error>> + 'a,
+) -> impl Future<Output = Result<T>> + 'a {
+    bounded_by(Bound::Other(timeout), "etcd", fut)
 }
 
 /// [`bounded`], with an error that names the server as `what` (its endpoints, at connect).
-pub async fn bounded_as<T>(
+pub fn bounded_as<'a, T: 'a>(
     timeout: Duration,
-    what: &str,
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    bounded_by(Bound::Other(timeout), what, fut).await
+    what: &'a str,
+    fut: impl Future<Output = Result<T, etcd_client::Error>> + 'a,
+) -> impl Future<Output = Result<T>> + 'a {
+    bounded_by(Bound::Other(timeout), what, fut)
 }
 
 /// What bounds a request, so that running out of time names the flag to raise.
@@ -277,14 +298,22 @@ impl Bound {
 }
 
 /// [`bounded_as`], with the bound's flag named when it runs out.
-pub async fn bounded_by<T>(
+///
+/// The request waits on the heap: a request's future is kilobytes (tonic's), and held inline
+/// it would make every future that awaits one as large, and every stack frame that polls
+/// them. Those frames are touched again at each poll, and stay resident in a waiting
+/// candidate for as long as it waits.
+pub fn bounded_by<'a, T: 'a>(
     bound: Bound,
-    what: &str,
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    match tokio::time::timeout(bound.timeout(), fut).await {
-        Err(_) => Err(fail(Exit::Unavailable, no_answer(what, bound))),
-        Ok(answer) => answered(what, answer),
+    what: &'a str,
+    fut: impl Future<Output = Result<T, etcd_client::Error>> + 'a,
+) -> impl Future<Output = Result<T>> + 'a {
+    let fut = Box::pin(fut);
+    async move {
+        match tokio::time::timeout(bound.timeout(), fut).await {
+            Err(_) => Err(fail(Exit::Unavailable, no_answer(what, bound))),
+            Ok(answer) => answered(what, answer),
+        }
     }
 }
 
@@ -335,6 +364,25 @@ pub fn classify(e: etcd_client::Error) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a request's future holds of the client: one pointer, not etcd-client's 3.7 KB;
+    /// and what one holds of the request it bounds: one pointer, not tonic's future.
+    #[test]
+    fn a_client_clone_and_a_bounded_request_are_a_pointer_in_a_future() {
+        assert_eq!(std::mem::size_of::<Client>(), std::mem::size_of::<usize>());
+        assert!(std::mem::size_of::<etcd_client::Client>() > 1024);
+        let big = async {
+            let kilobytes = [0u8; 8192];
+            std::future::ready(()).await;
+            Ok::<_, etcd_client::Error>(kilobytes[0])
+        };
+        let bounded = bounded(Duration::from_secs(1), big);
+        assert!(
+            std::mem::size_of_val(&bounded) < 1024,
+            "{} bytes",
+            std::mem::size_of_val(&bounded)
+        );
+    }
 
     #[test]
     fn versions_without_the_lease_fixes_are_named() {

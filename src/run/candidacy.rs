@@ -388,7 +388,7 @@ pub async fn campaign(
             give_up_at: *give_up_at,
         };
         let mut last_wait = None;
-        let run = camp.run(joined, |w| {
+        let run = Box::pin(camp.run(joined, |w| {
             if last_wait.as_ref() != Some(w) {
                 tracing::info!("{w}");
                 if let Some(status) = w.status() {
@@ -396,7 +396,7 @@ pub async fn campaign(
                 }
                 last_wait = Some(w.clone());
             }
-        });
+        }));
         let mut failing = HealthFailures::new(health.clone());
         tokio::select! {
             out = run => Ok(out),
@@ -584,7 +584,7 @@ async fn give_up_first(env: &Env, mut first: JoinHandle<Result<Lease>>) {
 }
 
 /// What our key goes in line with, from the flags.
-fn line<'a>(client: &'a etcd_client::Client, cfg: &'a RunConfig, value: &'a str) -> Joining<'a> {
+fn line<'a>(client: &'a crate::etcd::Client, cfg: &'a RunConfig, value: &'a str) -> Joining<'a> {
     Joining {
         client,
         election: &cfg.election,

@@ -62,14 +62,17 @@ pub async fn run(cfg: RunConfig) -> Result<Exit> {
         cfg.period.as_ref().map(|p| p.length_s),
     );
     let mut last_job = None;
-    let exit = match candidacy::start_up(cfg).await {
+    // Each phase's future is boxed where the driver awaits it (here, in `drive` and in
+    // `perform`): held inline, every future that awaits one would be as large as the largest
+    // phase, and so would the stack frame that polls them, touched again at each wake-up.
+    let exit = match Box::pin(candidacy::start_up(cfg)).await {
         Ok(Ok((process, startup))) => {
             let mut driver = Driver {
                 process,
                 last_token: None,
                 last_job: None,
             };
-            let exit = driver.drive(startup).await;
+            let exit = Box::pin(driver.drive(startup)).await;
             last_job = driver.last_job;
             exit
         }
@@ -224,7 +227,8 @@ impl Driver {
                         last_token: &mut self.last_token,
                         launcher: &mut self.process.launcher,
                     };
-                    let (ev, campaigned) = candidacy::campaign(ask, startup.take()).await?;
+                    let (ev, campaigned) =
+                        Box::pin(candidacy::campaign(ask, startup.take())).await?;
                     let held = match campaigned {
                         Campaigned::Nothing => Held::Nothing,
                         Campaigned::Lease(c) => Held::Lease(c),
@@ -255,14 +259,13 @@ impl Driver {
                 }
                 State::Elected(c, mut t) => {
                     let health = self.process.health.as_ref();
-                    let (ev, job) = t
-                        .start(
-                            &self.process.env,
-                            &c.lease,
-                            &mut self.process.launcher,
-                            health,
-                        )
-                        .await;
+                    let (ev, job) = Box::pin(t.start(
+                        &self.process.env,
+                        &c.lease,
+                        &mut self.process.launcher,
+                        health,
+                    ))
+                    .await;
                     let seen = ev.to_string();
                     let step = lifecycle::started(t.token, ev, &policy);
                     let held = match job {
@@ -354,7 +357,7 @@ impl Driver {
             }
             let mut held = held;
             for action in actions {
-                held = self.perform(held, action).await?;
+                held = Box::pin(self.perform(held, action)).await?;
             }
             state = match State::enter(next, held) {
                 Ok(s) => s,
@@ -415,7 +418,7 @@ impl Driver {
             }),
             // The term ends here: its record closes it, and what is left is its lease.
             (Action::RecordEnd(reason), Held::Term(mut c, t)) => {
-                c.closing = t.end(&self.process.env, c.lease.id, reason).await;
+                c.closing = Box::pin(t.end(&self.process.env, c.lease.id, reason)).await;
                 Ok(Held::Lease(c))
             }
             (Action::RevokeLease, held) => {
@@ -423,7 +426,9 @@ impl Driver {
                 match held {
                     Held::Nothing => {}
                     // A term given up before its job ran needs no end record.
-                    Held::Lease(c) | Held::Term(c, _) => c.revoke(&self.process.env).await,
+                    Held::Lease(c) | Held::Term(c, _) => {
+                        Box::pin(c.revoke(&self.process.env)).await
+                    }
                     job @ Held::Job(..) => return unheld("giving the lease up", job),
                 }
                 Ok(Held::Nothing)

@@ -23,8 +23,9 @@ pub mod slots;
 use std::fmt;
 use std::time::Duration;
 
+use crate::etcd::Client;
 use anyhow::Result;
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 use tokio::time::Instant;
 
 use super::lease::{Lease, LeaseState, Loss};

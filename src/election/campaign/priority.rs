@@ -10,9 +10,10 @@
 //! over only after its job's `--min-term` and only if a higher-priority candidate is still in
 //! line then (see [`crate::election::leader::outranked_in_line`]), so nothing loops.
 
+use crate::etcd::Client;
 use anyhow::Result;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
 use super::Campaign;

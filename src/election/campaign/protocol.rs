@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use crate::etcd::Client;
 use anyhow::Result;
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;

@@ -12,8 +12,9 @@
 //! which gives the job `LEAD_EXEC_SLOT`. Every candidate must run with the same N (see
 //! [`super::settings`]).
 
+use crate::etcd::Client;
 use anyhow::Result;
-use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::sync::watch;
 
 use super::protocol::existing_create_revision;

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use crate::etcd::Client;
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 

@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
+use crate::etcd::Client;
 use anyhow::Result;
-use etcd_client::{Client, LeaseGrantOptions};
+use etcd_client::LeaseGrantOptions;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
