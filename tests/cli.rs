@@ -54,9 +54,8 @@ fn job_gets_token_and_identity_in_its_environment() {
     );
 }
 
-/// Nor to its watchdog, forked from lead-exec with lead-exec's environment: not in its
-/// variables, which the job inherits, nor in the area /proc/PID/environ shows, which the job
-/// (same user) can read.
+/// Nor to its watchdog: not in its variables, which the job inherits, nor in what
+/// /proc/PID/environ shows of it, which the job (same user) can read.
 #[test]
 fn password_is_not_passed_to_the_job() {
     let f = Fixture::new();

@@ -285,6 +285,12 @@ pub fn pss_kib(pid: i32) -> Option<u64> {
     )
 }
 
+/// Private_Clean + Private_Dirty from smaps_rollup: what the process costs whatever else runs.
+pub fn private_kib(pid: i32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    Some(kib_field(&text, "Private_Clean:")? + kib_field(&text, "Private_Dirty:")?)
+}
+
 fn kib_field(text: &str, key: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(key))

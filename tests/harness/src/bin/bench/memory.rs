@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use harness::measure::report::{yes_no, Report, Row};
 use harness::measure::stats::median;
-use harness::measure::worker::{pss_kib, status_kib, Tool, WorkerSpec, TOOLS};
+use harness::measure::worker::{private_kib, pss_kib, status_kib, Tool, WorkerSpec, TOOLS};
 
 use super::{pids, Cx};
 
@@ -18,7 +18,7 @@ pub(crate) fn memory(cx: &Cx) -> Result<Report> {
     let mut hwm: [Vec<f64>; 2] = [vec![], vec![]];
     let mut pss: [Vec<f64>; 2] = [vec![], vec![]];
     let mut split: Vec<(f64, f64)> = Vec::new();
-    // A second candidate's (PSS, private), waiting behind the running job.
+    // One of the candidates waiting behind the running job: (PSS, private).
     let mut waiting: [Vec<(f64, f64)>; 2] = [vec![], vec![]];
     for _ in 0..n {
         for t in TOOLS {
@@ -96,7 +96,7 @@ pub(crate) fn memory(cx: &Cx) -> Result<Report> {
         ),
         Row::new(
             "memory",
-            &format!("one of ten waiting candidates (its watchdog included): PSS (private), median, n={n}"),
+            &format!("one of {WAITING} waiting candidates (its watchdog included): PSS (private), median, n={n}"),
             format!("{:.2} MiB ({:.2} MiB)", wl.0, wl.1),
             format!("{:.2} MiB ({:.2} MiB)", wc.0, wc.1),
             "PSS ≤ 1 MiB",
@@ -146,9 +146,15 @@ fn waiting_candidate(cx: &Cx, t: Tool, election: &str) -> Result<(f64, f64)> {
     let (mut pss, mut private) = (Vec::new(), Vec::new());
     for w in &workers {
         let mut procs = vec![w.pid()];
-        procs.extend(children(w.pid()));
+        procs.extend(harness::children(w.pid()));
         pss.push(procs.iter().map(|p| pss_kib(*p).unwrap_or(0)).sum::<u64>() as f64 / 1024.0);
-        private.push(procs.iter().map(|p| private_kib(*p)).sum::<u64>() as f64 / 1024.0);
+        private.push(
+            procs
+                .iter()
+                .map(|p| private_kib(*p).unwrap_or(0))
+                .sum::<u64>() as f64
+                / 1024.0,
+        );
     }
     for w in &workers {
         w.signal(libc::SIGTERM);
@@ -157,22 +163,4 @@ fn waiting_candidate(cx: &Cx, t: Tool, election: &str) -> Result<(f64, f64)> {
         w.wait_exit(Duration::from_secs(10));
     }
     Ok((median(&pss), median(&private)))
-}
-
-fn children(pid: i32) -> Vec<i32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|c| c.parse().ok())
-        .collect()
-}
-
-/// Private_Clean + Private_Dirty from smaps_rollup, in KiB.
-fn private_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum()
 }
