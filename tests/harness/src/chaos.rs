@@ -135,6 +135,9 @@ pub struct Cluster {
     deaths: Arc<Mutex<HashMap<i32, i64>>>,
     stop: Arc<AtomicBool>,
     cg_root: Option<PathBuf>,
+    /// The cgroups of workers' earlier lives (a restart gives a worker a new one while its old
+    /// watchdog may still be stopping the old job): removed with the root at the end.
+    retired: Vec<PathBuf>,
 }
 
 /// Where this process's cgroup v2 directory is, if it can hold children.
@@ -197,6 +200,7 @@ impl Cluster {
             deaths,
             stop,
             cg_root,
+            retired: Vec::new(),
         };
         for i in 0..n {
             let proxies = c
@@ -286,7 +290,9 @@ impl Cluster {
             }
         }
         self.workers[i].child = Some(cmd.spawn().unwrap());
-        self.workers[i].cgroup = cg;
+        if let Some(old) = std::mem::replace(&mut self.workers[i].cgroup, cg) {
+            self.retired.push(old);
+        }
     }
 
     /// Parsed event log.
@@ -485,11 +491,11 @@ impl Drop for Cluster {
                 let _ = c.wait();
             }
         }
-        // The watchdogs kill the jobs once lead-exec is gone; then the cgroups can go.
-        for w in &self.workers {
-            if let Some(cg) = &w.cgroup {
-                wait_until(secs(5), || fs::remove_dir(cg).is_ok() || !cg.exists());
-            }
+        // The watchdogs kill the jobs once lead-exec is gone; then the cgroups can go, the
+        // earlier lives' too, or the root stays behind.
+        let current = self.workers.iter().filter_map(|w| w.cgroup.as_ref());
+        for cg in current.chain(&self.retired) {
+            wait_until(secs(5), || fs::remove_dir(cg).is_ok() || !cg.exists());
         }
         if let Some(root) = &self.cg_root {
             let _ = fs::remove_dir(root);
