@@ -7,6 +7,8 @@
 //! - `fail_closed`: etcd unreachable, lost key, expired candidates
 //! - `availability`: riding through routine etcd trouble (connections kept, `--wait` per wait)
 //! - `watchdog`: the job never outlives lead-exec (SIGKILL, SIGSTOP, escapees, descriptors)
+//! - `footprint`: what a candidate keeps while it waits (a watchdog only when next in line, not
+//!   its start-up stack)
 //! - `containment`: no process of the job outlives its term, wherever it moves (lead-exec-safety(7)'s
 //!   escape table: setsid, setpgid, cgroup moves, daemons, PID namespaces; root and not)
 //! - `interop`: coexistence with `etcdctl elect`
@@ -41,6 +43,7 @@ mod containment;
 mod docs;
 mod exclusion;
 mod fail_closed;
+mod footprint;
 mod interop;
 mod observability;
 mod ops;

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 
 use crate::clock::BootInstant;
 use crate::config::RunConfig;
-use crate::election::campaign::{withdraw, Campaign, Joined, Joining, Learned, Outcome, Wait};
+use crate::election::campaign::{
+    withdraw, Campaign, InLine, Joined, Joining, Learned, Outcome, Wait,
+};
 use crate::election::leader::LeaderWatch;
 use crate::election::lease::{fresh_id, Lease, LeaseState};
 use crate::election::{unix_ms, Candidate, Ctx};
@@ -389,7 +391,10 @@ pub async fn campaign(
         };
         let mut last_wait = None;
         let run = Box::pin(camp.run(joined, |w| {
-            if last_wait.as_ref() != Some(w) {
+            wait_lightly(launcher, cfg, w);
+            if *w == InLine::Rechecking {
+                tracing::debug!("{w}");
+            } else if last_wait.as_ref() != Some(w) {
                 tracing::info!("{w}");
                 if let Some(status) = w.status() {
                     notify::status(&status);
@@ -831,6 +836,53 @@ pub async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
 
 /// A watchdog for the next job, or none if it cannot start now (the start is tried again
 /// when the job is due, and fails there with its reason).
+/// What a candidate keeps while it waits in line, which may be for hours.
+///
+/// A watchdog stands by for the next job while we are next in line, and none while we are
+/// further back: an idle watchdog is a process and about 0.2 MiB, for a job that cannot start
+/// before the one ahead of us has run. One further back that moves up starts one as it does;
+/// its exec overlaps the requests that confirm the place.
+///
+/// And the stack: the run's start-up went some 64 KiB deep (the connection, the campaign's
+/// first requests), which the main thread would keep resident while it waits. Released from
+/// a task of its own, polled from the runtime's loop, where the run's frames are not on the
+/// stack; a wait touches again only the little it polls (the keepalives, on a task of their
+/// own, do not wake the campaign: it hears of the lease only when it is lost).
+fn wait_lightly(launcher: &mut Launcher, cfg: &RunConfig, w: &InLine) {
+    match w.next_in_line() {
+        Some(true) if launcher.standby.is_none() => launcher.standby = start_watchdog_ahead(cfg),
+        Some(false) if launcher.standby.take().is_some() => {
+            tracing::debug!("not next in line: the watchdog started ahead is let go");
+        }
+        _ => {}
+    }
+    tokio::spawn(async {
+        // Once the wait has settled: until its watch is open the run is polled deep again.
+        tokio::time::sleep(SETTLED).await;
+        release_stack_below_here();
+    });
+}
+
+/// How long after a wait in line begins its stack is released.
+const SETTLED: Duration = Duration::from_secs(1);
+
+/// Gives the thread's stack pages below this function's frame back to the kernel.
+#[inline(never)]
+fn release_stack_below_here() {
+    // Below the innermost frame nothing is live (a signal handler that ran there has
+    // returned); a page of margin keeps clear of this frame and the call below. Under the
+    // main thread's stack is its guard gap, where nothing is mapped: madvise passes over what
+    // is not mapped (and answers ENOMEM), so the span need not know where the stack ends.
+    const SPAN: usize = 256 * 1024;
+    const PAGE: usize = 4096;
+    let marker = 0u8;
+    let sp = std::hint::black_box(&marker) as *const u8 as usize;
+    let top = (sp - PAGE) & !(PAGE - 1);
+    // SAFETY: [top - SPAN, top) lies wholly below the current frame, where no live data is;
+    // MADV_DONTNEED only makes the pages read back as zeros when next touched.
+    unsafe { libc::madvise((top - SPAN) as *mut libc::c_void, SPAN, libc::MADV_DONTNEED) };
+}
+
 fn start_watchdog_ahead(cfg: &RunConfig) -> Option<Standby> {
     Standby::start(cfg.grace, cfg.cgroup)
         .inspect_err(|e| tracing::debug!("watchdog not started ahead: {e:#}"))

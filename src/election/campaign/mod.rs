@@ -28,7 +28,7 @@ use anyhow::Result;
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use tokio::time::Instant;
 
-use super::lease::{Lease, LeaseState, Loss};
+use super::lease::{Lease, Loss};
 use super::{Candidate, Election};
 use priority::must_yield;
 pub use protocol::Created;
@@ -181,23 +181,29 @@ pub struct Learned {
 }
 
 /// Why we are still waiting. Its `Display` is the log line; [`InLine::status`] the shorter
-/// `sd_notify` status.
+/// `sd_notify` status; [`InLine::next_in_line`] whether a watchdog should stand by for us.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InLine {
     Behind {
         key: String,
         value: Vec<u8>,
+        /// The key we wait behind is the oldest, the holder's: its end frees our place.
+        next: bool,
     },
     /// Every one of `slots` is held by an older candidate (`ahead` of them, at least N).
     SlotsFull {
         ahead: usize,
         slots: u32,
+        /// Only the holders are ahead of us: the next slot freed is ours.
+        next: bool,
     },
     /// We hold, but every slot key is still taken (a holder whose key went is draining).
     SlotKeysTaken,
     Paused,
     /// At the head of the line, letting a higher-priority candidate pass.
     Yielding,
+    /// The key we waited behind is gone (one slot): we look again at our place, and may hold.
+    Rechecking,
 }
 
 impl fmt::Display for InLine {
@@ -206,7 +212,7 @@ impl fmt::Display for InLine {
             InLine::Behind { value, .. } => {
                 write!(f, "waiting behind {}", Candidate::parse(value).id)
             }
-            InLine::SlotsFull { ahead, slots } => {
+            InLine::SlotsFull { ahead, slots, .. } => {
                 write!(f, "waiting for one of {slots} slots ({ahead} ahead)")
             }
             InLine::SlotKeysTaken => {
@@ -216,6 +222,7 @@ impl fmt::Display for InLine {
             InLine::Yielding => {
                 f.write_str("letting a higher-priority candidate pass; queueing again")
             }
+            InLine::Rechecking => f.write_str("the key ahead is gone; checking our place"),
         }
     }
 }
@@ -228,7 +235,20 @@ impl InLine {
             InLine::SlotsFull { slots, .. } => Some(format!("waiting for one of {slots} slots")),
             InLine::SlotKeysTaken => Some("waiting for a slot to be freed".into()),
             InLine::Paused => Some("paused".into()),
-            InLine::Yielding => None,
+            InLine::Yielding | InLine::Rechecking => None,
+        }
+    }
+
+    /// Whether the next place to be freed is ours (`Some(true)`), or not (`Some(false)`), as
+    /// far as this wait tells (`None`: it does not). A candidate next in line keeps a watchdog
+    /// standing by for its job, so that its handover pays only for the job's exec; one
+    /// further back waits without (see lead-exec-operations(7), "Installation").
+    pub fn next_in_line(&self) -> Option<bool> {
+        match self {
+            InLine::Behind { next, .. } | InLine::SlotsFull { next, .. } => Some(*next),
+            // Holding already, or the one ahead just went: likely to run next.
+            InLine::SlotKeysTaken | InLine::Rechecking => Some(true),
+            InLine::Paused | InLine::Yielding => None,
         }
     }
 }
@@ -273,7 +293,7 @@ impl Campaign<'_> {
         // A new place in line: only a key ahead of this one times our handover.
         learned.predecessor_gone = None;
         tracing::debug!(key, my_rev, "candidate key created");
-        let mut lease_rx = self.lease.subscribe();
+        let mut lease_rx = self.lease.losses();
         if let Some(c) = created.filter(|c| holds_unpaused(&c.ops, my_rev)) {
             let seen = AtCreation {
                 history_newest: history_newest(&c.ops),
@@ -288,16 +308,17 @@ impl Campaign<'_> {
         }
 
         loop {
-            if let LeaseState::Lost(r) = *lease_rx.borrow() {
+            if let Some(r) = *lease_rx.borrow() {
                 return Ok(Some(Outcome::Lost(r)));
             }
-            // The older keys, nearest first, as many as can keep us out. With their values:
-            // one of them may be ours, from a campaign whose outcome we never heard.
+            // The older keys, nearest first, as many as can keep us out and one more, which
+            // tells whether only holders are ahead. With their values: one of them may be
+            // ours, from a campaign whose outcome we never heard.
             let opts = GetOptions::new()
                 .with_prefix()
                 .with_max_create_revision(my_rev - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(i64::from(self.line.slots));
+                .with_limit(i64::from(self.line.slots) + 1);
             let prefix = self.line.election.candidates();
             let resp = patient(self.line.timeout, || {
                 let (mut c, opts, prefix) = (client.clone(), opts.clone(), prefix.clone());
@@ -320,8 +341,13 @@ impl Campaign<'_> {
                     .await?
                 {
                     Some(outcome) => return Ok(Some(outcome)),
-                    None => continue,
+                    // With one slot we watched only the key ahead, so whether it held when
+                    // it went is not known: we may hold now. (With more, every waiting
+                    // candidate wakes on every delete and the count that follows says.)
+                    None if self.line.slots == 1 => on_wait(&InLine::Rechecking),
+                    None => {}
                 }
+                continue;
             }
             let elected_ms = crate::election::unix_ms();
             let resp = self.confirm(&client, &key, my_rev, elected_ms).await?;
@@ -372,6 +398,7 @@ mod tests {
         let behind = InLine::Behind {
             key: "lead-exec/elections/settle/1".into(),
             value: Candidate::this_process("w1").encode().into_bytes(),
+            next: true,
         };
         let cases = [
             (behind, "waiting behind w1", Some("waiting behind w1")),
@@ -379,12 +406,17 @@ mod tests {
                 InLine::Behind {
                     key: "k".into(),
                     value: b"etcdctl-elect".to_vec(),
+                    next: false,
                 },
                 "waiting behind etcdctl-elect",
                 Some("waiting behind etcdctl-elect"),
             ),
             (
-                InLine::SlotsFull { ahead: 3, slots: 2 },
+                InLine::SlotsFull {
+                    ahead: 3,
+                    slots: 2,
+                    next: false,
+                },
                 "waiting for one of 2 slots (3 ahead)",
                 Some("waiting for one of 2 slots"),
             ),
@@ -403,10 +435,43 @@ mod tests {
                 "letting a higher-priority candidate pass; queueing again",
                 None,
             ),
+            (
+                InLine::Rechecking,
+                "the key ahead is gone; checking our place",
+                None,
+            ),
         ];
         for (wait, line, status) in cases {
             assert_eq!(wait.to_string(), line);
             assert_eq!(wait.status().as_deref(), status, "{line}");
+        }
+    }
+
+    #[test]
+    fn only_a_wait_next_in_line_keeps_a_watchdog_standing_by() {
+        let behind = |next| InLine::Behind {
+            key: "k".into(),
+            value: b"w1".to_vec(),
+            next,
+        };
+        let slots = |next| InLine::SlotsFull {
+            ahead: 2,
+            slots: 2,
+            next,
+        };
+        let cases = [
+            (behind(true), Some(true)),
+            (behind(false), Some(false)),
+            (slots(true), Some(true)),
+            (slots(false), Some(false)),
+            (InLine::SlotKeysTaken, Some(true)),
+            (InLine::Rechecking, Some(true)),
+            // Neither says where we stand: whatever stands by stays.
+            (InLine::Paused, None),
+            (InLine::Yielding, None),
+        ];
+        for (wait, next) in cases {
+            assert_eq!(wait.next_in_line(), next, "{wait:?}");
         }
     }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::settings::{agree, disagree, disagree_delay, same};
 use super::{Campaign, Joining, Learned, Outcome};
-use crate::election::lease::{LeaseState, Loss};
+use crate::election::lease::Loss;
 use crate::election::Candidate;
 use crate::etcd::{bounded, classify};
 use crate::exit::Exit;
@@ -267,7 +267,7 @@ impl Campaign<'_> {
         key: Vec<u8>,
         prefix: bool,
         rev: i64,
-        lease_rx: &mut watch::Receiver<LeaseState>,
+        lease_rx: &mut watch::Receiver<Option<Loss>>,
         learned: &mut Learned,
     ) -> Result<Option<Outcome>> {
         // Subscribed before the watch opens: a pin move while it opens would leave the watch
@@ -321,7 +321,7 @@ impl Campaign<'_> {
                     if changed.is_err() {
                         return Ok(Some(Outcome::Lost(Loss::Deadline)));
                     }
-                    if let LeaseState::Lost(r) = *lease_rx.borrow() {
+                    if let Some(r) = *lease_rx.borrow() {
                         return Ok(Some(Outcome::Lost(r)));
                     }
                 }

@@ -19,25 +19,31 @@ use tokio::sync::watch;
 
 use super::protocol::existing_create_revision;
 use super::{Campaign, InLine, Learned, Outcome, Wait};
-use crate::election::lease::{LeaseState, Loss};
+use crate::election::lease::Loss;
 use crate::etcd::bounded;
 
 impl Campaign<'_> {
     /// Why a candidate that may not hold yet waits, and what it watches for a delete (with
-    /// `true`: every key under it). `older` are the keys ahead of it, nearest first.
+    /// `true`: every key under it). `older` are the keys ahead of it, nearest first: at least
+    /// as many as there are slots, and one more if there are more.
     pub(super) fn ahead_of_us(&self, older: &[KeyValue]) -> (InLine, Vec<u8>, bool) {
+        let slots = self.line.slots as usize;
+        // Only the holders are ahead: the next place freed is ours.
+        let next = older.len() <= slots;
         // One slot: wait for the predecessor only. Several: any delete may free one.
-        if self.line.slots == 1 {
+        if slots == 1 {
             let pred = &older[0];
             let why = InLine::Behind {
                 key: String::from_utf8_lossy(pred.key()).into_owned(),
                 value: pred.value().to_vec(),
+                next,
             };
             (why, pred.key().to_vec(), false)
         } else {
             let why = InLine::SlotsFull {
-                ahead: older.len(),
+                ahead: older.len().min(slots),
                 slots: self.line.slots,
+                next,
             };
             (why, self.line.election.candidates().into_bytes(), true)
         }
@@ -50,7 +56,7 @@ impl Campaign<'_> {
         client: &mut Client,
         key: String,
         token: i64,
-        lease_rx: &mut watch::Receiver<LeaseState>,
+        lease_rx: &mut watch::Receiver<Option<Loss>>,
         on_wait: &mut impl FnMut(&InLine),
         learned: &mut Learned,
     ) -> Result<Outcome> {
@@ -65,7 +71,7 @@ impl Campaign<'_> {
         }
         let e = self.line.election;
         loop {
-            if let LeaseState::Lost(r) = *lease_rx.borrow() {
+            if let Some(r) = *lease_rx.borrow() {
                 return Ok(Outcome::Lost(r));
             }
             let opts = GetOptions::new().with_prefix().with_keys_only();

@@ -71,7 +71,7 @@ pub(super) async fn keepalive_loop(
     id: i64,
     plan: Renewal,
     deadline: BootInstant,
-    tx: watch::Sender<LeaseState>,
+    (tx, lost_tx): (watch::Sender<LeaseState>, watch::Sender<Option<Loss>>),
     renew: Arc<Notify>,
 ) {
     let lease = format!("{id:x}");
@@ -157,6 +157,7 @@ pub(super) async fn keepalive_loop(
                     _ => tracing::warn!(lease, "no keepalive succeeded before the deadline"),
                 }
                 tx.send_replace(LeaseState::Lost(loss));
+                lost_tx.send_replace(Some(loss));
             }
         }
     }

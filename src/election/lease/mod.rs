@@ -47,6 +47,9 @@ pub enum LeaseState {
 pub struct Lease {
     pub id: i64,
     state: watch::Receiver<LeaseState>,
+    /// The loss alone, without the renewals: for a candidate waiting in line, which would
+    /// otherwise wake at every keepalive to find it still holds its place.
+    lost: watch::Receiver<Option<Loss>>,
     task: JoinHandle<()>,
     client: Client,
     /// Wakes the keepalive task for a renewal ahead of its schedule.
@@ -102,6 +105,7 @@ impl Lease {
         crate::metrics::lease_granted(granted, plan.timeout);
         let deadline = renewed_deadline(sent, granted, margin);
         let (tx, rx) = watch::channel(LeaseState::Alive { deadline });
+        let (lost_tx, lost) = watch::channel(None);
         let renew = Arc::new(Notify::new());
         let task = tokio::spawn(
             keepalive_loop(
@@ -110,7 +114,7 @@ impl Lease {
                 resp.id(),
                 plan,
                 deadline,
-                tx,
+                (tx, lost_tx),
                 renew.clone(),
             )
             .in_current_span(),
@@ -118,6 +122,7 @@ impl Lease {
         Ok(Lease {
             id: resp.id(),
             state: rx,
+            lost,
             task,
             client: client.clone(),
             renew,
@@ -172,6 +177,12 @@ impl Lease {
 
     pub fn subscribe(&self) -> watch::Receiver<LeaseState> {
         self.state.clone()
+    }
+
+    /// Changes once, when the lease is lost (as [`Lease::subscribe`]'s `Lost`); closed when
+    /// the keepalive task ends without a loss (the lease dropped or revoked).
+    pub fn losses(&self) -> watch::Receiver<Option<Loss>> {
+        self.lost.clone()
     }
 
     /// Stops the keepalives and revokes the lease, which deletes our candidate key so the next

@@ -573,7 +573,6 @@ pub fn signal(pid: i32, sig: i32) {
     }
 }
 
-/// Whether `pid` exists at all, zombies included (a zombie is a process nobody reaped).
 /// The direct children of a process, from every one of its threads.
 pub fn children(pid: i32) -> Vec<i32> {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -590,6 +589,7 @@ pub fn children(pid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// Whether `pid` exists at all, zombies included (a zombie is a process nobody reaped).
 pub fn exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }

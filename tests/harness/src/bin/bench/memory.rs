@@ -18,8 +18,9 @@ pub(crate) fn memory(cx: &Cx) -> Result<Report> {
     let mut hwm: [Vec<f64>; 2] = [vec![], vec![]];
     let mut pss: [Vec<f64>; 2] = [vec![], vec![]];
     let mut split: Vec<(f64, f64)> = Vec::new();
-    // One of the candidates waiting behind the running job: (PSS, private).
-    let mut waiting: [Vec<(f64, f64)>; 2] = [vec![], vec![]];
+    // One of the candidates waiting behind the running job: (PSS, private, and lead-exec's
+    // next in line's PSS).
+    let mut waiting: [Vec<(f64, f64, Option<f64>)>; 2] = [vec![], vec![]];
     for _ in 0..n {
         for t in TOOLS {
             let mut f = cx.fifo(false)?;
@@ -80,6 +81,7 @@ pub(crate) fn memory(cx: &Cx) -> Result<Report> {
         (median(&p), median(&u))
     };
     let (wl, wc) = (wait(0), wait(1));
+    let next: Vec<f64> = waiting[0].iter().filter_map(|w| w.2).collect();
     let rows = vec![
         Row::new(
             "memory",
@@ -96,11 +98,23 @@ pub(crate) fn memory(cx: &Cx) -> Result<Report> {
         ),
         Row::new(
             "memory",
-            &format!("one of {WAITING} waiting candidates (its watchdog included): PSS (private), median, n={n}"),
+            &format!("one of {WAITING} waiting candidates (its watchdog included, if it has one): PSS (private), median, n={n}"),
             format!("{:.2} MiB ({:.2} MiB)", wl.0, wl.1),
             format!("{:.2} MiB ({:.2} MiB)", wc.0, wc.1),
             "PSS ≤ 1 MiB",
             yes_no(wl.0 <= 1.0),
+        ),
+        Row::new(
+            "memory",
+            &format!("the next in line of the {WAITING}, with the watchdog it keeps standing by: PSS, median"),
+            if next.is_empty() {
+                "none had a watchdog".to_string()
+            } else {
+                format!("{:.2} MiB", median(&next))
+            },
+            "–".to_string(),
+            "",
+            "",
         ),
     ];
     let notes =
@@ -113,8 +127,9 @@ pub(crate) fn memory(cx: &Cx) -> Result<Report> {
         median(&pss[1])
     ), "memory: waiting candidates are ten more workers on the same election, read 1.5 s after \
          their keys are in line, beside the running one (the binary's pages shared between the \
-         eleven and their watchdogs, as on a host that runs one per job it can take); private \
-         = Private_Clean + Private_Dirty, what one costs whatever else runs.".to_string()];
+         eleven and their watchdogs, as on a host that runs one per job it can take); of \
+         lead-exec's, only the next in line keeps a watchdog standing by; private = \
+         Private_Clean + Private_Dirty, what one costs whatever else runs.".to_string()];
     Ok(Report { rows, notes })
 }
 
@@ -123,9 +138,10 @@ pub(crate) fn memory(cx: &Cx) -> Result<Report> {
 const WAITING: usize = 10;
 
 /// [`WAITING`] more candidates of `election`'s, waiting behind the running job: (PSS,
-/// private) in MiB of one of them, the watchdog it starts ahead included (the median of the
-/// ten). They are stopped before the job is released.
-fn waiting_candidate(cx: &Cx, t: Tool, election: &str) -> Result<(f64, f64)> {
+/// private) in MiB of one of them (the median of the ten), its watchdog included if it has
+/// one, and the PSS of lead-exec's next in line, the one that keeps a watchdog standing by.
+/// They are stopped before the job is released.
+fn waiting_candidate(cx: &Cx, t: Tool, election: &str) -> Result<(f64, f64, Option<f64>)> {
     let mut workers = Vec::new();
     for i in 0..WAITING {
         let id = format!("w{i}");
@@ -144,10 +160,14 @@ fn waiting_candidate(cx: &Cx, t: Tool, election: &str) -> Result<(f64, f64)> {
     )?;
     thread::sleep(Duration::from_millis(1500));
     let (mut pss, mut private) = (Vec::new(), Vec::new());
+    let mut next = None;
     for w in &workers {
         let mut procs = vec![w.pid()];
-        procs.extend(harness::children(w.pid()));
-        pss.push(procs.iter().map(|p| pss_kib(*p).unwrap_or(0)).sum::<u64>() as f64 / 1024.0);
+        let children = harness::children(w.pid());
+        let has_watchdog = !children.is_empty();
+        procs.extend(children);
+        let p = procs.iter().map(|p| pss_kib(*p).unwrap_or(0)).sum::<u64>() as f64 / 1024.0;
+        pss.push(p);
         private.push(
             procs
                 .iter()
@@ -155,6 +175,9 @@ fn waiting_candidate(cx: &Cx, t: Tool, election: &str) -> Result<(f64, f64)> {
                 .sum::<u64>() as f64
                 / 1024.0,
         );
+        if has_watchdog && t == Tool::LeadExec {
+            next = Some(p);
+        }
     }
     for w in &workers {
         w.signal(libc::SIGTERM);
@@ -162,5 +185,5 @@ fn waiting_candidate(cx: &Cx, t: Tool, election: &str) -> Result<(f64, f64)> {
     for mut w in workers {
         w.wait_exit(Duration::from_secs(10));
     }
-    Ok((median(&pss), median(&private)))
+    Ok((median(&pss), median(&private), next))
 }

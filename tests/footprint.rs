@@ -1,0 +1,148 @@
+//! What a candidate keeps while it waits in line, which may be for hours: a watchdog standing
+//! by only when it is next, and not the stack its start-up went through.
+
+use harness::*;
+
+/// The watchdogs among a worker's children (from every thread: the runtime's thread starts
+/// them).
+fn watchdogs(w: &Worker) -> Vec<i32> {
+    children(w.pid())
+        .into_iter()
+        .filter(|c| comm(*c) == "ldx-warden")
+        .collect()
+}
+
+/// A worker with `--id ID` whose job writes its parent, the watchdog it runs under, to
+/// `$D/ID`, then sleeps.
+fn worker(f: &Fixture, election: &str, id: &str) -> Worker {
+    let job = script(
+        f.dir.path(),
+        &format!("echo $PPID > $D/{id}; exec sleep 120"),
+    );
+    spawn(
+        f.dir.path(),
+        id,
+        &run_args(election, &f.ep, &["--id", id], &job),
+    )
+}
+
+/// a leads, b waits behind it (next), c behind b. b keeps the watchdog it started ahead and
+/// its job runs under it; c lets its own go, starts one as b's key goes, and its job runs
+/// under that one.
+#[test]
+fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
+    let f = Fixture::new();
+    let mut a = worker(&f, "nextline", "a");
+    wait_int(&f.dir.path().join("a"), secs(10));
+    let mut b = worker(&f, "nextline", "b");
+    b.wait_log("waiting behind a", secs(10));
+    let mut c = worker(&f, "nextline", "c");
+    c.wait_log("waiting behind b", secs(10));
+
+    let mut ahead = Vec::new();
+    assert!(
+        wait_until(secs(10), || {
+            ahead = watchdogs(&b);
+            ahead.len() == 1
+        }),
+        "b, next in line, has no watchdog standing by: {ahead:?}\n{}",
+        b.log_text()
+    );
+    assert!(
+        wait_until(secs(5), || watchdogs(&c).is_empty()),
+        "c, behind b, kept a watchdog: {:?}\n{}",
+        watchdogs(&c),
+        c.log_text()
+    );
+
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
+    let b_under = wait_int(&f.dir.path().join("b"), secs(10)) as i32;
+    assert_eq!(
+        b_under, ahead[0],
+        "b's job ran under another watchdog than the one it had standing by"
+    );
+    // c is next now, but waits behind b's key, which holds: it cannot know until that goes.
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.code(secs(10)), 143, "{}", b.log_text());
+    let c_under = wait_int(&f.dir.path().join("c"), secs(10)) as i32;
+    assert_eq!(
+        comm(c_under),
+        "ldx-warden",
+        "c's job is not under a watchdog"
+    );
+    assert!(
+        watchdogs(&c).contains(&c_under),
+        "c's job runs under {c_under}, not a watchdog of c's"
+    );
+    c.signal(libc::SIGTERM);
+    assert_eq!(c.code(secs(10)), 143, "{}", c.log_text());
+}
+
+/// Resident size of a process's main-thread stack, and how far it has ever grown, in KiB.
+fn stack_kib(pid: i32) -> (u64, u64) {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut lines = smaps.lines().skip_while(|l| !l.ends_with("[stack]"));
+    let mut field = |name: &str| {
+        lines
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let size = field("Size:");
+    let rss = field("Rss:");
+    (rss, size)
+}
+
+/// Keepalive messages etcd has received so far, from every client.
+fn keepalives(f: &Fixture) -> f64 {
+    let addr = f.etcd.members[0].endpoint().parse().unwrap();
+    scrape_addr(addr, secs(5), secs(5))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| {
+            l.starts_with("grpc_server_msg_received_total{")
+                && l.contains("grpc_method=\"LeaseKeepAlive\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A waiting candidate gives its start-up stack back once its wait has settled, and its
+/// keepalives (several per second here) do not wake the campaign to touch it again: only a
+/// loss of the lease does.
+#[test]
+fn a_waiting_candidate_gives_back_its_start_up_stack() {
+    let f = Fixture::new();
+    let mut a = worker(&f, "stackline", "a");
+    wait_int(&f.dir.path().join("a"), secs(10));
+    let b = worker(&f, "stackline", "b");
+    b.wait_log("waiting behind a", secs(10));
+    let (rss, size) = stack_kib(b.pid());
+    assert!(rss > 0 && size >= rss, "no stack read: {rss} of {size} KiB");
+    // Released a second after the wait began.
+    let released = wait_until(secs(5), || {
+        let (now, size) = stack_kib(b.pid());
+        now + 16 <= size
+    });
+    let after = stack_kib(b.pid());
+    assert!(
+        released,
+        "b's stack stayed resident: {after:?} (resident, extent) KiB"
+    );
+    // Three keepalives of each of the two leases.
+    let before = keepalives(&f);
+    assert!(
+        wait_until(secs(15), || keepalives(&f) >= before + 6.0),
+        "etcd counted no keepalives"
+    );
+    let later = stack_kib(b.pid());
+    assert!(
+        later.0 + 16 <= later.1,
+        "b's stack was touched again while it waited: {after:?} then {later:?} (resident, extent) KiB\n{}",
+        b.log_text()
+    );
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
+    wait_int(&f.dir.path().join("b"), secs(10));
+}
