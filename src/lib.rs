@@ -8,9 +8,10 @@
 //! (the first time right behind the grant, naming the lease id it picked, without waiting for
 //! the grant's answer).
 //! The key with the lowest create revision leads; the others watch the key just ahead of
-//! theirs and wait for it to be deleted. Before spawning, the winner confirms in one
-//! transaction that its key still exists with that create revision, which becomes the job's
-//! `FENCING_TOKEN`: assigned by etcd, strictly larger every term.
+//! theirs and wait for it to be deleted (or marked elected: then they are next in line).
+//! Before spawning, the winner confirms in one transaction that its key still exists with
+//! that create revision, which becomes the job's `FENCING_TOKEN`: assigned by etcd, strictly
+//! larger every term.
 //!
 //! The job does not run inside lead-exec. A watchdog process (the small `lead-exec-watchdog`
 //! binary, or lead-exec re-executed in a hidden mode), started while lead-exec connects and

@@ -840,8 +840,9 @@ pub async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
 ///
 /// A watchdog stands by for the next job while we are next in line, and none while we are
 /// further back: an idle watchdog is a process and about 0.2 MiB, for a job that cannot start
-/// before the one ahead of us has run. One further back that moves up starts one as it does;
-/// its exec overlaps the requests that confirm the place.
+/// before the one ahead of us has run. One further back starts one when it moves up: when the
+/// candidate ahead of it is elected, or, ahead of the read that tells, when that one's key
+/// goes, so that the exec overlaps the requests that confirm the place.
 ///
 /// And the stack: the run's start-up went some 64 KiB deep (the connection, the campaign's
 /// first requests), which the main thread would keep resident while it waits. Released from

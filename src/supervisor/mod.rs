@@ -10,8 +10,8 @@
 //! connects and campaigns, and sends the job's variables, deadline and command in one write
 //! once the term is won, so that a won term pays only for the job's own fork and exec. A
 //! standby that is never used exits when its pipe closes: a candidate that waits further
-//! back than next in line lets its standby go, and starts one again as the key ahead of it
-//! goes (`run::candidacy`'s `wait_lightly`).
+//! back than next in line lets its standby go, and starts one again when it moves up
+//! (`run::candidacy`'s `wait_lightly`).
 //!
 //! The watchdog is spawned from the main thread (the runtime is single-threaded), so
 //! `PR_SET_PDEATHSIG` fires only when lead-exec itself exits, never when a worker thread does.

@@ -4,7 +4,8 @@
 //!    place in line and, if we win, our fencing token.
 //! 2. While a key with a lower create revision exists, watch the nearest one until it is
 //!    deleted (never poll). Watching only the predecessor keeps a deletion from waking every
-//!    candidate at once.
+//!    candidate at once. Its one put, when its candidate is confirmed elected, wakes only us:
+//!    we are next in line then, and read the line again to say so (see [`InLine::next_in_line`]).
 //! 3. Confirm in one transaction that our key still has that create revision and that the
 //!    election is not paused. A lease that expired while we queued fails here and never spawns.
 //!    An uncontended candidate needs no separate confirmation: the transaction that creates its
@@ -32,7 +33,7 @@ use super::lease::{Lease, Loss};
 use super::{Candidate, Election};
 use priority::must_yield;
 pub use protocol::Created;
-use protocol::{existing_create_revision, history_newest, holds_unpaused, patient};
+use protocol::{existing_create_revision, history_newest, holds_unpaused, patient, Woke};
 use slots::may_hold;
 
 /// How a campaign ended.
@@ -340,12 +341,12 @@ impl Campaign<'_> {
                     .wait_for_delete(&mut client, watched, prefix, rev, &mut lease_rx, learned)
                     .await?
                 {
-                    Some(outcome) => return Ok(Some(outcome)),
+                    Woke::Outcome(outcome) => return Ok(Some(outcome)),
                     // With one slot we watched only the key ahead, so whether it held when
                     // it went is not known: we may hold now. (With more, every waiting
                     // candidate wakes on every delete and the count that follows says.)
-                    None if self.line.slots == 1 => on_wait(&InLine::Rechecking),
-                    None => {}
+                    Woke::Deleted if self.line.slots == 1 => on_wait(&InLine::Rechecking),
+                    Woke::Deleted | Woke::LookAgain => {}
                 }
                 continue;
             }
@@ -372,7 +373,7 @@ impl Campaign<'_> {
             }
             on_wait(&InLine::Paused);
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            if let Some(outcome) = self
+            if let Woke::Outcome(outcome) = self
                 .wait_for_delete(
                     &mut client,
                     self.line.election.paused_key().into_bytes(),

@@ -259,8 +259,9 @@ impl Campaign<'_> {
         Ok(revoked)
     }
 
-    /// Waits until `key` (every key under it, with `prefix`) is deleted after revision `rev`.
-    /// `None` means: look again (deleted, or the watch broke and a fresh read must decide).
+    /// Waits until `key` (every key under it, with `prefix`) is deleted after revision `rev`,
+    /// or, for the one candidate key we wait behind, until it is marked elected: its holder
+    /// then is the one just ahead of us, and we are next in line (see [`Woke::LookAgain`]).
     pub(super) async fn wait_for_delete(
         &self,
         client: &mut Client,
@@ -269,16 +270,22 @@ impl Campaign<'_> {
         rev: i64,
         lease_rx: &mut watch::Receiver<Option<Loss>>,
         learned: &mut Learned,
-    ) -> Result<Option<Outcome>> {
+    ) -> Result<Woke> {
         // Subscribed before the watch opens: a pin move while it opens would leave the watch
         // on the endpoint just left, with nothing to tell us.
         let mut moves = self.router.moves();
         // A resume is not a holder's end: only a candidate or slot key's deletion times a handover.
         let holder = key != self.line.election.paused_key().as_bytes();
-        let opts = WatchOptions::new()
-            .with_start_revision(rev + 1)
-            .with_filters([WatchFilterType::NoPut]);
-        let opts = if prefix { opts.with_prefix() } else { opts };
+        // The key ahead is put again once, when its candidate is confirmed elected (with one
+        // slot, see `confirm`).
+        let opts = WatchOptions::new().with_start_revision(rev + 1);
+        let opts = if prefix {
+            opts.with_prefix().with_filters([WatchFilterType::NoPut])
+        } else if holder {
+            opts
+        } else {
+            opts.with_filters([WatchFilterType::NoPut])
+        };
         let mut stream =
             match tokio::time::timeout(self.line.timeout, client.watch(key, Some(opts))).await {
                 Ok(Ok(s)) => s,
@@ -289,46 +296,60 @@ impl Campaign<'_> {
                     }
                     // The read that follows waits out the trouble (see `patient`).
                     tokio::time::sleep(RETRY_PAUSE).await;
-                    return Ok(None);
+                    return Ok(Woke::LookAgain);
                 }
-                Err(_) => return Ok(None),
+                Err(_) => return Ok(Woke::LookAgain),
             };
         let give_up = crate::clock::until(self.give_up_at);
         tokio::pin!(give_up);
         loop {
             tokio::select! {
                 // The watch may sit on the endpoint just left: a fresh read decides.
-                _ = crate::etcd::failover::moved(&mut moves) => return Ok(None),
+                _ = crate::etcd::failover::moved(&mut moves) => return Ok(Woke::LookAgain),
                 msg = stream.message() => match msg {
                     Ok(Some(resp)) => {
                         if resp.canceled() || resp.compact_revision() != 0 {
                             // Compacted past our revision: a fresh read decides.
-                            return Ok(None);
+                            return Ok(Woke::LookAgain);
                         }
                         if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
                             if holder {
                                 learned.predecessor_gone = Some(std::time::Instant::now());
                             }
-                            return Ok(None);
+                            return Ok(Woke::Deleted);
+                        }
+                        if !resp.events().is_empty() {
+                            return Ok(Woke::LookAgain);
                         }
                     }
                     Ok(None) | Err(_) => {
                         tokio::time::sleep(Duration::from_millis(100)).await;
-                        return Ok(None);
+                        return Ok(Woke::LookAgain);
                     }
                 },
                 changed = lease_rx.changed() => {
                     if changed.is_err() {
-                        return Ok(Some(Outcome::Lost(Loss::Deadline)));
+                        return Ok(Woke::Outcome(Outcome::Lost(Loss::Deadline)));
                     }
                     if let Some(r) = *lease_rx.borrow() {
-                        return Ok(Some(Outcome::Lost(r)));
+                        return Ok(Woke::Outcome(Outcome::Lost(r)));
                     }
                 }
-                _ = &mut give_up => return Ok(Some(Outcome::NotAcquired)),
+                _ = &mut give_up => return Ok(Woke::Outcome(Outcome::NotAcquired)),
             }
         }
     }
+}
+
+/// How a wait in line ended.
+pub(super) enum Woke {
+    /// With the campaign's outcome: the lease lost, or `--wait` over.
+    Outcome(Outcome),
+    /// A key we waited on was deleted: our place may have moved up, or be ours.
+    Deleted,
+    /// The key ahead was marked elected (we are next in line now), or the watch broke or
+    /// sits on an endpoint just left: a fresh read decides.
+    LookAgain,
 }
 
 /// Pause between tries of a request that found etcd unavailable.

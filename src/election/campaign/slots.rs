@@ -17,7 +17,7 @@ use anyhow::Result;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::sync::watch;
 
-use super::protocol::existing_create_revision;
+use super::protocol::{existing_create_revision, Woke};
 use super::{Campaign, InLine, Learned, Outcome, Wait};
 use crate::election::lease::Loss;
 use crate::etcd::bounded;
@@ -99,8 +99,8 @@ impl Campaign<'_> {
                     .wait_for_delete(client, watched, true, rev, lease_rx, learned)
                     .await?
                 {
-                    Some(outcome) => return Ok(outcome),
-                    None => continue,
+                    Woke::Outcome(outcome) => return Ok(outcome),
+                    Woke::Deleted | Woke::LookAgain => continue,
                 }
             };
             // The claim also marks our key as elected (see `Candidate::elected_ms`).
