@@ -12,6 +12,20 @@ fn watchdogs(w: &Worker) -> Vec<i32> {
         .collect()
 }
 
+/// The one watchdog `w` keeps standing by, once it has one (`who` names it in the failure).
+fn standing_by(w: &Worker, who: &str) -> i32 {
+    let mut seen = Vec::new();
+    assert!(
+        wait_until(secs(10), || {
+            seen = watchdogs(w);
+            seen.len() == 1
+        }),
+        "{who} has no watchdog standing by: {seen:?}\n{}",
+        w.log_text()
+    );
+    seen[0]
+}
+
 /// A worker with `--id ID` whose job writes its parent, the watchdog it runs under, to
 /// `$D/ID`, then sleeps.
 fn worker(f: &Fixture, election: &str, id: &str) -> Worker {
@@ -27,8 +41,8 @@ fn worker(f: &Fixture, election: &str, id: &str) -> Worker {
 }
 
 /// a leads, b waits behind it (next), c behind b. b keeps the watchdog it started ahead and
-/// its job runs under it; c lets its own go, starts one as b's key goes, and its job runs
-/// under that one.
+/// its job runs under it; c lets its own go, starts one when b is elected (c is next then),
+/// and its job runs under that one.
 #[test]
 fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
     let f = Fixture::new();
@@ -39,15 +53,7 @@ fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
     let mut c = worker(&f, "nextline", "c");
     c.wait_log("waiting behind b", secs(10));
 
-    let mut ahead = Vec::new();
-    assert!(
-        wait_until(secs(10), || {
-            ahead = watchdogs(&b);
-            ahead.len() == 1
-        }),
-        "b, next in line, has no watchdog standing by: {ahead:?}\n{}",
-        b.log_text()
-    );
+    let ahead = standing_by(&b, "b, next in line");
     assert!(
         wait_until(secs(5), || watchdogs(&c).is_empty()),
         "c, behind b, kept a watchdog: {:?}\n{}",
@@ -59,24 +65,16 @@ fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
     assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
     let b_under = wait_int(&f.dir.path().join("b"), secs(10)) as i32;
     assert_eq!(
-        b_under, ahead[0],
+        b_under, ahead,
         "b's job ran under another watchdog than the one it had standing by"
     );
     // c is next now: b's key, which c waits behind, was marked elected.
-    let mut standing = Vec::new();
-    assert!(
-        wait_until(secs(10), || {
-            standing = watchdogs(&c);
-            standing.len() == 1
-        }),
-        "c, next in line behind b's term, has no watchdog standing by: {standing:?}\n{}",
-        c.log_text()
-    );
+    let standing = standing_by(&c, "c, next in line behind b's term");
     b.signal(libc::SIGTERM);
     assert_eq!(b.code(secs(10)), 143, "{}", b.log_text());
     let c_under = wait_int(&f.dir.path().join("c"), secs(10)) as i32;
     assert_eq!(
-        c_under, standing[0],
+        c_under, standing,
         "c's job ran under another watchdog than the one it had standing by"
     );
     c.signal(libc::SIGTERM);
