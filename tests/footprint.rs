@@ -12,6 +12,19 @@ fn watchdogs(w: &Worker) -> Vec<i32> {
         .collect()
 }
 
+/// A line on `election`: the first of `ids` leads (its job runs), each next one waits behind
+/// the one before (`from_fn` starts them in order).
+fn line<const N: usize>(f: &Fixture, election: &str, ids: [&str; N]) -> [Worker; N] {
+    std::array::from_fn(|i| {
+        let w = worker(f, election, ids[i]);
+        match i {
+            0 => drop(wait_int(&f.dir.path().join(ids[0]), secs(10))),
+            _ => w.wait_log(&format!("waiting behind {}", ids[i - 1]), secs(10)),
+        }
+        w
+    })
+}
+
 /// The one watchdog `w` keeps standing by, once it has one (`who` names it in the failure).
 fn standing_by(w: &Worker, who: &str) -> i32 {
     let mut seen = Vec::new();
@@ -46,12 +59,7 @@ fn worker(f: &Fixture, election: &str, id: &str) -> Worker {
 #[test]
 fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
     let f = Fixture::new();
-    let mut a = worker(&f, "nextline", "a");
-    wait_int(&f.dir.path().join("a"), secs(10));
-    let mut b = worker(&f, "nextline", "b");
-    b.wait_log("waiting behind a", secs(10));
-    let mut c = worker(&f, "nextline", "c");
-    c.wait_log("waiting behind b", secs(10));
+    let [mut a, mut b, mut c] = line(&f, "nextline", ["a", "b", "c"]);
 
     let ahead = standing_by(&b, "b, next in line");
     assert!(
@@ -79,6 +87,40 @@ fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
     );
     c.signal(libc::SIGTERM);
     assert_eq!(c.code(secs(10)), 143, "{}", c.log_text());
+}
+
+/// A put on the key a candidate waits behind wakes it only when it marks that key's
+/// candidate elected: other puts (an `etcdctl elect` leader's proclaim, an operator's) leave
+/// it waiting as it was, without a line in its log each time.
+#[test]
+fn only_an_elected_mark_on_the_key_ahead_wakes_a_waiting_candidate() {
+    let f = Fixture::new();
+    let [mut a, _b, c] = line(&f, "putahead", ["a", "b", "c"]);
+    let keys = f.etcd.ctl(&[
+        "get",
+        "--prefix",
+        "lead-exec/elections/putahead/",
+        "--keys-only",
+        "--sort-by=CREATE",
+        "--order=ASCEND",
+    ]);
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    for v in ["x1", "x2", "x3"] {
+        f.etcd.ctl(&["put", keys[1], v, "--ignore-lease"]);
+    }
+    // b's election marks its key: c is next, and starts a watchdog. The puts before it
+    // reached c first, in the watch's order.
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
+    standing_by(&c, "c, next in line behind b's term");
+    let waits = c.log_text().matches("waiting behind").count();
+    assert_eq!(
+        waits,
+        1,
+        "c woke on puts that mark nothing:\n{}",
+        c.log_text()
+    );
 }
 
 /// Resident size of a process's main-thread stack, and how far it has ever grown, in KiB.
@@ -116,10 +158,7 @@ fn keepalives(f: &Fixture) -> f64 {
 #[test]
 fn a_waiting_candidate_gives_back_its_start_up_stack() {
     let f = Fixture::new();
-    let mut a = worker(&f, "stackline", "a");
-    wait_int(&f.dir.path().join("a"), secs(10));
-    let b = worker(&f, "stackline", "b");
-    b.wait_log("waiting behind a", secs(10));
+    let [mut a, b] = line(&f, "stackline", ["a", "b"]);
     let (rss, size) = stack_kib(b.pid());
     assert!(rss > 0 && size >= rss, "no stack read: {rss} of {size} KiB");
     // Released a second after the wait began.

@@ -389,17 +389,20 @@ pub async fn campaign(
             wait: cfg.wait,
             give_up_at: *give_up_at,
         };
-        let mut last_wait = None;
+        // A wait is logged when its line changes: the same wait read again (the one ahead of
+        // us now elected, so we are next) says nothing new.
+        let mut last_line = None;
         let run = Box::pin(camp.run(joined, |w| {
             wait_lightly(launcher, cfg, w);
+            let line = w.to_string();
             if *w == InLine::Rechecking {
-                tracing::debug!("{w}");
-            } else if last_wait.as_ref() != Some(w) {
-                tracing::info!("{w}");
+                tracing::debug!("{line}");
+            } else if last_line.as_ref() != Some(&line) {
+                tracing::info!("{line}");
                 if let Some(status) = w.status() {
                     notify::status(&status);
                 }
-                last_wait = Some(w.clone());
+                last_line = Some(line);
             }
         }));
         let mut failing = HealthFailures::new(health.clone());

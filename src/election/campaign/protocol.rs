@@ -318,7 +318,13 @@ impl Campaign<'_> {
                             }
                             return Ok(Woke::Deleted);
                         }
-                        if !resp.events().is_empty() {
+                        // Only the mark of a lead-exec candidate's election: a value put
+                        // by anyone else (an `etcdctl elect` leader's proclaim) changes
+                        // nothing about our place, and must not wake us each time.
+                        let elected = |e: &etcd_client::Event| {
+                            e.kv().is_some_and(|kv| Candidate::parse(kv.value()).elected_ms.is_some())
+                        };
+                        if resp.events().iter().any(elected) {
                             return Ok(Woke::LookAgain);
                         }
                     }
@@ -347,8 +353,8 @@ pub(super) enum Woke {
     Outcome(Outcome),
     /// A key we waited on was deleted: our place may have moved up, or be ours.
     Deleted,
-    /// The key ahead was marked elected (we are next in line now), or the watch broke or
-    /// sits on an endpoint just left: a fresh read decides.
+    /// The key ahead was marked elected by its lead-exec candidate (we are next in line
+    /// now), or the watch broke or sits on an endpoint just left: a fresh read decides.
     LookAgain,
 }
 
