@@ -90,12 +90,12 @@ fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
 }
 
 /// A put on the key a candidate waits behind wakes it only when it marks that key's
-/// candidate elected: other puts (an `etcdctl elect` leader's proclaim, an operator's) leave
-/// it waiting as it was, without a line in its log each time.
+/// candidate elected: other puts (an `etcdctl elect` leader's proclaim, an operator's, a mark
+/// put again over a mark) leave it waiting as it was, without a line in its log each time.
 #[test]
 fn only_an_elected_mark_on_the_key_ahead_wakes_a_waiting_candidate() {
     let f = Fixture::new();
-    let [mut a, _b, c] = line(&f, "putahead", ["a", "b", "c"]);
+    let [mut a, mut b, mut c] = line(&f, "putahead", ["a", "b", "c"]);
     let keys = f.etcd.ctl(&[
         "get",
         "--prefix",
@@ -114,13 +114,28 @@ fn only_an_elected_mark_on_the_key_ahead_wakes_a_waiting_candidate() {
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
     standing_by(&c, "c, next in line behind b's term");
+    // Marks again over b's mark, each naming another candidate.
+    let marked = f.etcd.ctl(&["get", keys[1], "--print-value-only"]);
+    assert!(marked.contains("\"id\":\"b\""), "{marked}");
+    for id in ["z1", "z2", "z3"] {
+        let v = marked
+            .trim()
+            .replace("\"id\":\"b\"", &format!("\"id\":\"{id}\""));
+        f.etcd.ctl(&["put", keys[1], &v, "--ignore-lease"]);
+    }
+    // b's end reaches c after them, in the watch's order.
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.code(secs(10)), 143, "{}", b.log_text());
+    wait_int(&f.dir.path().join("c"), secs(10));
     let waits = c.log_text().matches("waiting behind").count();
     assert_eq!(
         waits,
         1,
-        "c woke on puts that mark nothing:\n{}",
+        "c woke on puts that mark nothing new:\n{}",
         c.log_text()
     );
+    c.signal(libc::SIGTERM);
+    assert_eq!(c.code(secs(10)), 143, "{}", c.log_text());
 }
 
 /// Resident size of a process's main-thread stack, and how far it has ever grown, in KiB.

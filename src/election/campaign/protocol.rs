@@ -277,12 +277,12 @@ impl Campaign<'_> {
         // A resume is not a holder's end: only a candidate or slot key's deletion times a handover.
         let holder = key != self.line.election.paused_key().as_bytes();
         // The key ahead is put again once, when its candidate is confirmed elected (with one
-        // slot, see `confirm`).
+        // slot, see `confirm`): with the value it replaces, to tell that put from others.
         let opts = WatchOptions::new().with_start_revision(rev + 1);
         let opts = if prefix {
             opts.with_prefix().with_filters([WatchFilterType::NoPut])
         } else if holder {
-            opts
+            opts.with_prev_key()
         } else {
             opts.with_filters([WatchFilterType::NoPut])
         };
@@ -318,11 +318,15 @@ impl Campaign<'_> {
                             }
                             return Ok(Woke::Deleted);
                         }
-                        // Only the mark of a lead-exec candidate's election: a value put
-                        // by anyone else (an `etcdctl elect` leader's proclaim) changes
-                        // nothing about our place, and must not wake us each time.
+                        // Only the put that marks a lead-exec candidate elected, over a value
+                        // without the mark: a value put by anyone else (an `etcdctl elect`
+                        // leader's proclaim, one put again over a mark) changes nothing about
+                        // our place, and must not wake us each time.
+                        let marked = |kv: &etcd_client::KeyValue| {
+                            Candidate::parse(kv.value()).elected_ms.is_some()
+                        };
                         let elected = |e: &etcd_client::Event| {
-                            e.kv().is_some_and(|kv| Candidate::parse(kv.value()).elected_ms.is_some())
+                            e.kv().is_some_and(marked) && !e.prev_kv().is_some_and(marked)
                         };
                         if resp.events().iter().any(elected) {
                             return Ok(Woke::LookAgain);
