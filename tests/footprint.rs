@@ -1,6 +1,7 @@
 //! What a candidate keeps while it waits in line, which may be for hours: a watchdog standing
 //! by only when it is next, and not the stack its start-up went through.
 
+use harness::measure::worker::mapping_kib;
 use harness::*;
 
 /// The watchdogs among a worker's children (from every thread: the runtime's thread starts
@@ -23,6 +24,14 @@ fn line<const N: usize>(f: &Fixture, election: &str, ids: [&str; N]) -> [Worker;
         }
         w
     })
+}
+
+/// Ends `leader`'s term with SIGTERM (exit 143), and returns the watchdog the next job runs
+/// under: its parent, which the job of `next` writes to `$D/NEXT`.
+fn hand_over(f: &Fixture, leader: &mut Worker, next: &str) -> i32 {
+    leader.signal(libc::SIGTERM);
+    assert_eq!(leader.code(secs(10)), 143, "{}", leader.log_text());
+    wait_int(&f.dir.path().join(next), secs(10)) as i32
 }
 
 /// The one watchdog `w` keeps standing by, once it has one (`who` names it in the failure).
@@ -69,18 +78,14 @@ fn only_the_next_in_line_keeps_a_watchdog_standing_by() {
         c.log_text()
     );
 
-    a.signal(libc::SIGTERM);
-    assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
-    let b_under = wait_int(&f.dir.path().join("b"), secs(10)) as i32;
+    let b_under = hand_over(&f, &mut a, "b");
     assert_eq!(
         b_under, ahead,
         "b's job ran under another watchdog than the one it had standing by"
     );
     // c is next now: b's key, which c waits behind, was marked elected.
     let standing = standing_by(&c, "c, next in line behind b's term");
-    b.signal(libc::SIGTERM);
-    assert_eq!(b.code(secs(10)), 143, "{}", b.log_text());
-    let c_under = wait_int(&f.dir.path().join("c"), secs(10)) as i32;
+    let c_under = hand_over(&f, &mut b, "c");
     assert_eq!(
         c_under, standing,
         "c's job ran under another watchdog than the one it had standing by"
@@ -111,8 +116,7 @@ fn only_an_elected_mark_on_the_key_ahead_wakes_a_waiting_candidate() {
     }
     // b's election marks its key: c is next, and starts a watchdog. The puts before it
     // reached c first, in the watch's order.
-    a.signal(libc::SIGTERM);
-    assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
+    hand_over(&f, &mut a, "b");
     standing_by(&c, "c, next in line behind b's term");
     // Marks again over b's mark, each naming another candidate.
     let marked = f.etcd.ctl(&["get", keys[1], "--print-value-only"]);
@@ -124,9 +128,7 @@ fn only_an_elected_mark_on_the_key_ahead_wakes_a_waiting_candidate() {
         f.etcd.ctl(&["put", keys[1], &v, "--ignore-lease"]);
     }
     // b's end reaches c after them, in the watch's order.
-    b.signal(libc::SIGTERM);
-    assert_eq!(b.code(secs(10)), 143, "{}", b.log_text());
-    wait_int(&f.dir.path().join("c"), secs(10));
+    hand_over(&f, &mut b, "c");
     let waits = c.log_text().matches("waiting behind").count();
     assert_eq!(
         waits,
@@ -140,17 +142,8 @@ fn only_an_elected_mark_on_the_key_ahead_wakes_a_waiting_candidate() {
 
 /// Resident size of a process's main-thread stack, and how far it has ever grown, in KiB.
 fn stack_kib(pid: i32) -> (u64, u64) {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
-    let mut lines = smaps.lines().skip_while(|l| !l.ends_with("[stack]"));
-    let mut field = |name: &str| {
-        lines
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0)
-    };
-    let size = field("Size:");
-    let rss = field("Rss:");
-    (rss, size)
+    let field = |key| mapping_kib(pid, "[stack]", key).unwrap_or(0);
+    (field("Rss:"), field("Size:"))
 }
 
 /// Keepalive messages etcd has received so far, from every client.
@@ -198,7 +191,5 @@ fn a_waiting_candidate_gives_back_its_start_up_stack() {
         "b's stack was touched again while it waited: {after:?} then {later:?} (resident, extent) KiB\n{}",
         b.log_text()
     );
-    a.signal(libc::SIGTERM);
-    assert_eq!(a.code(secs(10)), 143, "{}", a.log_text());
-    wait_int(&f.dir.path().join("b"), secs(10));
+    hand_over(&f, &mut a, "b");
 }

@@ -837,8 +837,6 @@ pub async fn grant(ctx: &Ctx, cfg: &RunConfig) -> Result<Lease> {
     Lease::grant(ctx, cfg.ttl, cfg.grace, cfg.safety_margin, None).await
 }
 
-/// A watchdog for the next job, or none if it cannot start now (the start is tried again
-/// when the job is due, and fails there with its reason).
 /// What a candidate keeps while it waits in line, which may be for hours.
 ///
 /// A watchdog stands by for the next job while we are next in line, and none while we are
@@ -887,6 +885,8 @@ fn release_stack_below_here() {
     unsafe { libc::madvise((top - SPAN) as *mut libc::c_void, SPAN, libc::MADV_DONTNEED) };
 }
 
+/// A watchdog for the next job, or none if it cannot start now (the start is tried again
+/// when the job is due, and fails there with its reason).
 fn start_watchdog_ahead(cfg: &RunConfig) -> Option<Standby> {
     Standby::start(cfg.grace, cfg.cgroup)
         .inspect_err(|e| tracing::debug!("watchdog not started ahead: {e:#}"))

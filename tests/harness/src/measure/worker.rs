@@ -291,6 +291,14 @@ pub fn private_kib(pid: i32) -> Option<u64> {
     Some(kib_field(&text, "Private_Clean:")? + kib_field(&text, "Private_Dirty:")?)
 }
 
+/// A field of one mapping in /proc/PID/smaps, the first named `mapping` (`[stack]`: the main
+/// thread's stack), in KiB.
+pub fn mapping_kib(pid: i32, mapping: &str, key: &str) -> Option<u64> {
+    let smaps = fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let at = smaps.find(&format!(" {mapping}\n"))?;
+    kib_field(&smaps[at..], key)
+}
+
 fn kib_field(text: &str, key: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(key))
