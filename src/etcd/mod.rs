@@ -66,7 +66,8 @@ impl std::fmt::Debug for Secret {
 /// services), and nearly every request clones one into its future: held inline, each clone
 /// made that future, every future that awaits it and every stack frame that polls them 3.7 KB
 /// larger. A waiting candidate's main thread then kept a third of a megabyte of stack
-/// resident, touched again at each keepalive. A clone of this one is one pointer in a future.
+/// resident, touched again at each keepalive (which then woke the campaign). A clone of this
+/// one is one pointer in a future.
 #[derive(Clone)]
 pub struct Client(Box<etcd_client::Client>);
 
@@ -301,8 +302,8 @@ impl Bound {
 ///
 /// The request waits on the heap: a request's future is kilobytes (tonic's), and held inline
 /// it would make every future that awaits one as large, and every stack frame that polls
-/// them. Those frames are touched again at each poll, and stay resident in a waiting
-/// candidate for as long as it waits.
+/// them. Those frames are touched again at each poll of the run, and stay resident until a
+/// settled wait gives them back (`run::candidacy`'s `wait_lightly`).
 pub fn bounded_by<'a, T: 'a>(
     bound: Bound,
     what: &'a str,
