@@ -410,6 +410,7 @@ fn a_leader_that_hides_proc(f: &Fixture, election: &str) -> (Worker, i32, i32) {
     let a = spawn_program(&unshare, d, "a", &args, &[]);
     let daemon = wait_int(&d.join("daemon"), secs(10)) as i32;
     let wd = wait_int(&d.join("wd"), secs(10)) as i32;
+    a.wait_job_started();
     wait_line(&d.join("masked"), secs(10), |_| true);
     (a, daemon, wd)
 }

@@ -250,6 +250,7 @@ fn a_killed_watchdog_takes_the_job_with_it_and_is_logged_as_such() {
     let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
     let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
     assert_ne!(wd, w.pid());
+    w.wait_job_started();
     std::fs::remove_file(f.dir.path().join("pid")).unwrap();
     signal(wd, libc::SIGKILL);
     assert!(
@@ -343,6 +344,7 @@ fn start_heartbeat(
     let pid = wait_int(&dir.join("pid"), secs(10)) as i32;
     let gc = wait_int(&dir.join("grandchild"), secs(10)) as i32;
     let wd = wait_int(&dir.join("watchdog"), secs(10)) as i32;
+    w.wait_job_started();
     let key = etcd
         .keys(&format!("lead-exec/elections/{election}/"))
         .remove(0);
@@ -524,6 +526,7 @@ fn a_job_that_exits_while_its_watchdog_is_stopped_runs_once() {
     );
     let mut w = spawn(f.dir.path(), "w", &run_args("wdexit", &f.ep, &[], &job));
     let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
+    w.wait_job_started();
     let _stopped = StoppedWatchdog(wd);
     signal(wd, libc::SIGSTOP);
     // Well past the deadline the watchdog had when it was stopped (TTL 3 s), while
@@ -589,6 +592,7 @@ fn a_job_exits_while_its_watchdog_is_held(election: &str, hold: impl FnOnce(i32)
     );
     let mut first = spawn(f.dir.path(), "first", &run_args(election, &f.ep, &[], &job));
     let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
+    first.wait_job_started();
     hold(wd);
     let next_job = script(f.dir.path(), "date +%s%N > $D/next");
     let mut second = spawn(
@@ -810,6 +814,7 @@ fn a_stale_job_cgroup_is_killed_by_the_next_start() {
     let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
     let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
     let wd = wait_int(&f.dir.path().join("watchdog"), secs(10)) as i32;
+    a.wait_job_started();
     if !lines(&f.dir.path().join("cgroup"))
         .join("")
         .contains("lead-exec-job-")
@@ -1259,6 +1264,7 @@ fn a_leftover_cgroup_by_the_same_name_neither_uncontains_nor_spares_the_job() {
         w.log_text()
     );
     let first = wait_int(&f.dir.path().join("terms"), secs(10));
+    w.wait_job_started();
     std::fs::write(f.dir.path().join("go"), "").unwrap();
     w.wait_log("the watchdog died", secs(10));
     let killed = now_ns();

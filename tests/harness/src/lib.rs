@@ -867,6 +867,14 @@ impl Worker {
             self.log_text()
         );
     }
+
+    /// Waits until lead-exec has its watchdog's report that the job started. A job's first
+    /// line runs before that report is read: a test that stops or kills the watchdog on the
+    /// job's word alone can catch it before it answered, and lead-exec then gives the term up
+    /// (--command-timeout) and runs the job again under a new one.
+    pub fn wait_job_started(&self) {
+        self.wait_log("leading: job started", Duration::from_secs(10));
+    }
 }
 
 impl Drop for Worker {
