@@ -272,6 +272,10 @@ pub async fn run(cli: Cli) -> Result<Exit> {
 /// the CLI on a single-threaded runtime (so that the thread that forks the watchdog lives as
 /// long as the process: see [`supervisor`]).
 pub fn main() -> ExitCode {
+    // One malloc arena: the log writer and signal threads hardly allocate, and an arena of
+    // their own each kept pages resident in every process, a waiting candidate's too.
+    // SAFETY: plain integers; before any thread is started, so every thread gets it.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == supervisor::watchdog::ARG) {
         return supervisor::watchdog::main(args);
@@ -337,6 +341,9 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     let json = cli.log.log_format == cli::LogFormat::Json;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // A run watches a handful of descriptors: tokio's default of 1,024 events per poll
+        // is a 12 KiB buffer, in every waiting candidate too.
+        .max_io_events_per_tick(64)
         .build()
     {
         Ok(rt) => rt,

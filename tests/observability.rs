@@ -157,6 +157,26 @@ fn json_logs_have_one_object_per_line_with_election_id_and_token() {
     assert!(transitions >= 2, "{err}");
 }
 
+/// RUST_LOG sets the levels (here: warnings only, so no "leading" line); one lead-exec cannot
+/// read is one warning, with the levels of the flags, and the run goes on.
+#[test]
+fn rust_log_sets_the_levels_and_one_that_cannot_be_read_is_one_warning() {
+    let f = Fixture::new();
+    let args = run_args("rustlog", &f.ep, &[], "exit 0");
+    let (code, _, err) = run_env(&args, &[("RUST_LOG", "warn")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("leading"), "{err}");
+    let (code, _, err) = run_env(&args, &[("RUST_LOG", "lead_exec=loud")]);
+    assert_eq!(code, 0, "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("RUST_LOG")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains(" WARN RUST_LOG=lead_exec=loud ignored ("),
+        "{err}"
+    );
+    assert!(err.contains("INFO leading: job started"), "{err}");
+}
+
 /// Every line of a run ends with its election and id (text) or has them at the top level
 /// (JSON), the lines written after the run's own work is done too: "not acquired" for
 /// `--no-wait` (75) and for a failing health check (79), and the error that ends a run.

@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogArgs, LogFormat};
 
@@ -65,14 +65,13 @@ pub fn init(args: &LogArgs) -> Log {
         .flatten();
     let log = Log::start_to(journal);
     let level = match (args.quiet, args.verbose) {
-        (true, _) => "error",
-        (false, 0) => "info",
-        (false, 1) => "debug",
-        (false, _) => "trace",
+        (true, _) => LevelFilter::ERROR,
+        (false, 0) => LevelFilter::INFO,
+        (false, 1) => LevelFilter::DEBUG,
+        (false, _) => LevelFilter::TRACE,
     };
-    // Our own crate at the chosen level; dependencies only when something is wrong.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("warn,lead_exec={level}")));
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let (filter, unread) = filter(rust_log.as_deref(), level);
     if log.sink.journal.is_some() {
         let _ = tracing_subscriber::registry()
             .with(filter)
@@ -80,8 +79,53 @@ pub fn init(args: &LogArgs) -> Log {
                 sink: log.sink.clone(),
             })
             .try_init();
-        return log;
+    } else {
+        init_stderr(args, &log, filter);
     }
+    if let Some(warning) = unread {
+        tracing::warn!("{warning}");
+    }
+    log
+}
+
+/// Which lines are logged: those RUST_LOG asks for when it is set, else lead-exec's own at
+/// `level` and the libraries' warnings and errors. With a RUST_LOG it cannot read, the
+/// latter, and a warning that says so.
+///
+/// RUST_LOG takes targets and levels (`warn,lead_exec=debug`, `debug`), as env_logger does:
+/// not tracing's span and field filters, whose regex engine would be a fifth of the binary's
+/// relocated data (see the memory row of the bench).
+fn filter(rust_log: Option<&str>, level: LevelFilter) -> (Targets, Option<String>) {
+    // Our own crate at the chosen level; dependencies only when something is wrong.
+    let ours = Targets::new()
+        .with_default(LevelFilter::WARN)
+        .with_target("lead_exec", level);
+    let Some(given) = rust_log else {
+        return (ours, None);
+    };
+    // Empty directives (`RUST_LOG=`, a trailing comma) are nothing, as they were to env_logger.
+    let directives: Vec<&str> = given
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    if directives.is_empty() {
+        return (ours, None);
+    }
+    match directives.join(",").parse::<Targets>() {
+        Ok(theirs) => (theirs, None),
+        Err(e) => (
+            ours,
+            Some(format!(
+                "RUST_LOG={} ignored ({e}): it takes targets and levels, as in warn,lead_exec=debug",
+                crate::text::quoted(given)
+            )),
+        ),
+    }
+}
+
+/// The text or JSON log on stderr, through the queue.
+fn init_stderr(args: &LogArgs, log: &Log, filter: Targets) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let writer = ToQueue {
         sink: log.sink.clone(),
@@ -89,20 +133,26 @@ pub fn init(args: &LogArgs) -> Log {
         one_line: (args.log_format == LogFormat::Text).then_some(ansi),
     };
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        // `filter` decides; the builder's own default would stop at info.
+        .with_max_level(LevelFilter::TRACE)
         .with_writer(writer)
         // Its fallback for a failed write is eprintln!, which panics on a closed stderr.
         .log_internal_errors(false)
         .with_target(false);
-    let res = match args.log_format {
+    let _ = match args.log_format {
         LogFormat::Json => builder
             .fmt_fields(JsonFields::new())
             .event_format(FlatJson)
+            .finish()
+            .with(filter)
             .try_init(),
-        LogFormat::Text => builder.with_ansi(ansi).event_format(SpansLast).try_init(),
+        LogFormat::Text => builder
+            .with_ansi(ansi)
+            .event_format(SpansLast)
+            .finish()
+            .with(filter)
+            .try_init(),
     };
-    let _ = res;
-    log
 }
 
 /// The span of the run under way, kept here for the lines that are not written inside it: the
@@ -609,6 +659,39 @@ fn write_stderr(mut buf: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rust_log_sets_the_levels_and_one_it_cannot_read_leaves_the_flags_and_says_so() {
+        use tracing::Level;
+        let on = |t: &Targets, target: &str, level: Level| t.would_enable(target, &level);
+        for unset in [None, Some(""), Some(" , ,")] {
+            let (t, warning) = filter(unset, LevelFilter::DEBUG);
+            assert!(warning.is_none(), "{unset:?}");
+            assert!(on(&t, "lead_exec::run", Level::DEBUG), "{unset:?}");
+            assert!(!on(&t, "lead_exec::run", Level::TRACE), "{unset:?}");
+            assert!(on(&t, "h2::proto", Level::WARN), "{unset:?}");
+            assert!(!on(&t, "h2::proto", Level::INFO), "{unset:?}");
+        }
+        let (t, warning) = filter(Some("error, h2=debug,"), LevelFilter::INFO);
+        assert!(warning.is_none());
+        assert!(on(&t, "h2::codec", Level::DEBUG));
+        assert!(!on(&t, "lead_exec::run", Level::WARN));
+        assert!(on(&t, "lead_exec::run", Level::ERROR));
+        for unread in ["lead_exec=loud", "a=b=c", "x[{y}=info"] {
+            let (t, warning) = filter(Some(unread), LevelFilter::INFO);
+            assert!(on(&t, "lead_exec::run", Level::INFO), "{unread}");
+            assert!(!on(&t, "lead_exec::run", Level::DEBUG), "{unread}");
+            let warning = warning.unwrap_or_else(|| panic!("no warning for {unread}"));
+            assert!(
+                warning.starts_with(&format!("RUST_LOG={unread} ignored (")),
+                "{warning}"
+            );
+        }
+        let long = format!("lead_exec={}\n", "x".repeat(100));
+        let warning = filter(Some(&long), LevelFilter::INFO).1.unwrap();
+        assert!(warning.contains("… (111 bytes)"), "{warning}");
+        assert!(!warning.contains('\n'), "{warning}");
+    }
 
     #[test]
     fn a_full_queue_drops_and_counts_lines_then_reports_with_the_next() {
