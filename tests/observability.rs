@@ -157,24 +157,40 @@ fn json_logs_have_one_object_per_line_with_election_id_and_token() {
     assert!(transitions >= 2, "{err}");
 }
 
-/// RUST_LOG sets the levels (here: warnings only, so no "leading" line); one lead-exec cannot
-/// read is one warning, with the levels of the flags, and the run goes on.
+/// RUST_LOG sets the levels (here: warnings only, so no "leading" line). One that cannot be
+/// read (an unknown level; span syntax, once taken for a target that matched nothing, which
+/// logged nothing at all) is one warning in the run's span, with the levels of the flags, and
+/// the run goes on. `check` inside the job, which is silent, does not say it again.
 #[test]
 fn rust_log_sets_the_levels_and_one_that_cannot_be_read_is_one_warning() {
     let f = Fixture::new();
-    let args = run_args("rustlog", &f.ep, &[], "exit 0");
+    let bin = bin();
+    let job = script(
+        f.dir.path(),
+        &format!("'{bin}' check > $D/check.out 2>&1; echo $? > $D/check.code"),
+    );
+    let args = run_args("rustlog", &f.ep, &["--id", "w"], &job);
     let (code, _, err) = run_env(&args, &[("RUST_LOG", "warn")]);
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("leading"), "{err}");
-    let (code, _, err) = run_env(&args, &[("RUST_LOG", "lead_exec=loud")]);
-    assert_eq!(code, 0, "{err}");
-    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("RUST_LOG")).collect();
-    assert_eq!(warnings.len(), 1, "{err}");
-    assert!(
-        warnings[0].contains(" WARN RUST_LOG=lead_exec=loud ignored ("),
-        "{err}"
-    );
-    assert!(err.contains("INFO leading: job started"), "{err}");
+    for unread in ["lead_exec=loud", "lead_exec[run]=debug"] {
+        let (code, _, err) = run_env(&args, &[("RUST_LOG", unread)]);
+        assert_eq!(code, 0, "{err}");
+        let warnings: Vec<&str> = err.lines().filter(|l| l.contains("RUST_LOG")).collect();
+        assert_eq!(warnings.len(), 1, "{err}");
+        assert!(
+            warnings[0].contains(&format!(" WARN RUST_LOG={unread} ignored (")),
+            "{err}"
+        );
+        assert!(
+            warnings[0].ends_with("election=\"rustlog\" id=\"w\""),
+            "{err}"
+        );
+        assert!(err.contains("INFO leading: job started"), "{err}");
+        assert_eq!(wait_int(&f.dir.path().join("check.code"), secs(5)), 0);
+        assert_eq!(lines(&f.dir.path().join("check.out")), Vec::<String>::new());
+        std::fs::remove_file(f.dir.path().join("check.code")).unwrap();
+    }
 }
 
 /// Every line of a run ends with its election and id (text) or has them at the top level

@@ -59,7 +59,8 @@ pub enum Command {
 /// Logging flags, shared by every subcommand.
 #[derive(Debug, Args)]
 pub struct LogArgs {
-    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides both.
+    /// More log output (-v: debug; -vv: the libraries' debug lines too, gRPC and HTTP/2).
+    /// RUST_LOG overrides both.
     #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
     pub verbose: u8,
 

@@ -64,14 +64,17 @@ pub fn init(args: &LogArgs) -> Log {
         .then(|| journal::connect(Path::new(journal::SOCKET)))
         .flatten();
     let log = Log::start_to(journal);
-    let level = match (args.quiet, args.verbose) {
-        (true, _) => LevelFilter::ERROR,
-        (false, 0) => LevelFilter::INFO,
-        (false, 1) => LevelFilter::DEBUG,
-        (false, _) => LevelFilter::TRACE,
+    // -vv: the libraries' debug lines too (gRPC, HTTP/2); lead-exec has no trace lines.
+    let (ours, libraries) = match (args.quiet, args.verbose) {
+        (true, _) => (LevelFilter::ERROR, LevelFilter::WARN),
+        (false, 0) => (LevelFilter::INFO, LevelFilter::WARN),
+        (false, 1) => (LevelFilter::DEBUG, LevelFilter::WARN),
+        (false, _) => (LevelFilter::DEBUG, LevelFilter::DEBUG),
     };
-    let rust_log = std::env::var("RUST_LOG").ok();
-    let (filter, unread) = filter(rust_log.as_deref(), level);
+    let rust_log = std::env::var_os("RUST_LOG");
+    let rust_log = rust_log.as_ref().map(|v| v.to_str().ok_or(v));
+    let (filter, unread) = filter(rust_log, ours, libraries);
+    *UNREAD.lock().unwrap_or_else(|e| e.into_inner()) = unread;
     if log.sink.journal.is_some() {
         let _ = tracing_subscriber::registry()
             .with(filter)
@@ -82,26 +85,50 @@ pub fn init(args: &LogArgs) -> Log {
     } else {
         init_stderr(args, &log, filter);
     }
-    if let Some(warning) = unread {
-        tracing::warn!("{warning}");
-    }
     log
 }
 
+/// The warning about a RUST_LOG that could not be read, until it is said: a run says it in
+/// its span, so that it carries the run's election and id; `check`, which a job calls and
+/// which is silent, never says it (the run that started the job already did).
+static UNREAD: Mutex<Option<String>> = Mutex::new(None);
+
+/// Warns, once, that RUST_LOG could not be read and the flags' levels apply, if so.
+pub fn say_unread_rust_log() {
+    if let Some(warning) = UNREAD.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        tracing::warn!("{warning}");
+    }
+}
+
 /// Which lines are logged: those RUST_LOG asks for when it is set, else lead-exec's own at
-/// `level` and the libraries' warnings and errors. With a RUST_LOG it cannot read, the
-/// latter, and a warning that says so.
+/// `ours` and the libraries' at `libraries`. With a RUST_LOG it cannot read, the latter, and
+/// a warning that says so.
 ///
 /// RUST_LOG takes targets and levels (`warn,lead_exec=debug`, `debug`), as env_logger does:
-/// not tracing's span and field filters, whose regex engine would be a fifth of the binary's
-/// relocated data (see the memory row of the bench).
-fn filter(rust_log: Option<&str>, level: LevelFilter) -> (Targets, Option<String>) {
-    // Our own crate at the chosen level; dependencies only when something is wrong.
-    let ours = Targets::new()
-        .with_default(LevelFilter::WARN)
-        .with_target("lead_exec", level);
-    let Some(given) = rust_log else {
-        return (ours, None);
+/// not tracing's span and field filters (`lead_exec[run]=debug`), which are refused rather
+/// than taken for a target that matches nothing (which logged nothing at all, errors
+/// included). Reading them would take tracing-subscriber's env-filter and its regex engine:
+/// 270 KB of code and 12 KB of data relocated in every process (see lead-exec-development(7)).
+fn filter(
+    rust_log: Option<Result<&str, &std::ffi::OsString>>,
+    ours: LevelFilter,
+    libraries: LevelFilter,
+) -> (Targets, Option<String>) {
+    let flags = Targets::new()
+        .with_default(libraries)
+        .with_target("lead_exec", ours);
+    let unread = |given: String, why: &str| {
+        Some(format!(
+            "RUST_LOG={given} ignored ({why}): it takes targets and levels, as in warn,lead_exec=debug"
+        ))
+    };
+    let given = match rust_log {
+        None => return (flags, None),
+        Some(Err(bytes)) => {
+            let shown = crate::text::quoted(&bytes.to_string_lossy());
+            return (flags, unread(shown, "not UTF-8"));
+        }
+        Some(Ok(given)) => given,
     };
     // Empty directives (`RUST_LOG=`, a trailing comma) are nothing, as they were to env_logger.
     let directives: Vec<&str> = given
@@ -110,17 +137,28 @@ fn filter(rust_log: Option<&str>, level: LevelFilter) -> (Targets, Option<String
         .filter(|d| !d.is_empty())
         .collect();
     if directives.is_empty() {
-        return (ours, None);
+        return (flags, None);
+    }
+    let shown = || crate::text::quoted(given);
+    for d in &directives {
+        let (target, level) = match d.split_once('=') {
+            Some((t, l)) => (t, Some(l)),
+            None => (*d, None),
+        };
+        if let Some(c) = target
+            .chars()
+            .find(|c| matches!(c, '[' | ']' | '{' | '}') || c.is_whitespace())
+        {
+            let why = format!("{:?} in a target: span and field filters are not read", c);
+            return (flags, unread(shown(), &why));
+        }
+        if level.is_some_and(|l| l.trim().is_empty()) {
+            return (flags, unread(shown(), "a target without its level"));
+        }
     }
     match directives.join(",").parse::<Targets>() {
         Ok(theirs) => (theirs, None),
-        Err(e) => (
-            ours,
-            Some(format!(
-                "RUST_LOG={} ignored ({e}): it takes targets and levels, as in warn,lead_exec=debug",
-                crate::text::quoted(given)
-            )),
-        ),
+        Err(e) => (flags, unread(shown(), &e.to_string())),
     }
 }
 
@@ -180,6 +218,7 @@ pub fn run_span(election: &str, id: &str) -> tracing::Span {
             ("LEAD_EXEC_ID".to_string(), id.to_string()),
         ],
     });
+    span.in_scope(say_unread_rust_log);
     span
 }
 
@@ -664,21 +703,36 @@ mod tests {
     fn rust_log_sets_the_levels_and_one_it_cannot_read_leaves_the_flags_and_says_so() {
         use tracing::Level;
         let on = |t: &Targets, target: &str, level: Level| t.would_enable(target, &level);
+        let (debug, warn, info) = (LevelFilter::DEBUG, LevelFilter::WARN, LevelFilter::INFO);
         for unset in [None, Some(""), Some(" , ,")] {
-            let (t, warning) = filter(unset, LevelFilter::DEBUG);
+            let (t, warning) = filter(unset.map(Ok), debug, warn);
             assert!(warning.is_none(), "{unset:?}");
             assert!(on(&t, "lead_exec::run", Level::DEBUG), "{unset:?}");
             assert!(!on(&t, "lead_exec::run", Level::TRACE), "{unset:?}");
             assert!(on(&t, "h2::proto", Level::WARN), "{unset:?}");
             assert!(!on(&t, "h2::proto", Level::INFO), "{unset:?}");
         }
-        let (t, warning) = filter(Some("error, h2=debug,"), LevelFilter::INFO);
+        // -vv: the libraries' debug lines too.
+        let (t, _) = filter(None, debug, debug);
+        assert!(on(&t, "h2::proto", Level::DEBUG));
+        assert!(!on(&t, "h2::proto", Level::TRACE));
+        let (t, warning) = filter(Some(Ok("error, h2=debug,")), info, warn);
         assert!(warning.is_none());
         assert!(on(&t, "h2::codec", Level::DEBUG));
         assert!(!on(&t, "lead_exec::run", Level::WARN));
         assert!(on(&t, "lead_exec::run", Level::ERROR));
-        for unread in ["lead_exec=loud", "a=b=c", "x[{y}=info"] {
-            let (t, warning) = filter(Some(unread), LevelFilter::INFO);
+        // Unknown levels, span and field filters (once taken for targets that match nothing,
+        // which logged nothing at all), a target without its level, a space in a target.
+        for unread in [
+            "lead_exec=loud",
+            "a=b=c",
+            "lead_exec[run]=debug",
+            "[run]",
+            "lead_exec[{token}]=debug",
+            "lead_exec=",
+            "lead_exec =debug",
+        ] {
+            let (t, warning) = filter(Some(Ok(unread)), info, warn);
             assert!(on(&t, "lead_exec::run", Level::INFO), "{unread}");
             assert!(!on(&t, "lead_exec::run", Level::DEBUG), "{unread}");
             let warning = warning.unwrap_or_else(|| panic!("no warning for {unread}"));
@@ -688,9 +742,15 @@ mod tests {
             );
         }
         let long = format!("lead_exec={}\n", "x".repeat(100));
-        let warning = filter(Some(&long), LevelFilter::INFO).1.unwrap();
+        let warning = filter(Some(Ok(&long)), info, warn).1.unwrap();
         assert!(warning.contains("… (111 bytes)"), "{warning}");
         assert!(!warning.contains('\n'), "{warning}");
+        use std::os::unix::ffi::OsStringExt;
+        let bytes = std::ffi::OsString::from_vec(b"lead_exec=debug\xff".to_vec());
+        let (t, warning) = filter(Some(Err(&bytes)), info, warn);
+        assert!(!on(&t, "lead_exec::run", Level::DEBUG));
+        let warning = warning.unwrap();
+        assert!(warning.contains("ignored (not UTF-8)"), "{warning}");
     }
 
     #[test]
