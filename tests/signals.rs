@@ -143,6 +143,7 @@ fn ctrl_z_stops_the_job_then_lead_exec_and_fg_continues_both() {
     );
     let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
     let gc = wait_int(&f.dir.path().join("grandchild"), secs(10)) as i32;
+    w.wait_job_started();
     w.signal(libc::SIGTSTP);
     assert!(
         wait_until(secs(2), || state(w.pid()) == 'T'),
@@ -183,6 +184,7 @@ fn a_ctrl_z_longer_than_the_lease_kills_the_job_by_the_deadline() {
     let job = heartbeat_job(f.dir.path());
     let mut w = spawn(f.dir.path(), "w", &run_args("ctrlzlong", &f.ep, &[], &job));
     let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    w.wait_job_started();
     let stopped = std::time::Instant::now();
     w.signal(libc::SIGTSTP);
     assert!(wait_until(secs(2), || state(w.pid()) == 'T'));

@@ -345,6 +345,11 @@ fn start_heartbeat(
     let gc = wait_int(&dir.join("grandchild"), secs(10)) as i32;
     let wd = wait_int(&dir.join("watchdog"), secs(10)) as i32;
     w.wait_job_started();
+    // A test that kills now reads the last heartbeat: there must be one.
+    assert!(
+        wait_until(secs(10), || !lines(&dir.join("hb")).is_empty()),
+        "the job wrote no heartbeat"
+    );
     let key = etcd
         .keys(&format!("lead-exec/elections/{election}/"))
         .remove(0);
