@@ -219,8 +219,12 @@ fn fatal_usage(args: &[std::ffi::OsString], message: &str) {
 /// every other line. Either goes through the log's queue, best effort (see [`logging`]).
 fn fatal(log: &logging::Log, json: bool, message: &str, exit: Exit) {
     // A run's last line carries its election and id, as every line of it does.
+    // What RUST_LOG could not read is said first, if the run did not get to say it.
+    logging::in_run(logging::say_unread_rust_log);
     if json {
-        logging::in_run(|| tracing::error!(exit_code = exit.code(), "{message}"));
+        logging::in_run(
+            || tracing::error!(target: logging::EXIT_TARGET, exit_code = exit.code(), "{message}"),
+        );
     } else {
         log.eprint_line(&format!(
             "lead-exec: {message}{}",

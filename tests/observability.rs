@@ -173,6 +173,17 @@ fn rust_log_sets_the_levels_and_one_that_cannot_be_read_is_one_warning() {
     let (code, _, err) = run_env(&args, &[("RUST_LOG", "warn")]);
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("leading"), "{err}");
+    // One that does not reach lead-exec's lines (a misspelt name, one module) leaves them at
+    // the flags' level, each with the run's fields, instead of hiding them all.
+    for elsewhere in ["lead-exec=debug", "lead_exec::election=debug"] {
+        let (code, _, err) = run_env(&args, &[("RUST_LOG", elsewhere)]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            err.lines().any(|l| l.contains(" INFO leading: job started")
+                && l.ends_with("election=\"rustlog\" id=\"w\"")),
+            "{elsewhere}: {err}"
+        );
+    }
     for unread in ["lead_exec=loud", "lead_exec[run]=debug"] {
         let (code, _, err) = run_env(&args, &[("RUST_LOG", unread)]);
         assert_eq!(code, 0, "{err}");
@@ -436,6 +447,15 @@ fn fatal_errors_are_json_under_log_format_json() {
                 .map(|a| if a == "sh" { "no-such-command-xyz" } else { a })
                 .collect(),
             &[],
+            127,
+        ),
+        // Whatever RUST_LOG says, as the text line is.
+        (
+            run_args("fj", &f.ep, &["--log-format=json"], "exit 0")
+                .into_iter()
+                .map(|a| if a == "sh" { "no-such-command-xyz" } else { a })
+                .collect(),
+            &[("RUST_LOG", "off")],
             127,
         ),
     ];

@@ -114,9 +114,11 @@ fn filter(
     ours: LevelFilter,
     libraries: LevelFilter,
 ) -> (Targets, Option<String>) {
-    let flags = Targets::new()
-        .with_default(libraries)
-        .with_target("lead_exec", ours);
+    let flags = always(
+        Targets::new()
+            .with_default(libraries)
+            .with_target("lead_exec", ours),
+    );
     let unread = |given: String, why: &str| {
         Some(format!(
             "RUST_LOG={given} ignored ({why}): it takes targets and levels, as in warn,lead_exec=debug"
@@ -157,9 +159,41 @@ fn filter(
         }
     }
     match directives.join(",").parse::<Targets>() {
-        Ok(theirs) => (theirs, None),
+        // A RUST_LOG that does not reach lead-exec's own lines (`h2=debug`, a misspelt
+        // `lead-exec=debug`, a word that is no level, `lead_exec::runner=debug`) leaves them at
+        // the flags' level rather than hiding them all, errors included; only an explicit
+        // `off` for them turns them off.
+        Ok(theirs) if theirs.would_enable("lead_exec", &tracing::Level::ERROR) => {
+            (always(theirs), None)
+        }
+        Ok(theirs) if directives.iter().any(|d| turns_us_off(d)) => (always(theirs), None),
+        Ok(theirs) => (always(theirs.with_target("lead_exec", ours)), None),
         Err(e) => (flags, unread(shown(), &e.to_string())),
     }
+}
+
+/// The target of the run's span: every filter keeps it, so that every line of a run carries
+/// the run's election and id, whatever RUST_LOG picks.
+pub const RUN_TARGET: &str = "lead-exec:run";
+
+/// The target of the line that ends the process under `--log-format json`: every filter keeps
+/// it, as the plain text line is printed whatever RUST_LOG says.
+pub const EXIT_TARGET: &str = "lead-exec:exit";
+
+/// `t`, with what every filter keeps.
+fn always(t: Targets) -> Targets {
+    t.with_target(RUN_TARGET, LevelFilter::ERROR)
+        .with_target(EXIT_TARGET, LevelFilter::ERROR)
+}
+
+/// Whether a directive turns lead-exec's own lines off: `off` (or `0`) for every target or
+/// for one that `lead_exec` starts with.
+fn turns_us_off(directive: &str) -> bool {
+    let (target, level) = match directive.split_once('=') {
+        Some((t, l)) => (t.trim(), l.trim()),
+        None => ("", directive),
+    };
+    (level.eq_ignore_ascii_case("off") || level == "0") && "lead_exec".starts_with(target)
 }
 
 /// The text or JSON log on stderr, through the queue.
@@ -209,7 +243,7 @@ struct RunSpan {
 /// Opens the span of a run: `election` and `id` on every line of it, from here and from
 /// [`in_run`]. At error level, so that `-q` keeps them too.
 pub fn run_span(election: &str, id: &str) -> tracing::Span {
-    let span = tracing::error_span!("run", election, id);
+    let span = tracing::error_span!(target: RUN_TARGET, "run", election, id);
     *RUN.lock().unwrap_or_else(|e| e.into_inner()) = Some(RunSpan {
         span: span.clone(),
         text: format!(" election={election:?} id={id:?}"),
@@ -740,6 +774,35 @@ mod tests {
                 warning.starts_with(&format!("RUST_LOG={unread} ignored (")),
                 "{warning}"
             );
+        }
+        // A RUST_LOG that does not reach lead-exec's own lines leaves them at the flags' level;
+        // only an explicit off turns them off. The run's span and the exit line stay.
+        for elsewhere in [
+            "h2=debug",
+            "warning",
+            "lead-exec=debug",
+            "LEAD_EXEC=debug",
+            "h2=off",
+        ] {
+            let (t, warning) = filter(Some(Ok(elsewhere)), info, warn);
+            assert!(warning.is_none(), "{elsewhere}");
+            assert!(on(&t, "lead_exec::run", Level::INFO), "{elsewhere}");
+            assert!(!on(&t, "lead_exec::run", Level::DEBUG), "{elsewhere}");
+        }
+        assert!(on(
+            &filter(Some(Ok("h2=debug")), info, warn).0,
+            "h2",
+            Level::DEBUG
+        ));
+        let (t, _) = filter(Some(Ok("lead_exec::run=debug")), info, warn);
+        assert!(on(&t, "lead_exec::run", Level::DEBUG));
+        assert!(on(&t, "lead_exec::election", Level::INFO));
+        for off in ["off", "0", "info,lead_exec=off", "lead_exec=OFF,h2=debug"] {
+            let (t, warning) = filter(Some(Ok(off)), info, warn);
+            assert!(warning.is_none(), "{off}");
+            assert!(!on(&t, "lead_exec::run", Level::ERROR), "{off}");
+            assert!(on(&t, RUN_TARGET, Level::ERROR), "{off}");
+            assert!(on(&t, EXIT_TARGET, Level::ERROR), "{off}");
         }
         let long = format!("lead_exec={}\n", "x".repeat(100));
         let warning = filter(Some(Ok(&long)), info, warn).1.unwrap();
