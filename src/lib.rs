@@ -342,9 +342,12 @@ fn cli_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     };
     // Kept to the end: its drop flushes the log's queue.
     let log = logging::init(&cli.log);
-    // A run says it in its span; `check` is silent (see `logging::say_unread_rust_log`).
-    if !matches!(cli.command, Command::Run(_) | Command::Check(_)) {
-        logging::say_unread_rust_log();
+    // A run says it in its span; `check`, which the job runs, never (see
+    // `logging::say_unread_rust_log`); the others now.
+    match cli.command {
+        Command::Run(_) => {}
+        Command::Check(_) => logging::forget_unread_rust_log(),
+        _ => logging::say_unread_rust_log(),
     }
     let json = cli.log.log_format == cli::LogFormat::Json;
     let rt = match tokio::runtime::Builder::new_current_thread()

@@ -202,6 +202,19 @@ fn rust_log_sets_the_levels_and_one_that_cannot_be_read_is_one_warning() {
         assert_eq!(lines(&f.dir.path().join("check.out")), Vec::<String>::new());
         std::fs::remove_file(f.dir.path().join("check.code")).unwrap();
     }
+    // A check that fails says its own line only.
+    let stale = [
+        "check",
+        "--election",
+        "rustlog",
+        "--endpoints",
+        &f.ep,
+        "--token",
+        "1",
+    ];
+    let (code, _, err) = run_env(&stale, &[("RUST_LOG", "lead_exec=loud")]);
+    assert_eq!(code, 4, "{err}");
+    assert!(!err.contains("RUST_LOG"), "{err}");
 }
 
 /// Every line of a run ends with its election and id (text) or has them at the top level

@@ -93,6 +93,12 @@ pub fn init(args: &LogArgs) -> Log {
 /// which is silent, never says it (the run that started the job already did).
 static UNREAD: Mutex<Option<String>> = Mutex::new(None);
 
+/// Drops the warning about RUST_LOG unsaid: `check`'s, whose RUST_LOG is the job's, of which
+/// the run that started the job already warned; `check` fails with its own line only.
+pub fn forget_unread_rust_log() {
+    UNREAD.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
 /// Warns, once, that RUST_LOG could not be read and the flags' levels apply, if so.
 pub fn say_unread_rust_log() {
     if let Some(warning) = UNREAD.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -186,14 +192,14 @@ fn always(t: Targets) -> Targets {
         .with_target(EXIT_TARGET, LevelFilter::ERROR)
 }
 
-/// Whether a directive turns lead-exec's own lines off: `off` (or `0`) for every target or
-/// for one that `lead_exec` starts with.
+/// Whether a directive turns lead-exec's own lines off: `off` (`0`, `OFF`) for every target
+/// or for one that `lead_exec` starts with.
 fn turns_us_off(directive: &str) -> bool {
     let (target, level) = match directive.split_once('=') {
         Some((t, l)) => (t.trim(), l.trim()),
         None => ("", directive),
     };
-    (level.eq_ignore_ascii_case("off") || level == "0") && "lead_exec".starts_with(target)
+    level.parse::<LevelFilter>().ok() == Some(LevelFilter::OFF) && "lead_exec".starts_with(target)
 }
 
 /// The text or JSON log on stderr, through the queue.
@@ -797,7 +803,13 @@ mod tests {
         let (t, _) = filter(Some(Ok("lead_exec::run=debug")), info, warn);
         assert!(on(&t, "lead_exec::run", Level::DEBUG));
         assert!(on(&t, "lead_exec::election", Level::INFO));
-        for off in ["off", "0", "info,lead_exec=off", "lead_exec=OFF,h2=debug"] {
+        for off in [
+            "off",
+            "0",
+            "info,lead_exec=off",
+            "lead_exec=OFF,h2=debug",
+            "lead=00",
+        ] {
             let (t, warning) = filter(Some(Ok(off)), info, warn);
             assert!(warning.is_none(), "{off}");
             assert!(!on(&t, "lead_exec::run", Level::ERROR), "{off}");
