@@ -409,27 +409,7 @@ impl Cluster {
 
     /// The raft leader among the etcd members.
     pub fn raft_leader(&self) -> usize {
-        for (i, m) in self.etcd.members.iter().enumerate() {
-            let out = Command::new(super::need("etcdctl", "etcd-client"))
-                .env("ETCDCTL_API", "3")
-                .args([
-                    &format!("--endpoints={}", m.endpoint()),
-                    "endpoint",
-                    "status",
-                    "-w",
-                    "json",
-                ])
-                .output();
-            let Ok(out) = out else { continue };
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-                continue;
-            };
-            let s = &v[0]["Status"];
-            if s["leader"].is_u64() && s["leader"] == s["header"]["member_id"] {
-                return i;
-            }
-        }
-        panic!("no raft leader found");
+        self.etcd.raft_leader()
     }
 
     /// Stops every worker gracefully, waits for the jobs to be gone, and checks the history.

@@ -459,6 +459,31 @@ impl Etcd {
         e
     }
 
+    /// The raft leader among the etcd members.
+    pub fn raft_leader(&self) -> usize {
+        for (i, m) in self.members.iter().enumerate() {
+            let out = Command::new(need("etcdctl", "etcd-client"))
+                .env("ETCDCTL_API", "3")
+                .args([
+                    &format!("--endpoints={}", m.endpoint()),
+                    "endpoint",
+                    "status",
+                    "-w",
+                    "json",
+                ])
+                .output();
+            let Ok(out) = out else { continue };
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+                continue;
+            };
+            let s = &v[0]["Status"];
+            if s["leader"].is_u64() && s["leader"] == s["header"]["member_id"] {
+                return i;
+            }
+        }
+        panic!("no raft leader found");
+    }
+
     pub fn endpoints(&self) -> String {
         self.members
             .iter()
