@@ -149,10 +149,7 @@ fn filter(
     }
     let shown = || crate::text::quoted(given);
     for d in &directives {
-        let (target, level) = match d.split_once('=') {
-            Some((t, l)) => (t, Some(l)),
-            None => (*d, None),
-        };
+        let (target, level) = target_and_level(d);
         if let Some(c) = target
             .chars()
             .find(|c| matches!(c, '[' | ']' | '{' | '}') || c.is_whitespace())
@@ -195,11 +192,20 @@ fn always(t: Targets) -> Targets {
 /// Whether a directive turns lead-exec's own lines off: `off` (`0`, `OFF`) for every target
 /// or for one that `lead_exec` starts with.
 fn turns_us_off(directive: &str) -> bool {
-    let (target, level) = match directive.split_once('=') {
-        Some((t, l)) => (t.trim(), l.trim()),
-        None => ("", directive),
+    // A bare word is a level for every target, if it is a level at all.
+    let (target, level) = match target_and_level(directive) {
+        (t, Some(l)) => (t.trim(), l.trim()),
+        (word, None) => ("", word),
     };
     level.parse::<LevelFilter>().ok() == Some(LevelFilter::OFF) && "lead_exec".starts_with(target)
+}
+
+/// A directive's two sides: `target=level`, or a bare word (a level or a target).
+fn target_and_level(directive: &str) -> (&str, Option<&str>) {
+    match directive.split_once('=') {
+        Some((t, l)) => (t, Some(l)),
+        None => (directive, None),
+    }
 }
 
 /// The text or JSON log on stderr, through the queue.
