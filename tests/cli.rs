@@ -868,7 +868,7 @@ fn an_etcd_without_the_lease_fixes_is_warned_of_once_and_its_version_is_a_metric
         "w",
         &run_args("ver", &f.ep, &["--metrics-addr", &addr], &job),
     );
-    w.wait_log("leading: job started", secs(10));
+    w.wait_job_started();
     let out = scrape(port).expect("metrics");
     std::fs::write(f.dir.path().join("go"), "").unwrap();
     assert_eq!(w.code(secs(10)), 0, "{}", w.log_text());

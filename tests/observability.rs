@@ -435,6 +435,11 @@ fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
 fn fatal_errors_are_json_under_log_format_json() {
     let f = Fixture::new();
     type Case<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)], i64);
+    // A command that does not exist: refused by the run itself (127).
+    let missing: Vec<&str> = run_args("fj", &f.ep, &["--log-format=json"], "exit 0")
+        .into_iter()
+        .map(|a| if a == "sh" { "no-such-command-xyz" } else { a })
+        .collect();
     let cases: Vec<Case> = vec![
         // Refused by the configuration check.
         (
@@ -454,23 +459,9 @@ fn fatal_errors_are_json_under_log_format_json() {
         (vec!["--log-format", "json", "run", "fj"], &[], 64),
         (vec!["run", "fj"], &[("LEAD_EXEC_LOG_FORMAT", "json")], 64),
         // From the command.
-        (
-            run_args("fj", &f.ep, &["--log-format=json"], "exit 0")
-                .into_iter()
-                .map(|a| if a == "sh" { "no-such-command-xyz" } else { a })
-                .collect(),
-            &[],
-            127,
-        ),
+        (missing.clone(), &[], 127),
         // Whatever RUST_LOG says, as the text line is.
-        (
-            run_args("fj", &f.ep, &["--log-format=json"], "exit 0")
-                .into_iter()
-                .map(|a| if a == "sh" { "no-such-command-xyz" } else { a })
-                .collect(),
-            &[("RUST_LOG", "off")],
-            127,
-        ),
+        (missing, &[("RUST_LOG", "off")], 127),
     ];
     for (args, env, want) in cases {
         let (code, _, err) = run_env(&args, env);

@@ -1251,7 +1251,7 @@ fn a_health_check_does_not_outlive_sigterm_while_leading() {
     let f = Fixture::new();
     let (check, marker) = hanging_check(f.dir.path(), 1);
     let mut w = health_leak_worker(f.dir.path(), "l", &f.ep, &check, &[]);
-    w.wait_log("leading: job started", secs(10));
+    w.wait_job_started();
     wait_line(&f.dir.path().join("hanging"), secs(10), |_| true);
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
@@ -1263,7 +1263,7 @@ fn a_health_check_does_not_outlive_a_sigkilled_lead_exec() {
     let f = Fixture::new();
     let (check, marker) = hanging_check(f.dir.path(), 1);
     let mut w = health_leak_worker(f.dir.path(), "k", &f.ep, &check, &[]);
-    w.wait_log("leading: job started", secs(10));
+    w.wait_job_started();
     wait_line(&f.dir.path().join("hanging"), secs(10), |_| true);
     w.signal(libc::SIGKILL);
     w.wait(secs(10));

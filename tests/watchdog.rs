@@ -1397,7 +1397,7 @@ fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
         &args,
         &[],
     );
-    w.wait_log("leading: job started", secs(10));
+    w.wait_job_started();
     let log = w.log_text();
     assert_eq!(
         log.matches("the job runs without a cgroup of its own")
