@@ -861,12 +861,24 @@ fn job_cgroup_of(parent: &std::path::Path, wd: i32) -> Option<std::path::PathBuf
 /// candidate, whether lead-exec exits on SIGTERM or is SIGKILLed.
 /// A leader of `election` whose job runs in a cgroup of its own, and the cgroup its job
 /// cgroups are made in; `None` (said) where jobs get no cgroup v2.
-fn a_leader_in_a_job_cgroup(f: &Fixture, election: &str) -> Option<(std::path::PathBuf, Worker)> {
+///
+/// The leader runs in `cg`, as must every worker of the test: a job start of another test
+/// sweeps the stale job cgroups beside its own, and would remove one this test looks at.
+fn a_leader_in_a_job_cgroup(
+    f: &Fixture,
+    cg: &TestCgroup,
+    election: &str,
+) -> Option<(std::path::PathBuf, Worker)> {
     let job = script(
         f.dir.path(),
         "cat /proc/self/cgroup > $D/cgroup; exec sleep 120",
     );
-    let a = spawn(f.dir.path(), "a", &run_args(election, &f.ep, &[], &job));
+    let a = cg.spawn(
+        f.dir.path(),
+        "a",
+        &[bin()],
+        &run_args(election, &f.ep, &[], &job),
+    );
     let own = wait_line(&f.dir.path().join("cgroup"), secs(10), |l| {
         l.starts_with("0::")
     });
@@ -911,12 +923,17 @@ fn standby_cgroup(w: &Worker, parent: &std::path::Path) -> (i32, std::path::Path
 /// the job.
 #[test]
 fn a_killed_standby_watchdogs_empty_cgroup_is_removed_by_lead_exec() {
+    let Some(tc) = TestCgroup::new("sbcg") else {
+        eprintln!("no writable cgroup v2 here; nothing to check");
+        return;
+    };
     let f = Fixture::new();
-    let Some((parent, mut a)) = a_leader_in_a_job_cgroup(&f, "sbcg") else {
+    let Some((parent, mut a)) = a_leader_in_a_job_cgroup(&f, &tc, "sbcg") else {
         return;
     };
     // lead-exec exits (SIGTERM while in line) without ever running a job.
-    let mut b = spawn(f.dir.path(), "b", &run_args("sbcg", &f.ep, &[], "true"));
+    let args = run_args("sbcg", &f.ep, &[], "true");
+    let mut b = tc.spawn(f.dir.path(), "b", &[bin()], &args);
     let (wd, cg) = standby_cgroup(&b, &parent);
     signal(wd, libc::SIGKILL);
     assert!(wait_until(secs(5), || !alive(wd)));
@@ -930,7 +947,8 @@ fn a_killed_standby_watchdogs_empty_cgroup_is_removed_by_lead_exec() {
     );
     // The term comes: the dead watchdog is given up for a new one, and its cgroup with it.
     let job = script(f.dir.path(), "echo $FENCING_TOKEN > $D/c; exec sleep 120");
-    let mut c = spawn(f.dir.path(), "c", &run_args("sbcg", &f.ep, &[], &job));
+    let args = run_args("sbcg", &f.ep, &[], &job);
+    let mut c = tc.spawn(f.dir.path(), "c", &[bin()], &args);
     let (wd, cg) = standby_cgroup(&c, &parent);
     signal(wd, libc::SIGKILL);
     assert!(wait_until(secs(5), || !alive(wd)));
@@ -948,12 +966,17 @@ fn a_killed_standby_watchdogs_empty_cgroup_is_removed_by_lead_exec() {
 
 #[test]
 fn a_waiting_candidates_cgroup_goes_with_it() {
+    let Some(tc) = TestCgroup::new("ahead") else {
+        eprintln!("no writable cgroup v2 here; nothing to check");
+        return;
+    };
     let f = Fixture::new();
-    let Some((parent, _a)) = a_leader_in_a_job_cgroup(&f, "ahead") else {
+    let Some((parent, _a)) = a_leader_in_a_job_cgroup(&f, &tc, "ahead") else {
         return;
     };
     for (name, sig) in [("b", libc::SIGTERM), ("c", libc::SIGKILL)] {
-        let mut w = spawn(f.dir.path(), name, &run_args("ahead", &f.ep, &[], "true"));
+        let args = run_args("ahead", &f.ep, &[], "true");
+        let mut w = tc.spawn(f.dir.path(), name, &[bin()], &args);
         let (wd, cg) = standby_cgroup(&w, &parent);
         w.signal(sig);
         w.wait(secs(5));
