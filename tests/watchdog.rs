@@ -18,8 +18,18 @@ fn family_job(dir: &std::path::Path) -> String {
 /// Starts a worker whose job is `family_job` on `endpoints` and waits for the job and its
 /// grandchild: (worker, job pid, grandchild pid).
 fn start_family(dir: &std::path::Path, election: &str, endpoints: &str) -> (Worker, i32, i32) {
+    start_family_with(dir, election, endpoints, &[])
+}
+
+/// [`start_family`] with more of lead-exec's options.
+fn start_family_with(
+    dir: &std::path::Path,
+    election: &str,
+    endpoints: &str,
+    extra: &[&str],
+) -> (Worker, i32, i32) {
     let job = family_job(dir);
-    let w = spawn(dir, "w", &run_args(election, endpoints, &[], &job));
+    let w = spawn(dir, "w", &run_args(election, endpoints, extra, &job));
     let pid = wait_int(&dir.join("pid"), secs(10)) as i32;
     let gc = wait_int(&dir.join("grandchild"), secs(10)) as i32;
     (w, pid, gc)
@@ -46,7 +56,10 @@ fn sigkill_of_lead_exec_kills_the_whole_group_at_once() {
 #[test]
 fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
     let f = Fixture::new();
-    let (mut w, pid, gc) = start_family(f.dir.path(), "freeze", &f.ep);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let metrics = ["--metrics-addr", addr.as_str()];
+    let (mut w, pid, gc) = start_family_with(f.dir.path(), "freeze", &f.ep, &metrics);
     let frozen = Instant::now();
     w.signal(libc::SIGSTOP);
     assert!(
@@ -84,8 +97,33 @@ fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
     let t = terms(f.dir.path());
     assert!(t[1].0 > t[0].0, "{t:?}");
     assert_ne!(t[1].1, t[0].1, "campaigned on the old lease");
+    // Said and counted once, whether lead-exec first saw its lease lost or the job's end at
+    // the watchdog's hands.
+    w.wait_log("leadership lost", secs(10));
+    // By whichever reason lead-exec saw first (its deadline, or the key's deletion at the
+    // expiry, if that news was waiting when it woke).
+    let text = scrape(port).unwrap();
+    let lost: f64 = [
+        "lease_expired",
+        "renewal_deadline_passed",
+        "leader_key_deleted",
+    ]
+    .iter()
+    .map(|r| {
+        let name = format!(r#"lead_exec_leadership_lost_total{{election="freeze",reason="{r}"}}"#);
+        metric(&text, &name).unwrap_or_else(|| panic!("no {name}: {text}"))
+    })
+    .sum();
+    assert_eq!(lost, 1.0, "{text}");
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
+    let log = w.log_text();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("leadership lost"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(said[0].contains(&format!("token={}", t[0].0)), "{log}");
 }
 
 #[test]

@@ -217,7 +217,7 @@ impl Driver {
         let mut state = State::Campaigning { attempt: 0 };
         loop {
             let phase = state.phase();
-            let (held, (next, actions), seen) = match state {
+            let (held, step, seen) = match state {
                 State::Campaigning { attempt } => {
                     let ask = candidacy::Ask {
                         env: &self.process.env,
@@ -313,26 +313,24 @@ impl Driver {
                 }
                 State::Done(exit) => return Ok(exit),
             };
-            if let (
-                Phase::Leading { .. },
-                Phase::Draining {
-                    why: StopReason::Lost(r),
-                    ..
-                },
-            ) = (phase, next)
-            {
+            if let Some(r) = lifecycle::loss_learned(phase, &step) {
                 // Before the job is stopped: the next holder may start at any moment.
                 metrics::term_lost();
                 metrics::lost(r.label());
                 // At the default level, whatever --on-loss does next: the phase lines that
                 // say why are below it.
+                let what = match step.0 {
+                    Phase::Draining { .. } => "stopping the job",
+                    _ => "its watchdog killed the job",
+                };
                 tracing::warn!(
                     token = phase.token(),
                     reason = r.label(),
-                    "leadership lost: {}; stopping the job",
+                    "leadership lost: {}; {what}",
                     r.as_str()
                 );
             }
+            let (next, actions) = step;
             // A step that stays in its phase is quiet only when it passes a signal on or
             // judges a handover. One that reads the same phase but kills the job (a second
             // stop while draining) or gives up the lease (out of line on a failing health

@@ -357,6 +357,40 @@ fn after_loss<E>(p: &Policy, record: Option<TermEnd>) -> Step<E> {
     }
 }
 
+/// Whether `step`, taken from `phase`, is where the run learns that its term is lost, and
+/// why: the run says it and counts it then, once per term.
+///
+/// lead-exec learns of most losses itself (its lease, the key), on the way into draining. The
+/// one it may not: its watchdog killed the job at the lease's deadline on its own, which
+/// lead-exec, frozen or starved until then, first hears of as the job's end. The step that
+/// records that end as a lost lease is where the loss is learned, unless the term was already
+/// draining because it was lost.
+pub fn loss_learned<E>(phase: Phase, step: &Step<E>) -> Option<Loss> {
+    let records_loss = || {
+        step.1
+            .iter()
+            .any(|a| matches!(a, Action::RecordEnd(TermEnd::LeaseLost)))
+    };
+    match (phase, step.0) {
+        (
+            Phase::Draining {
+                why: StopReason::Lost(_),
+                ..
+            },
+            _,
+        ) => None,
+        (
+            _,
+            Phase::Draining {
+                why: StopReason::Lost(r),
+                ..
+            },
+        ) => Some(r),
+        _ if records_loss() => Some(Loss::Deadline),
+        _ => None,
+    }
+}
+
 fn stay<E>(phase: Phase, action: Action<E>) -> Step<E> {
     (phase, vec![action])
 }

@@ -480,3 +480,33 @@ fn a_refused_campaign_gives_the_lease_up_then_fails_the_run() {
         assert_eq!(actions, vec![REVOKE, Action::Fail("other --slots")]);
     }
 }
+
+/// The watchdog killed the job at the lease's deadline before lead-exec saw its lease lost
+/// (frozen, starved): the job's end is where the loss is learned, said and counted, as it is
+/// on the way into draining when lead-exec sees it first; never twice for one term.
+#[test]
+fn a_loss_is_learned_once_whether_lead_exec_or_its_watchdog_sees_it_first() {
+    let by_watchdog = leading::<E>(TOKEN, job_ended(Exit::Signal(9), true), &CAMPAIGN);
+    assert_eq!(
+        loss_learned(leading_phase(), &by_watchdog),
+        Some(Loss::Deadline)
+    );
+    let seen = leading::<E>(TOKEN, TermEvent::Lost(Loss::KeyDeleted), &CAMPAIGN);
+    assert_eq!(loss_learned(leading_phase(), &seen), Some(Loss::KeyDeleted));
+    let lost = draining_phase(StopReason::Lost(Loss::KeyDeleted));
+    let after = draining::<E>(
+        TOKEN,
+        StopReason::Lost(Loss::KeyDeleted),
+        drained(true),
+        &EXIT,
+    );
+    assert_eq!(loss_learned(lost, &after), None, "said on the way in");
+    // Stopping for another reason, the deadline passed before the job was gone.
+    let paused = draining_phase(StopReason::Paused);
+    let killed = draining::<E>(TOKEN, StopReason::Paused, drained(true), &CAMPAIGN);
+    assert_eq!(loss_learned(paused, &killed), Some(Loss::Deadline));
+    let stopped = draining::<E>(TOKEN, StopReason::Paused, drained(false), &CAMPAIGN);
+    assert_eq!(loss_learned(paused, &stopped), None);
+    let exited = leading::<E>(TOKEN, job_ended(Exit::Job(0), false), &CAMPAIGN);
+    assert_eq!(loss_learned(leading_phase(), &exited), None);
+}

@@ -235,6 +235,7 @@ proptest! {
         let events = all_events();
         let mut phase = campaigning();
         let mut starts_this_term = 0;
+        let mut losses_this_term = 0;
         for pick in picks {
             let told: Vec<Any> = events.iter().copied().filter(|ev| step(phase, *ev, &p).is_some()).collect();
             if told.is_empty() {
@@ -246,8 +247,17 @@ proptest! {
             let (next, actions) = step(phase, ev, &p).unwrap_or_else(|| unreachable!());
             prop_assert!(check_transition(phase, ev, next, &actions).is_ok(),
                 "{}", check_transition(phase, ev, next, &actions).unwrap_err());
+            // A lost term is said and counted once, whoever saw the loss first.
+            if loss_learned(phase, &(next, actions.clone())).is_some() {
+                losses_this_term += 1;
+                prop_assert!(losses_this_term == 1, "a loss learned twice in one term");
+            }
+            if actions.contains(&Action::RecordEnd(TermEnd::LeaseLost)) {
+                prop_assert!(losses_this_term == 1, "a lost term recorded but not learned");
+            }
             if next.token().is_none() {
                 starts_this_term = 0;
+                losses_this_term = 0;
             }
             if matches!(next, Phase::Leading { .. }) && !matches!(phase, Phase::Leading { .. }) {
                 starts_this_term += 1;
