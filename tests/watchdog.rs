@@ -126,6 +126,37 @@ fn frozen_lead_exec_loses_its_job_by_the_deadline_then_campaigns_again() {
     assert!(said[0].contains(&format!("token={}", t[0].0)), "{log}");
 }
 
+/// A stop (systemd's, a container's) sent to a leader that is frozen past its lease's
+/// deadline: whichever lead-exec reads first when it runs again (its lease lost, the stop,
+/// the watchdog's kill), the loss is said once, the term is recorded as lost, and the run
+/// ends as stopped.
+#[test]
+fn a_stop_sent_to_a_frozen_leader_past_its_deadline_says_the_loss_once() {
+    let f = Fixture::new();
+    let (mut w, pid, gc) = start_family(f.dir.path(), "frozenstop", &f.ep);
+    w.wait_job_started();
+    w.signal(libc::SIGSTOP);
+    w.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(10), || !alive(pid) && !alive(gc)),
+        "job outlived D"
+    );
+    w.signal(libc::SIGCONT);
+    let code = w.code(secs(15));
+    let log = w.log_text();
+    let said = log.matches("leadership lost").count();
+    assert_eq!(said, 1, "{log}");
+    assert_ne!(code, 0, "{log}");
+    let token = terms(f.dir.path())[0].0;
+    let (_, history, _) = run(&["history", "frozenstop", "--endpoints", &f.ep, "-o", "json"]);
+    // Its one term.
+    assert!(
+        history.contains(&format!("\"token\":{token},")),
+        "{history}"
+    );
+    assert!(history.contains("\"end\":\"lease lost\""), "{history}");
+}
+
 #[test]
 fn job_ignoring_term_with_grandchildren_dies_by_the_deadline() {
     let f = Fixture::new();
@@ -308,6 +339,8 @@ fn a_killed_watchdog_takes_the_job_with_it_and_is_logged_as_such() {
     let log = w.log_text();
     assert!(!log.contains("lease deadline"), "{log}");
     assert!(!log.contains("could not renew"), "{log}");
+    // The term was given up, not lost to its lease: nothing counts it as such.
+    assert!(!log.contains("leadership lost"), "{log}");
     assert!(!log.to_lowercase().contains("backtrace"), "{log}");
 }
 

@@ -27,7 +27,7 @@ use crate::supervisor::JobEnd;
 
 use super::health::{self, Health};
 use super::lifecycle::Arrived;
-use super::lifecycle::{DelayEnd, DrainEvent, TermEvent};
+use super::lifecycle::{DelayEnd, DrainEvent, EndedBy, TermEvent};
 
 /// A deadline that may not be set; unset, it never fires.
 #[derive(Debug, Default, Clone, Copy)]
@@ -194,13 +194,13 @@ impl RunningJob {
     }
 }
 
-/// Logs and counts how the job's group ended; what lead-exec exits with for it, and whether
-/// the watchdog killed it on its own.
-fn job_ended(ended: JobEnd) -> (Exit, bool) {
+/// Logs and counts how the job's group ended; what lead-exec exits with for it, and what
+/// ended it.
+fn job_ended(ended: JobEnd) -> (Exit, EndedBy) {
     let exit = Exit::from_job(ended.status);
     metrics::leading(false);
     metrics::job_exited(exit.code(), ended.slack_ms);
-    let by_watchdog = match ended.cause {
+    let by = match ended.cause {
         GroupEnd::Deadline => {
             metrics::stopped_at_deadline();
             tracing::error!(
@@ -208,18 +208,18 @@ fn job_ended(ended: JobEnd) -> (Exit, bool) {
                 "the watchdog stopped the job at the lease deadline ({}): lead-exec could not renew in time",
                 ended.status
             );
-            true
+            EndedBy::Deadline
         }
         GroupEnd::WatchdogLost | GroupEnd::Orphaned => {
             tracing::error!("the job was killed because its watchdog died; giving up this term");
-            true
+            EndedBy::WatchdogGone
         }
         GroupEnd::SelfExit | GroupEnd::Stop => {
             tracing::info!(slack_ms = ended.slack_ms, "job ended: {}", ended.status);
-            false
+            EndedBy::Job
         }
     };
-    (exit, by_watchdog)
+    (exit, by)
 }
 
 /// What a term's sources need from around it, lent for one wait.
@@ -318,8 +318,8 @@ impl TermEvents {
             };
             return match raw {
                 Raw::Own(JobNews::Ended(ended)) => {
-                    let (exit, by_watchdog) = job_ended(ended);
-                    TermEvent::JobEnded { exit, by_watchdog }
+                    let (exit, by) = job_ended(ended);
+                    TermEvent::JobEnded { exit, by }
                 }
                 Raw::Own(JobNews::TimedOut) => {
                     job.timeout.clear();
@@ -424,6 +424,6 @@ pub async fn next_drain_event(
         ended = job.job.wait() => ended,
         Some(signal) = signals.recv() => return DrainEvent::Signal(signal),
     };
-    let (exit, by_watchdog) = job_ended(ended);
-    DrainEvent::JobEnded { exit, by_watchdog }
+    let (exit, by) = job_ended(ended);
+    DrainEvent::JobEnded { exit, by }
 }

@@ -217,6 +217,8 @@ impl Driver {
         let mut state = State::Campaigning { attempt: 0 };
         loop {
             let phase = state.phase();
+            // What ended the job, if this step's event was its end.
+            let mut ended = None;
             let (held, step, seen) = match state {
                 State::Campaigning { attempt } => {
                     let ask = candidacy::Ask {
@@ -291,6 +293,9 @@ impl Driver {
                     };
                     let ev = t.events.next_term_event(t.token, &mut j, around).await;
                     let step = lifecycle::leading(t.token, ev, &policy);
+                    if let TermEvent::JobEnded { by, .. } = ev {
+                        ended = Some(by);
+                    }
                     self.job_ended(ev);
                     // An ended job's group is gone: the term goes on without it.
                     let held = match ev {
@@ -302,8 +307,9 @@ impl Driver {
                 State::Draining(c, t, mut j, why) => {
                     let ev = events::next_drain_event(&mut j, &mut self.process.signals).await;
                     let step = lifecycle::draining(t.token, why, ev, &policy);
-                    if let DrainEvent::JobEnded { exit, by_watchdog } = ev {
-                        self.job_ended(TermEvent::JobEnded { exit, by_watchdog });
+                    if let DrainEvent::JobEnded { exit, by } = ev {
+                        ended = Some(by);
+                        self.job_ended(TermEvent::JobEnded { exit, by });
                     }
                     let held = match ev {
                         DrainEvent::JobEnded { .. } => Held::Term(c, t),
@@ -313,7 +319,7 @@ impl Driver {
                 }
                 State::Done(exit) => return Ok(exit),
             };
-            if let Some(r) = lifecycle::loss_learned(phase, &step) {
+            if let Some(r) = lifecycle::loss_learned(phase, ended, step.0) {
                 // Before the job is stopped: the next holder may start at any moment.
                 metrics::term_lost();
                 metrics::lost(r.label());

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::{BackoffEnd, CampaignEnd, Cause, DelayEnd, DrainEvent, StartEnd, TermEvent};
+use super::{BackoffEnd, CampaignEnd, Cause, DelayEnd, DrainEvent, EndedBy, StartEnd, TermEvent};
 use crate::exit::Exit;
 
 /// "SIGTERM", or the number when it has no name.
@@ -21,7 +21,7 @@ impl fmt::Display for SignalName {
 /// How the job ended, in the words of the phase line.
 struct JobEnd {
     exit: Exit,
-    by_watchdog: bool,
+    by: EndedBy,
 }
 
 impl fmt::Display for JobEnd {
@@ -32,8 +32,10 @@ impl fmt::Display for JobEnd {
             Exit::Signal(s) => write!(f, " ({})", SignalName(s))?,
             other => write!(f, " (exit {})", other.code())?,
         }
-        if self.by_watchdog {
-            f.write_str(", killed by its watchdog")?;
+        match self.by {
+            EndedBy::Job => {}
+            EndedBy::Deadline => f.write_str(", killed by its watchdog at the lease deadline")?,
+            EndedBy::WatchdogGone => f.write_str(", killed as its watchdog died")?,
         }
         Ok(())
     }
@@ -118,7 +120,7 @@ impl<E: fmt::Debug> fmt::Display for StartEnd<E> {
 impl fmt::Display for TermEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            TermEvent::JobEnded { exit, by_watchdog } => JobEnd { exit, by_watchdog }.fmt(f),
+            TermEvent::JobEnded { exit, by } => JobEnd { exit, by }.fmt(f),
             TermEvent::Lost(l) => f.write_str(l.as_str()),
             TermEvent::LeaseTaskEnded => f.write_str("the keepalive task's end"),
             TermEvent::Paused => f.write_str("a pause"),
@@ -139,7 +141,7 @@ impl fmt::Display for TermEvent {
 impl fmt::Display for DrainEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            DrainEvent::JobEnded { exit, by_watchdog } => JobEnd { exit, by_watchdog }.fmt(f),
+            DrainEvent::JobEnded { exit, by } => JobEnd { exit, by }.fmt(f),
             DrainEvent::Signal(s) => write!(f, "{}", SignalName(s.number())),
         }
     }
@@ -154,16 +156,16 @@ mod tests {
     fn events_read_as_words() {
         let ended = TermEvent::JobEnded {
             exit: Exit::Job(0),
-            by_watchdog: false,
+            by: EndedBy::Job,
         };
         assert_eq!(ended.to_string(), "the job ended (exit code 0)");
         let killed = DrainEvent::JobEnded {
             exit: Exit::Signal(9),
-            by_watchdog: true,
+            by: EndedBy::Deadline,
         };
         assert_eq!(
             killed.to_string(),
-            "the job ended (SIGKILL), killed by its watchdog"
+            "the job ended (SIGKILL), killed by its watchdog at the lease deadline"
         );
         assert_eq!(DrainEvent::Signal(Arrived::Stop(15)).to_string(), "SIGTERM");
         let won: CampaignEnd<()> = CampaignEnd::Elected {

@@ -121,6 +121,8 @@ impl Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
     Lost(Loss),
+    /// Lost, then a stopping signal reached lead-exec while the job was being stopped.
+    LostThenInterrupted(Loss, i32),
     Paused,
     /// An operator's `lead-exec resign`.
     Resigned,
@@ -221,14 +223,33 @@ pub enum StartEnd<E> {
     Failed(E),
 }
 
+/// What ended a job's process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndedBy {
+    /// The job: it exited, on its own or on a stop lead-exec ordered.
+    Job,
+    /// Its watchdog, at the lease's deadline: lead-exec had not renewed the lease in time.
+    Deadline,
+    /// The loss of its watchdog: lead-exec killed what was left (or the watchdog, orphaned,
+    /// killed it).
+    WatchdogGone,
+}
+
+impl EndedBy {
+    /// Whether the job was killed without lead-exec ordering it: its term cannot be trusted
+    /// to have lasted, and is recorded as lost.
+    pub fn by_watchdog(self) -> bool {
+        self != EndedBy::Job
+    }
+}
+
 /// What ends or disturbs a term while its job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TermEvent {
-    /// The job's process group is gone. `exit` is what lead-exec would exit with for it;
-    /// `by_watchdog` is set when the watchdog killed it on its own (deadline, or lost parent).
+    /// The job's process group is gone. `exit` is what lead-exec would exit with for it.
     JobEnded {
         exit: Exit,
-        by_watchdog: bool,
+        by: EndedBy,
     },
     Lost(Loss),
     /// The keepalive task is gone without a word: nothing renews the lease any more.
@@ -283,7 +304,7 @@ impl Arrived {
 /// What reaches a term while its job is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainEvent {
-    JobEnded { exit: Exit, by_watchdog: bool },
+    JobEnded { exit: Exit, by: EndedBy },
     Signal(Arrived),
 }
 
@@ -357,38 +378,26 @@ fn after_loss<E>(p: &Policy, record: Option<TermEnd>) -> Step<E> {
     }
 }
 
-/// Whether `step`, taken from `phase`, is where the run learns that its term is lost, and
-/// why: the run says it and counts it then, once per term.
+/// Whether the step from `phase` to `next`, on an event that ended the job as `ended` says
+/// (if it did), is where the run learns that its term is lost, and why: the run says it and
+/// counts it then, once per term.
 ///
 /// lead-exec learns of most losses itself (its lease, the key), on the way into draining. The
 /// one it may not: its watchdog killed the job at the lease's deadline on its own, which
-/// lead-exec, frozen or starved until then, first hears of as the job's end. The step that
-/// records that end as a lost lease is where the loss is learned, unless the term was already
-/// draining because it was lost.
-pub fn loss_learned<E>(phase: Phase, step: &Step<E>) -> Option<Loss> {
-    let records_loss = || {
-        step.1
-            .iter()
-            .any(|a| matches!(a, Action::RecordEnd(TermEnd::LeaseLost)))
-    };
-    match (phase, step.0) {
-        (
-            Phase::Draining {
-                why: StopReason::Lost(_),
-                ..
-            },
-            _,
-        ) => None,
-        (
-            _,
-            Phase::Draining {
-                why: StopReason::Lost(r),
-                ..
-            },
-        ) => Some(r),
-        _ if records_loss() => Some(Loss::Deadline),
+/// lead-exec, frozen or starved until then, first hears of as the job's end. That end is where
+/// the loss is learned, unless the term was already draining as lost.
+pub fn loss_learned(phase: Phase, ended: Option<EndedBy>, next: Phase) -> Option<Loss> {
+    let lost = |p: Phase| match p {
+        Phase::Draining {
+            why: StopReason::Lost(r) | StopReason::LostThenInterrupted(r, _),
+            ..
+        } => Some(r),
         _ => None,
+    };
+    if lost(phase).is_some() {
+        return None;
     }
+    lost(next).or((ended == Some(EndedBy::Deadline)).then_some(Loss::Deadline))
 }
 
 fn stay<E>(phase: Phase, action: Action<E>) -> Step<E> {
@@ -493,9 +502,7 @@ pub fn leading<E>(token: i64, ev: TermEvent, p: &Policy) -> Step<E> {
     let here = Phase::Leading { token };
     let stop = Action::StopJob { signal: SIGTERM };
     match ev {
-        T::JobEnded {
-            by_watchdog: true, ..
-        } => after_loss(p, Some(TermEnd::LeaseLost)),
+        T::JobEnded { by, .. } if by.by_watchdog() => after_loss(p, Some(TermEnd::LeaseLost)),
         T::JobEnded { exit, .. } => done(Some(TermEnd::Exited(exit.code())), exit),
         // etcd said the lease is gone: the next leader may already run, so no grace.
         T::Lost(Loss::Expired) => drain(token, StopReason::Lost(Loss::Expired), Action::KillJob),
@@ -525,11 +532,15 @@ pub fn leading<E>(token: i64, ev: TermEvent, p: &Policy) -> Step<E> {
 pub fn draining<E>(token: i64, why: StopReason, ev: DrainEvent, p: &Policy) -> Step<E> {
     use StopReason as S;
     match ev {
-        DrainEvent::JobEnded { exit, by_watchdog } => {
+        DrainEvent::JobEnded { exit, by } => {
             // A job the watchdog killed on its own ran out of lease, whatever stopped it.
             let lost = TermEnd::LeaseLost;
+            let by_watchdog = by.by_watchdog();
             match why {
                 S::Lost(_) => after_loss(p, Some(lost)),
+                // Lost, then told to stop: the run ends, as for any stop, with the term
+                // recorded as what it was.
+                S::LostThenInterrupted(..) => done(Some(lost), exit),
                 S::Paused => requeue(Some(if by_watchdog { lost } else { TermEnd::Paused })),
                 S::Resigned => requeue(Some(if by_watchdog { lost } else { TermEnd::Resigned })),
                 S::Preempted => requeue(Some(if by_watchdog {
@@ -572,6 +583,10 @@ pub fn draining<E>(token: i64, why: StopReason, ev: DrainEvent, p: &Policy) -> S
         DrainEvent::Signal(Arrived::Stop(signal)) => match why {
             S::TimedOut | S::TimedOutThenInterrupted(_) => {
                 drain(token, S::TimedOutThenInterrupted(signal), Action::KillJob)
+            }
+            // The term stays lost: said once, and recorded as lost however the job ends.
+            S::Lost(r) | S::LostThenInterrupted(r, _) => {
+                drain(token, S::LostThenInterrupted(r, signal), Action::KillJob)
             }
             // A second stopping signal while draining: stop waiting out the grace.
             _ => drain(token, S::Interrupted(signal), Action::KillJob),

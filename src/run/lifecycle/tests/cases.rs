@@ -89,11 +89,11 @@ fn a_silent_lease_task_counts_as_a_deadline_loss() {
 fn each_end_is_recorded_with_its_reason() {
     let ran = |ev| leading::<E>(TOKEN, ev, &CAMPAIGN).1;
     assert_eq!(
-        ran(job_ended(Exit::Signal(15), false))[0],
+        ran(job_ended(Exit::Signal(15), EndedBy::Job))[0],
         Action::RecordEnd(TermEnd::Exited(143))
     );
     assert_eq!(
-        ran(job_ended(Exit::Signal(9), true))[0],
+        ran(job_ended(Exit::Signal(9), EndedBy::Deadline))[0],
         Action::RecordEnd(TermEnd::LeaseLost)
     );
     let cases = [
@@ -113,7 +113,12 @@ fn each_end_is_recorded_with_its_reason() {
         (StopReason::TimedOut, false, TermEnd::TimedOut),
     ];
     for (why, by_watchdog, reason) in cases {
-        let (_, a) = draining::<E>(TOKEN, why, drained(by_watchdog), &CAMPAIGN);
+        let by = if by_watchdog {
+            EndedBy::Deadline
+        } else {
+            EndedBy::Job
+        };
+        let (_, a) = draining::<E>(TOKEN, why, drained(by), &CAMPAIGN);
         assert_eq!(a.first(), Some(&Action::RecordEnd(reason)), "{why:?}");
     }
 }
@@ -182,7 +187,7 @@ fn interrupt_while_campaigning_or_backing_off_exits_128_plus_n() {
 #[test]
 fn job_exit_resigns_and_passes_the_code() {
     assert_ends(
-        leading(TOKEN, job_ended(Exit::Job(7), false), &CAMPAIGN),
+        leading(TOKEN, job_ended(Exit::Job(7), EndedBy::Job), &CAMPAIGN),
         TermEnd::Exited(7),
         Exit::Job(7),
     );
@@ -206,7 +211,7 @@ fn loss_with_on_loss_exit_exits_76() {
         panic!("{p:?}")
     };
     assert_ends(
-        draining(TOKEN, why, drained(false), &EXIT),
+        draining(TOKEN, why, drained(EndedBy::Job), &EXIT),
         TermEnd::LeaseLost,
         Exit::LeadershipLost,
     );
@@ -215,7 +220,11 @@ fn loss_with_on_loss_exit_exits_76() {
 #[test]
 fn watchdog_kill_counts_as_loss_not_as_job_exit() {
     assert_requeued(
-        leading(TOKEN, job_ended(Exit::Signal(9), true), &CAMPAIGN),
+        leading(
+            TOKEN,
+            job_ended(Exit::Signal(9), EndedBy::Deadline),
+            &CAMPAIGN,
+        ),
         TermEnd::LeaseLost,
     );
 }
@@ -234,7 +243,7 @@ fn interrupt_while_leading_forwards_then_exits_with_job_code() {
     };
     let ev = DrainEvent::JobEnded {
         exit: Exit::Job(0),
-        by_watchdog: false,
+        by: EndedBy::Job,
     };
     assert_ends(
         draining(TOKEN, why, ev, &CAMPAIGN),
@@ -295,7 +304,7 @@ fn a_loss_a_pause_or_a_resign_stops_the_job_then_requeues() {
             leading::<E>(TOKEN, ev, &policy),
             (draining_phase(why), vec![STOP])
         );
-        assert_requeued(draining(TOKEN, why, drained(false), &policy), record);
+        assert_requeued(draining(TOKEN, why, drained(EndedBy::Job), &policy), record);
     }
 }
 
@@ -310,7 +319,7 @@ fn a_job_past_its_timeout_is_stopped_then_the_term_ends_with_124_and_no_success(
         // Whatever the job exits with (0 included), it is not recorded as a success.
         let ok = DrainEvent::JobEnded {
             exit: Exit::Job(0),
-            by_watchdog: false,
+            by: EndedBy::Job,
         };
         assert_ends(
             draining(TOKEN, why, ok, &policy),
@@ -318,7 +327,7 @@ fn a_job_past_its_timeout_is_stopped_then_the_term_ends_with_124_and_no_success(
             Exit::TimedOut,
         );
         assert_ends(
-            draining(TOKEN, why, drained(true), &policy),
+            draining(TOKEN, why, drained(EndedBy::Deadline), &policy),
             TermEnd::LeaseLost,
             Exit::TimedOut,
         );
@@ -341,12 +350,12 @@ fn a_stop_signal_during_the_timeouts_grace_kills_at_once_but_the_run_still_times
         assert_eq!(p2, draining_phase(StopReason::TimedOutThenInterrupted(2)));
         assert_eq!(a, vec![Action::KillJob]);
         assert_ends(
-            draining(TOKEN, why, drained(false), &policy),
+            draining(TOKEN, why, drained(EndedBy::Job), &policy),
             TermEnd::TimedOutThenSignal(15),
             Exit::TimedOut,
         );
         assert_ends(
-            draining(TOKEN, why, drained(true), &policy),
+            draining(TOKEN, why, drained(EndedBy::Deadline), &policy),
             TermEnd::LeaseLost,
             Exit::TimedOut,
         );
@@ -434,7 +443,7 @@ fn an_unhealthy_leader_stops_its_job_records_it_and_requeues() {
             (draining_phase(why), vec![STOP])
         );
         assert_requeued(
-            draining(TOKEN, why, drained(false), &policy),
+            draining(TOKEN, why, drained(EndedBy::Job), &policy),
             TermEnd::Unhealthy,
         );
     }
@@ -483,30 +492,83 @@ fn a_refused_campaign_gives_the_lease_up_then_fails_the_run() {
 
 /// The watchdog killed the job at the lease's deadline before lead-exec saw its lease lost
 /// (frozen, starved): the job's end is where the loss is learned, said and counted, as it is
-/// on the way into draining when lead-exec sees it first; never twice for one term.
+/// on the way into draining when lead-exec sees it first; never twice for one term, and never
+/// for a job killed because its watchdog died, with the lease in order.
 #[test]
 fn a_loss_is_learned_once_whether_lead_exec_or_its_watchdog_sees_it_first() {
-    let by_watchdog = leading::<E>(TOKEN, job_ended(Exit::Signal(9), true), &CAMPAIGN);
+    let deadline = Some(EndedBy::Deadline);
+    let (next, _) = leading::<E>(
+        TOKEN,
+        job_ended(Exit::Signal(9), EndedBy::Deadline),
+        &CAMPAIGN,
+    );
     assert_eq!(
-        loss_learned(leading_phase(), &by_watchdog),
+        loss_learned(leading_phase(), deadline, next),
         Some(Loss::Deadline)
     );
-    let seen = leading::<E>(TOKEN, TermEvent::Lost(Loss::KeyDeleted), &CAMPAIGN);
-    assert_eq!(loss_learned(leading_phase(), &seen), Some(Loss::KeyDeleted));
+    let (next, _) = leading::<E>(TOKEN, TermEvent::Lost(Loss::KeyDeleted), &CAMPAIGN);
     let lost = draining_phase(StopReason::Lost(Loss::KeyDeleted));
-    let after = draining::<E>(
+    assert_eq!(next, lost);
+    assert_eq!(
+        loss_learned(leading_phase(), None, next),
+        Some(Loss::KeyDeleted)
+    );
+    let (next, _) = draining::<E>(
         TOKEN,
         StopReason::Lost(Loss::KeyDeleted),
-        drained(true),
+        drained(EndedBy::Deadline),
         &EXIT,
     );
-    assert_eq!(loss_learned(lost, &after), None, "said on the way in");
+    assert_eq!(
+        loss_learned(lost, deadline, next),
+        None,
+        "said on the way in"
+    );
     // Stopping for another reason, the deadline passed before the job was gone.
     let paused = draining_phase(StopReason::Paused);
-    let killed = draining::<E>(TOKEN, StopReason::Paused, drained(true), &CAMPAIGN);
-    assert_eq!(loss_learned(paused, &killed), Some(Loss::Deadline));
-    let stopped = draining::<E>(TOKEN, StopReason::Paused, drained(false), &CAMPAIGN);
-    assert_eq!(loss_learned(paused, &stopped), None);
-    let exited = leading::<E>(TOKEN, job_ended(Exit::Job(0), false), &CAMPAIGN);
-    assert_eq!(loss_learned(leading_phase(), &exited), None);
+    let (next, _) = draining::<E>(
+        TOKEN,
+        StopReason::Paused,
+        drained(EndedBy::Deadline),
+        &CAMPAIGN,
+    );
+    assert_eq!(loss_learned(paused, deadline, next), Some(Loss::Deadline));
+    let (next, _) = draining::<E>(TOKEN, StopReason::Paused, drained(EndedBy::Job), &CAMPAIGN);
+    assert_eq!(loss_learned(paused, Some(EndedBy::Job), next), None);
+    // The watchdog died: the term is given up, but its lease was not lost.
+    let gone = Some(EndedBy::WatchdogGone);
+    let (next, _) = leading::<E>(
+        TOKEN,
+        job_ended(Exit::Signal(9), EndedBy::WatchdogGone),
+        &CAMPAIGN,
+    );
+    assert_eq!(loss_learned(leading_phase(), gone, next), None);
+}
+
+/// A stop (systemctl stop) while a lost term's job is being stopped: the run ends, the term is
+/// still recorded as lost, and the loss, said on the way in, is not learned again when the
+/// watchdog's deadline kill is what ends the job.
+#[test]
+fn a_stop_while_a_lost_term_drains_ends_the_run_and_keeps_the_term_lost() {
+    let lost = StopReason::Lost(Loss::Deadline);
+    for policy in [CAMPAIGN, EXIT] {
+        let (next, actions) =
+            draining::<E>(TOKEN, lost, DrainEvent::Signal(Arrived::Stop(15)), &policy);
+        let both = draining_phase(StopReason::LostThenInterrupted(Loss::Deadline, 15));
+        assert_eq!((next, actions), (both, vec![Action::KillJob]));
+        for by in [EndedBy::Job, EndedBy::Deadline] {
+            let ev = DrainEvent::JobEnded {
+                exit: Exit::Signal(9),
+                by,
+            };
+            let step = draining::<E>(
+                TOKEN,
+                StopReason::LostThenInterrupted(Loss::Deadline, 15),
+                ev,
+                &policy,
+            );
+            assert_eq!(loss_learned(both, Some(by), step.0), None);
+            assert_ends(step, TermEnd::LeaseLost, Exit::Signal(9));
+        }
+    }
 }

@@ -64,15 +64,15 @@ fn step(phase: Phase, ev: Any, p: &Policy) -> Option<Step<E>> {
     })
 }
 
-fn job_ended(exit: Exit, by_watchdog: bool) -> TermEvent {
-    TermEvent::JobEnded { exit, by_watchdog }
+fn job_ended(exit: Exit, by: EndedBy) -> TermEvent {
+    TermEvent::JobEnded { exit, by }
 }
 
 /// The job's group is gone after a SIGTERM.
-fn drained(by_watchdog: bool) -> DrainEvent {
+fn drained(by: EndedBy) -> DrainEvent {
     DrainEvent::JobEnded {
         exit: Exit::Signal(15),
-        by_watchdog,
+        by,
     }
 }
 
