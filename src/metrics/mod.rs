@@ -136,7 +136,7 @@ fn metrics() -> Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "lead_exec_leadership_lost_total",
-                    "Terms that ended without the job exiting on its own",
+                    "Terms lost to their lease or key, by what was seen first",
                 ),
                 &["reason"],
             ),
