@@ -30,7 +30,8 @@
 //!
 //! A job starts only with a deadline that leaves it the grace plus one keepalive interval
 //! (lead-exec renews first if needed), and the watchdog checks the deadline again right
-//! before it forks. When etcd says the lease is gone, the job gets SIGKILL at once.
+//! before it forks. When etcd says the lease is gone, the job gets SIGKILL at once, even
+//! while it is already being stopped for another reason.
 //!
 //! When the job exits, one transaction closes the term's history record and deletes
 //! lead-exec's key, so the next candidate takes over at once; lead-exec then revokes the

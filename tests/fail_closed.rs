@@ -388,3 +388,66 @@ fn a_term_that_ends_while_cut_off_hands_over_as_soon_as_etcd_is_back() {
     let first_term = out.lines().find(|l| l.contains("first")).unwrap_or("");
     assert!(first_term.contains("exit 0"), "{out}");
 }
+
+/// etcd says the lease is gone (an operator revoked it) while lead-exec is stopping its job
+/// for another reason (here a SIGTERM the job ignores, with a long grace): the next leader may
+/// already run, so the job gets SIGKILL at once instead of the rest of its grace. The loss is
+/// said once, the term is recorded as lost, and the run ends as lost (76).
+#[test]
+fn a_lease_revoked_while_the_job_is_being_stopped_cuts_the_grace_short() {
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "trap 'echo term > $D/term' TERM; echo $$ > $D/pid; while :; do sleep 0.1; done",
+    );
+    let lease = ["--ttl", "30s", "--grace", "20s"];
+    let args = run_args_with(&lease, "revdrain", &f.ep, &[], &job);
+    let mut w = spawn(f.dir.path(), "w", &args);
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    w.wait_job_started();
+    w.signal(libc::SIGTERM);
+    wait_line(&f.dir.path().join("term"), secs(10), |l| l == "term");
+    let key = f.etcd.keys("lead-exec/elections/revdrain/").remove(0);
+    let id = key.rsplit('/').next().unwrap().to_string();
+    let revoked = Instant::now();
+    f.etcd.ctl(&["lease", "revoke", &id]);
+    assert!(
+        wait_until(secs(5), || !alive(pid)),
+        "the job kept its grace after the lease was revoked\n{}",
+        w.log_text()
+    );
+    eprintln!("job dead {:?} after the revoke", revoked.elapsed());
+    assert_eq!(w.code(secs(10)), 76, "{}", w.log_text());
+    let log = w.log_text();
+    assert_eq!(log.matches("leadership lost").count(), 1, "{log}");
+    assert!(log.contains("leadership lost: lease expired"), "{log}");
+    let (_, history, _) = run(&["history", "revdrain", "--endpoints", &f.ep, "-o", "json"]);
+    assert!(history.contains("\"end\":\"lease lost\""), "{history}");
+}
+
+/// The leader key deleted (an operator), then a stop (`systemctl stop`) while the job is being
+/// stopped for it: the run ends as lost (76), not with the 0 its job exits with on SIGTERM, so
+/// that a cron line's run key or `--attempts` does not take the lost term for a success.
+#[test]
+fn a_stop_while_a_lost_term_is_being_stopped_ends_the_run_as_lost() {
+    let f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "(trap '' TERM; exec sleep 120) & trap 'echo term > $D/term; exit 0' TERM; \
+         echo $$ > $D/pid; while :; do sleep 0.1; done",
+    );
+    let lease = ["--ttl", "30s", "--grace", "20s"];
+    let args = run_args_with(&lease, "loststop", &f.ep, &[], &job);
+    let mut w = spawn(f.dir.path(), "w", &args);
+    w.wait_job_started();
+    let key = f.etcd.keys("lead-exec/elections/loststop/").remove(0);
+    f.etcd.ctl(&["del", &key]);
+    wait_line(&f.dir.path().join("term"), secs(10), |l| l == "term");
+    w.signal(libc::SIGTERM);
+    assert_eq!(w.code(secs(10)), 76, "{}", w.log_text());
+    let log = w.log_text();
+    assert_eq!(log.matches("leadership lost").count(), 1, "{log}");
+    assert!(log.contains("leadership lost: leader key deleted"), "{log}");
+    let (_, history, _) = run(&["history", "loststop", "--endpoints", &f.ep, "-o", "json"]);
+    assert!(history.contains("\"end\":\"lease lost\""), "{history}");
+}

@@ -13,7 +13,7 @@ pub const EXIT_STATUS: [(&str, &str); 18] = [
     ("70", "internal error (also: --cgroup on without cgroup v2)"),
     ("74", "an operator command could not write its output (stdout closed at start, a full disk)"),
     ("75", "not acquired: someone else leads and --no-wait or --wait gave up (--conflict-exit-code); with --attempts and --every, also a worker elected once the run key's period is over"),
-    ("76", "leadership lost while the job ran, with --on-loss exit"),
+    ("76", "leadership lost while the job ran, with --on-loss exit, or stopped while a lost term's job was being stopped"),
     ("77", "etcd refused the credentials"),
     ("79", "not acquired: this worker's --health-cmd kept failing, so it did not campaign"),
     ("80", "--attempts N: all N attempts at the run key failed (on any workers); every worker of the election exits 80 for that key"),

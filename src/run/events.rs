@@ -222,6 +222,9 @@ fn job_ended(ended: JobEnd) -> (Exit, EndedBy) {
     (exit, by)
 }
 
+/// How long a draining term's watch rests after an event it no longer acts on.
+const WATCH_REST: Duration = Duration::from_millis(250);
+
 /// What a term's sources need from around it, lent for one wait.
 pub struct Around<'a> {
     pub ctx: &'a Ctx,
@@ -391,6 +394,54 @@ impl TermEvents {
         }
     }
 
+    /// The next event while the job is being stopped: its end, signals, and the loss of the
+    /// term (etcd says the lease or the key is gone: the grace is then cut short). Renewals no
+    /// longer reach the watchdog, whose deadline holds whatever etcd says meanwhile; pauses,
+    /// resign requests, handovers, the health check and `--timeout` no longer count.
+    pub async fn next_while_draining(&mut self, job: &mut RunningJob, a: Around<'_>) -> DrainEvent {
+        let s = self.settings;
+        let shared = &mut self.shared;
+        // Only the key's deletion counts from the watch now. Its other events were acted on
+        // already (the stop under way), and a watch re-opened after a break reports a pause
+        // or a resign request again at once, from a read: the watch then rests a moment
+        // rather than read in a loop.
+        let mut watch_rests_until: Option<Instant> = None;
+        loop {
+            let lost = tokio::select! {
+                _ = tokio::time::sleep_until(watch_rests_until.unwrap_or_else(Instant::now)),
+                    if watch_rests_until.is_some() => {
+                    watch_rests_until = None;
+                    continue;
+                }
+                ended = job.job.wait() => {
+                    let (exit, by) = job_ended(ended);
+                    return DrainEvent::JobEnded { exit, by };
+                }
+                Some(signal) = a.signals.recv() => return DrainEvent::Signal(signal),
+                update = shared.lease.next() => match update {
+                    LeaseUpdate::Renewed(_) => continue,
+                    LeaseUpdate::Lost(r) => r,
+                    LeaseUpdate::Silent => Loss::Deadline,
+                },
+                ev = shared.watch.next(), if watch_rests_until.is_none() => match ev {
+                    LeaderEvent::KeyDeleted => {
+                        metrics::term_lost();
+                        if a.lease.is_gone(s.ask_within).await {
+                            Loss::Expired
+                        } else {
+                            Loss::KeyDeleted
+                        }
+                    }
+                    _ => {
+                        watch_rests_until = Some(Instant::now() + WATCH_REST);
+                        continue;
+                    }
+                },
+            };
+            return DrainEvent::Lost(lost);
+        }
+    }
+
     /// Whether a higher-priority candidate is still in line behind term `token` (see
     /// [`outranked_in_line`]); `None` when etcd did not answer.
     async fn outranked(&self, ctx: &Ctx, token: i64) -> Option<bool> {
@@ -412,18 +463,4 @@ impl TermEvents {
             }
         }
     }
-}
-
-/// The next event while the job is being stopped: only its end and signals count now; the
-/// watchdog's deadline holds whatever etcd says meanwhile (its `--timeout` no longer counts).
-pub async fn next_drain_event(
-    job: &mut RunningJob,
-    signals: &mut mpsc::UnboundedReceiver<Arrived>,
-) -> DrainEvent {
-    let ended = tokio::select! {
-        ended = job.job.wait() => ended,
-        Some(signal) = signals.recv() => return DrainEvent::Signal(signal),
-    };
-    let (exit, by) = job_ended(ended);
-    DrainEvent::JobEnded { exit, by }
 }

@@ -41,6 +41,7 @@ use anyhow::Result;
 
 use crate::config::RunConfig;
 use crate::election::campaign::Wait;
+use crate::election::lease::Loss;
 
 use crate::exit::{fail, Exit};
 use crate::metrics;
@@ -140,7 +141,8 @@ enum State {
     /// Elected and confirmed; the job is to be started.
     Elected(Candidacy, Term),
     Leading(Candidacy, Term, RunningJob),
-    Draining(Candidacy, Term, RunningJob, StopReason),
+    /// The job being stopped for a reason; and whether the term is known lost.
+    Draining(Candidacy, Term, RunningJob, StopReason, Option<Loss>),
     Done(Exit),
 }
 
@@ -156,9 +158,10 @@ impl State {
             State::Delaying(_, t) => Phase::Delaying { token: t.token },
             State::Elected(_, t) => Phase::Elected { token: t.token },
             State::Leading(_, t, _) => Phase::Leading { token: t.token },
-            State::Draining(_, t, _, why) => Phase::Draining {
+            State::Draining(_, t, _, why, lost) => Phase::Draining {
                 token: t.token,
                 why: *why,
+                lost: *lost,
             },
             State::Done(exit) => Phase::Done(*exit),
         }
@@ -178,7 +181,9 @@ impl State {
             (Phase::Delaying { .. }, Held::Term(c, t)) => State::Delaying(c, t),
             (Phase::Elected { .. }, Held::Term(c, t)) => State::Elected(c, t),
             (Phase::Leading { .. }, Held::Job(c, t, j)) => State::Leading(c, t, j),
-            (Phase::Draining { why, .. }, Held::Job(c, t, j)) => State::Draining(c, t, j, why),
+            (Phase::Draining { why, lost, .. }, Held::Job(c, t, j)) => {
+                State::Draining(c, t, j, why, lost)
+            }
             (next, held) => return Err((next, held)),
         })
     }
@@ -304,16 +309,21 @@ impl Driver {
                     };
                     (held, step, ev.to_string())
                 }
-                State::Draining(c, t, mut j, why) => {
-                    let ev = events::next_drain_event(&mut j, &mut self.process.signals).await;
-                    let step = lifecycle::draining(t.token, why, ev, &policy);
+                State::Draining(c, mut t, mut j, why, lost) => {
+                    let around = Around {
+                        ctx: &self.process.env.ctx,
+                        lease: &c.lease,
+                        signals: &mut self.process.signals,
+                    };
+                    let ev = t.events.next_while_draining(&mut j, around).await;
+                    let step = lifecycle::draining(t.token, why, lost, ev, &policy);
                     if let DrainEvent::JobEnded { exit, by } = ev {
                         ended = Some(by);
                         self.job_ended(TermEvent::JobEnded { exit, by });
                     }
                     let held = match ev {
                         DrainEvent::JobEnded { .. } => Held::Term(c, t),
-                        DrainEvent::Signal(_) => Held::Job(c, t, j),
+                        DrainEvent::Signal(_) | DrainEvent::Lost(_) => Held::Job(c, t, j),
                     };
                     (held, step, ev.to_string())
                 }

@@ -142,6 +142,7 @@ impl fmt::Display for DrainEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             DrainEvent::JobEnded { exit, by } => JobEnd { exit, by }.fmt(f),
+            DrainEvent::Lost(l) => f.write_str(l.as_str()),
             DrainEvent::Signal(s) => write!(f, "{}", SignalName(s.number())),
         }
     }

@@ -75,9 +75,12 @@ pub enum Phase {
     Leading {
         token: i64,
     },
+    /// The job is being stopped, for `why`. `lost`: the term is known lost to its lease or key
+    /// (from the start, for `why` = `Lost`, or since, while the job was being stopped).
     Draining {
         token: i64,
         why: StopReason,
+        lost: Option<Loss>,
     },
     Done(Exit),
 }
@@ -106,6 +109,14 @@ impl Phase {
         }
     }
 
+    /// Whether the term is known lost to its lease or key.
+    pub fn lost(&self) -> Option<Loss> {
+        match *self {
+            Phase::Draining { lost, .. } => lost,
+            _ => None,
+        }
+    }
+
     /// Whether a job may be running in this phase.
     pub fn has_job(&self) -> bool {
         matches!(self, Phase::Leading { .. } | Phase::Draining { .. })
@@ -121,8 +132,6 @@ impl Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
     Lost(Loss),
-    /// Lost, then a stopping signal reached lead-exec while the job was being stopped.
-    LostThenInterrupted(Loss, i32),
     Paused,
     /// An operator's `lead-exec resign`.
     Resigned,
@@ -304,7 +313,12 @@ impl Arrived {
 /// What reaches a term while its job is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainEvent {
-    JobEnded { exit: Exit, by: EndedBy },
+    JobEnded {
+        exit: Exit,
+        by: EndedBy,
+    },
+    /// etcd says the lease or the key is gone, or the lease runs out unrenewed.
+    Lost(Loss),
     Signal(Arrived),
 }
 
@@ -382,22 +396,17 @@ fn after_loss<E>(p: &Policy, record: Option<TermEnd>) -> Step<E> {
 /// (if it did), is where the run learns that its term is lost, and why: the run says it and
 /// counts it then, once per term.
 ///
-/// lead-exec learns of most losses itself (its lease, the key), on the way into draining. The
-/// one it may not: its watchdog killed the job at the lease's deadline on its own, which
-/// lead-exec, frozen or starved until then, first hears of as the job's end. That end is where
-/// the loss is learned, unless the term was already draining as lost.
+/// lead-exec learns of most losses itself (its lease, the key): on the way into draining, or
+/// while the job is being stopped for another reason. The one it may not: its watchdog killed
+/// the job at the lease's deadline on its own, which lead-exec, frozen or starved until then,
+/// first hears of as the job's end. That end is where the loss is learned, unless it was
+/// known before.
 pub fn loss_learned(phase: Phase, ended: Option<EndedBy>, next: Phase) -> Option<Loss> {
-    let lost = |p: Phase| match p {
-        Phase::Draining {
-            why: StopReason::Lost(r) | StopReason::LostThenInterrupted(r, _),
-            ..
-        } => Some(r),
-        _ => None,
-    };
-    if lost(phase).is_some() {
+    if phase.lost().is_some() {
         return None;
     }
-    lost(next).or((ended == Some(EndedBy::Deadline)).then_some(Loss::Deadline))
+    next.lost()
+        .or((ended == Some(EndedBy::Deadline)).then_some(Loss::Deadline))
 }
 
 fn stay<E>(phase: Phase, action: Action<E>) -> Step<E> {
@@ -405,7 +414,11 @@ fn stay<E>(phase: Phase, action: Action<E>) -> Step<E> {
 }
 
 fn drain<E>(token: i64, why: StopReason, first: Action<E>) -> Step<E> {
-    (Phase::Draining { token, why }, vec![first])
+    let lost = match why {
+        StopReason::Lost(r) => Some(r),
+        _ => None,
+    };
+    (Phase::Draining { token, why, lost }, vec![first])
 }
 
 pub fn campaigned<E>(attempt: u32, ev: CampaignEnd<E>, p: &Policy) -> Step<E> {
@@ -529,70 +542,65 @@ pub fn leading<E>(token: i64, ev: TermEvent, p: &Policy) -> Step<E> {
     }
 }
 
-pub fn draining<E>(token: i64, why: StopReason, ev: DrainEvent, p: &Policy) -> Step<E> {
+pub fn draining<E>(
+    token: i64,
+    why: StopReason,
+    lost: Option<Loss>,
+    ev: DrainEvent,
+    p: &Policy,
+) -> Step<E> {
     use StopReason as S;
+    let here = |why| Phase::Draining { token, why, lost };
     match ev {
         DrainEvent::JobEnded { exit, by } => {
-            // A job the watchdog killed on its own ran out of lease, whatever stopped it.
-            let lost = TermEnd::LeaseLost;
-            let by_watchdog = by.by_watchdog();
+            // A term lost while its job was being stopped, or whose job the watchdog killed on
+            // its own, is recorded as lost, whatever stopped it.
+            let lost = lost.is_some() || by.by_watchdog();
+            let record = |otherwise| Some(if lost { TermEnd::LeaseLost } else { otherwise });
             match why {
-                S::Lost(_) => after_loss(p, Some(lost)),
-                // Lost, then told to stop: the run ends, as for any stop, with the term
-                // recorded as what it was.
-                S::LostThenInterrupted(..) => done(Some(lost), exit),
-                S::Paused => requeue(Some(if by_watchdog { lost } else { TermEnd::Paused })),
-                S::Resigned => requeue(Some(if by_watchdog { lost } else { TermEnd::Resigned })),
-                S::Preempted => requeue(Some(if by_watchdog {
-                    lost
-                } else {
-                    TermEnd::Preempted
-                })),
-                S::Unhealthy => requeue(Some(if by_watchdog {
-                    lost
-                } else {
-                    TermEnd::Unhealthy
-                })),
+                S::Lost(_) => after_loss(p, Some(TermEnd::LeaseLost)),
+                S::Paused => requeue(record(TermEnd::Paused)),
+                S::Resigned => requeue(record(TermEnd::Resigned)),
+                S::Preempted => requeue(record(TermEnd::Preempted)),
+                S::Unhealthy => requeue(record(TermEnd::Unhealthy)),
+                // A stop ends the run as its job's exit says; a lost term's as lost (76), so
+                // that a job that exits 0 on the stop does not pass for a successful run.
                 S::Interrupted(s) => done(
-                    Some(if by_watchdog {
-                        lost
-                    } else {
-                        TermEnd::Signal(s)
-                    }),
-                    exit,
+                    record(TermEnd::Signal(s)),
+                    if lost { Exit::LeadershipLost } else { exit },
                 ),
                 // Stopped at --timeout: not a success (a run key stays open), and the next
                 // candidate takes over at once.
-                S::TimedOut => done(
-                    Some(if by_watchdog { lost } else { TermEnd::TimedOut }),
-                    Exit::TimedOut,
-                ),
-                S::TimedOutThenInterrupted(s) => done(
-                    Some(if by_watchdog {
-                        lost
-                    } else {
-                        TermEnd::TimedOutThenSignal(s)
-                    }),
-                    Exit::TimedOut,
-                ),
+                S::TimedOut => done(record(TermEnd::TimedOut), Exit::TimedOut),
+                S::TimedOutThenInterrupted(s) => {
+                    done(record(TermEnd::TimedOutThenSignal(s)), Exit::TimedOut)
+                }
             }
+        }
+        // Known lost while the job is being stopped, whatever for. etcd said the lease is gone:
+        // the next leader may already run, so the grace is cut short. Otherwise the stop
+        // under way goes on, within the watchdog's deadline.
+        DrainEvent::Lost(r) => {
+            let next = Phase::Draining {
+                token,
+                why,
+                lost: lost.or(Some(r)),
+            };
+            let kill = r == Loss::Expired && lost != Some(Loss::Expired);
+            (next, kill.then_some(Action::KillJob).into_iter().collect())
         }
         // A stop (`systemctl stop`, ^C) during the timeout's grace: the job gets SIGKILL at
         // once, as for any second stop, but the run still ends as timed out (124), since that
         // is what stopped the job first; the record names both.
         DrainEvent::Signal(Arrived::Stop(signal)) => match why {
-            S::TimedOut | S::TimedOutThenInterrupted(_) => {
-                drain(token, S::TimedOutThenInterrupted(signal), Action::KillJob)
-            }
-            // The term stays lost: said once, and recorded as lost however the job ends.
-            S::Lost(r) | S::LostThenInterrupted(r, _) => {
-                drain(token, S::LostThenInterrupted(r, signal), Action::KillJob)
-            }
-            // A second stopping signal while draining: stop waiting out the grace.
-            _ => drain(token, S::Interrupted(signal), Action::KillJob),
+            S::TimedOut | S::TimedOutThenInterrupted(_) => (
+                here(S::TimedOutThenInterrupted(signal)),
+                vec![Action::KillJob],
+            ),
+            // A second stopping signal while draining: stop waiting out the grace. A lost
+            // term stays lost.
+            _ => (here(S::Interrupted(signal)), vec![Action::KillJob]),
         },
-        DrainEvent::Signal(Arrived::Forward(s)) => {
-            stay(Phase::Draining { token, why }, Action::Forward(s))
-        }
+        DrainEvent::Signal(Arrived::Forward(s)) => stay(here(why), Action::Forward(s)),
     }
 }

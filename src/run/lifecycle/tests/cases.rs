@@ -118,7 +118,7 @@ fn each_end_is_recorded_with_its_reason() {
         } else {
             EndedBy::Job
         };
-        let (_, a) = draining::<E>(TOKEN, why, drained(by), &CAMPAIGN);
+        let (_, a) = draining::<E>(TOKEN, why, lost_of(why), drained(by), &CAMPAIGN);
         assert_eq!(a.first(), Some(&Action::RecordEnd(reason)), "{why:?}");
     }
 }
@@ -211,7 +211,7 @@ fn loss_with_on_loss_exit_exits_76() {
         panic!("{p:?}")
     };
     assert_ends(
-        draining(TOKEN, why, drained(EndedBy::Job), &EXIT),
+        draining(TOKEN, why, lost_of(why), drained(EndedBy::Job), &EXIT),
         TermEnd::LeaseLost,
         Exit::LeadershipLost,
     );
@@ -236,7 +236,13 @@ fn interrupt_while_leading_forwards_then_exits_with_job_code() {
     let Phase::Draining { why, .. } = p else {
         panic!("{p:?}")
     };
-    let (p2, a) = draining::<E>(TOKEN, why, DrainEvent::Signal(Arrived::Stop(15)), &CAMPAIGN);
+    let (p2, a) = draining::<E>(
+        TOKEN,
+        why,
+        lost_of(why),
+        DrainEvent::Signal(Arrived::Stop(15)),
+        &CAMPAIGN,
+    );
     assert_eq!(a, vec![Action::KillJob]);
     let Phase::Draining { why, .. } = p2 else {
         panic!("{p2:?}")
@@ -246,7 +252,7 @@ fn interrupt_while_leading_forwards_then_exits_with_job_code() {
         by: EndedBy::Job,
     };
     assert_ends(
-        draining(TOKEN, why, ev, &CAMPAIGN),
+        draining(TOKEN, why, lost_of(why), ev, &CAMPAIGN),
         TermEnd::Signal(15),
         Exit::Job(0),
     );
@@ -264,6 +270,7 @@ fn usr_signals_reach_a_running_or_stopping_job_and_stop_nothing() {
         draining::<E>(
             TOKEN,
             StopReason::Paused,
+            lost_of(StopReason::Paused),
             DrainEvent::Signal(Arrived::Forward(usr1)),
             &CAMPAIGN
         ),
@@ -304,7 +311,10 @@ fn a_loss_a_pause_or_a_resign_stops_the_job_then_requeues() {
             leading::<E>(TOKEN, ev, &policy),
             (draining_phase(why), vec![STOP])
         );
-        assert_requeued(draining(TOKEN, why, drained(EndedBy::Job), &policy), record);
+        assert_requeued(
+            draining(TOKEN, why, lost_of(why), drained(EndedBy::Job), &policy),
+            record,
+        );
     }
 }
 
@@ -322,12 +332,18 @@ fn a_job_past_its_timeout_is_stopped_then_the_term_ends_with_124_and_no_success(
             by: EndedBy::Job,
         };
         assert_ends(
-            draining(TOKEN, why, ok, &policy),
+            draining(TOKEN, why, lost_of(why), ok, &policy),
             TermEnd::TimedOut,
             Exit::TimedOut,
         );
         assert_ends(
-            draining(TOKEN, why, drained(EndedBy::Deadline), &policy),
+            draining(
+                TOKEN,
+                why,
+                lost_of(why),
+                drained(EndedBy::Deadline),
+                &policy,
+            ),
             TermEnd::LeaseLost,
             Exit::TimedOut,
         );
@@ -340,22 +356,35 @@ fn a_stop_signal_during_the_timeouts_grace_kills_at_once_but_the_run_still_times
         let (p, a) = draining::<E>(
             TOKEN,
             StopReason::TimedOut,
+            lost_of(StopReason::TimedOut),
             DrainEvent::Signal(Arrived::Stop(15)),
             &policy,
         );
         let why = StopReason::TimedOutThenInterrupted(15);
         assert_eq!((p, a), (draining_phase(why), vec![Action::KillJob]));
         // A third signal keeps the timeout too, and names the last signal.
-        let (p2, a) = draining::<E>(TOKEN, why, DrainEvent::Signal(Arrived::Stop(2)), &policy);
+        let (p2, a) = draining::<E>(
+            TOKEN,
+            why,
+            lost_of(why),
+            DrainEvent::Signal(Arrived::Stop(2)),
+            &policy,
+        );
         assert_eq!(p2, draining_phase(StopReason::TimedOutThenInterrupted(2)));
         assert_eq!(a, vec![Action::KillJob]);
         assert_ends(
-            draining(TOKEN, why, drained(EndedBy::Job), &policy),
+            draining(TOKEN, why, lost_of(why), drained(EndedBy::Job), &policy),
             TermEnd::TimedOutThenSignal(15),
             Exit::TimedOut,
         );
         assert_ends(
-            draining(TOKEN, why, drained(EndedBy::Deadline), &policy),
+            draining(
+                TOKEN,
+                why,
+                lost_of(why),
+                drained(EndedBy::Deadline),
+                &policy,
+            ),
             TermEnd::LeaseLost,
             Exit::TimedOut,
         );
@@ -443,7 +472,7 @@ fn an_unhealthy_leader_stops_its_job_records_it_and_requeues() {
             (draining_phase(why), vec![STOP])
         );
         assert_requeued(
-            draining(TOKEN, why, drained(EndedBy::Job), &policy),
+            draining(TOKEN, why, lost_of(why), drained(EndedBy::Job), &policy),
             TermEnd::Unhealthy,
         );
     }
@@ -516,6 +545,7 @@ fn a_loss_is_learned_once_whether_lead_exec_or_its_watchdog_sees_it_first() {
     let (next, _) = draining::<E>(
         TOKEN,
         StopReason::Lost(Loss::KeyDeleted),
+        lost_of(StopReason::Lost(Loss::KeyDeleted)),
         drained(EndedBy::Deadline),
         &EXIT,
     );
@@ -529,11 +559,18 @@ fn a_loss_is_learned_once_whether_lead_exec_or_its_watchdog_sees_it_first() {
     let (next, _) = draining::<E>(
         TOKEN,
         StopReason::Paused,
+        lost_of(StopReason::Paused),
         drained(EndedBy::Deadline),
         &CAMPAIGN,
     );
     assert_eq!(loss_learned(paused, deadline, next), Some(Loss::Deadline));
-    let (next, _) = draining::<E>(TOKEN, StopReason::Paused, drained(EndedBy::Job), &CAMPAIGN);
+    let (next, _) = draining::<E>(
+        TOKEN,
+        StopReason::Paused,
+        lost_of(StopReason::Paused),
+        drained(EndedBy::Job),
+        &CAMPAIGN,
+    );
     assert_eq!(loss_learned(paused, Some(EndedBy::Job), next), None);
     // The watchdog died: the term is given up, but its lease was not lost.
     let gone = Some(EndedBy::WatchdogGone);
@@ -545,30 +582,85 @@ fn a_loss_is_learned_once_whether_lead_exec_or_its_watchdog_sees_it_first() {
     assert_eq!(loss_learned(leading_phase(), gone, next), None);
 }
 
-/// A stop (systemctl stop) while a lost term's job is being stopped: the run ends, the term is
-/// still recorded as lost, and the loss, said on the way in, is not learned again when the
+/// A stop (systemctl stop) while a lost term's job is being stopped: the run ends as lost
+/// (76, whatever the job exits with on the stop: a 0 must not pass for a success), the term is
+/// recorded as lost, and the loss, said on the way in, is not learned again when the
 /// watchdog's deadline kill is what ends the job.
 #[test]
-fn a_stop_while_a_lost_term_drains_ends_the_run_and_keeps_the_term_lost() {
+fn a_stop_while_a_lost_term_drains_ends_the_run_as_lost() {
     let lost = StopReason::Lost(Loss::Deadline);
     for policy in [CAMPAIGN, EXIT] {
-        let (next, actions) =
-            draining::<E>(TOKEN, lost, DrainEvent::Signal(Arrived::Stop(15)), &policy);
-        let both = draining_phase(StopReason::LostThenInterrupted(Loss::Deadline, 15));
+        let stop = DrainEvent::Signal(Arrived::Stop(15));
+        let (next, actions) = draining::<E>(TOKEN, lost, lost_of(lost), stop, &policy);
+        let both = Phase::Draining {
+            token: TOKEN,
+            why: StopReason::Interrupted(15),
+            lost: Some(Loss::Deadline),
+        };
         assert_eq!((next, actions), (both, vec![Action::KillJob]));
         for by in [EndedBy::Job, EndedBy::Deadline] {
-            let ev = DrainEvent::JobEnded {
-                exit: Exit::Signal(9),
-                by,
-            };
-            let step = draining::<E>(
-                TOKEN,
-                StopReason::LostThenInterrupted(Loss::Deadline, 15),
-                ev,
-                &policy,
-            );
-            assert_eq!(loss_learned(both, Some(by), step.0), None);
-            assert_ends(step, TermEnd::LeaseLost, Exit::Signal(9));
+            for exit in [Exit::Job(0), Exit::Signal(9)] {
+                let ev = DrainEvent::JobEnded { exit, by };
+                let why = StopReason::Interrupted(15);
+                let step = draining::<E>(TOKEN, why, Some(Loss::Deadline), ev, &policy);
+                assert_eq!(loss_learned(both, Some(by), step.0), None);
+                assert_ends(step, TermEnd::LeaseLost, Exit::LeadershipLost);
+            }
         }
+    }
+}
+
+/// etcd says the lease is gone while the job is being stopped for another reason (a pause, a
+/// stop, --timeout): the next leader may already run, so the job gets SIGKILL at once instead
+/// of the rest of its grace; the loss is learned then, and the term ends recorded as lost.
+#[test]
+fn a_lease_gone_while_the_job_is_being_stopped_cuts_the_grace_short() {
+    for why in [
+        StopReason::Paused,
+        StopReason::Interrupted(15),
+        StopReason::TimedOut,
+        StopReason::Resigned,
+    ] {
+        let here = draining_phase(why);
+        let (next, actions) =
+            draining::<E>(TOKEN, why, None, DrainEvent::Lost(Loss::Expired), &CAMPAIGN);
+        let lost = Phase::Draining {
+            token: TOKEN,
+            why,
+            lost: Some(Loss::Expired),
+        };
+        assert_eq!((next, actions), (lost, vec![Action::KillJob]), "{why:?}");
+        assert_eq!(loss_learned(here, None, next), Some(Loss::Expired));
+        // Told again (the key's deletion after the lease's): no second kill, no second loss.
+        let (again, actions) = draining::<E>(
+            TOKEN,
+            why,
+            Some(Loss::Expired),
+            DrainEvent::Lost(Loss::KeyDeleted),
+            &CAMPAIGN,
+        );
+        assert_eq!((again, actions), (lost, vec![]), "{why:?}");
+        assert_eq!(loss_learned(lost, None, again), None);
+        let (_, actions) = draining::<E>(
+            TOKEN,
+            why,
+            Some(Loss::Expired),
+            drained(EndedBy::Job),
+            &CAMPAIGN,
+        );
+        assert_eq!(actions[0], Action::RecordEnd(TermEnd::LeaseLost), "{why:?}");
+    }
+    // The key deleted, or the lease unrenewed: the stop under way goes on, within the
+    // watchdog's deadline, and the term is known lost.
+    for r in [Loss::KeyDeleted, Loss::Deadline] {
+        let (next, actions) = draining::<E>(
+            TOKEN,
+            StopReason::Paused,
+            None,
+            DrainEvent::Lost(r),
+            &CAMPAIGN,
+        );
+        assert_eq!(next.lost(), Some(r));
+        assert_eq!(actions, vec![]);
     }
 }

@@ -59,6 +59,9 @@ fn all_events() -> Vec<Any> {
         v.push(Any::Term(TermEvent::Signal(Arrived::of(s))));
         v.push(Any::Drain(DrainEvent::Signal(Arrived::of(s))));
     }
+    for r in [Loss::Expired, Loss::Deadline, Loss::KeyDeleted] {
+        v.push(Any::Drain(DrainEvent::Lost(r)));
+    }
     for by in [EndedBy::Job, EndedBy::Deadline, EndedBy::WatchdogGone] {
         for exit in [Exit::Job(0), Exit::Job(3), Exit::Signal(9)] {
             v.push(Any::Term(TermEvent::JobEnded { exit, by }));
@@ -85,7 +88,6 @@ fn all_phases() -> Vec<Phase> {
         [
             StopReason::Lost(Loss::Expired),
             StopReason::Lost(Loss::Deadline),
-            StopReason::LostThenInterrupted(Loss::KeyDeleted, libc::SIGTERM),
             StopReason::Paused,
             StopReason::Resigned,
             StopReason::Preempted,
@@ -96,6 +98,18 @@ fn all_phases() -> Vec<Phase> {
         ]
         .map(draining_phase),
     );
+    // Lost while being stopped for another reason.
+    for (why, lost) in [
+        (StopReason::Paused, Loss::Expired),
+        (StopReason::Interrupted(libc::SIGTERM), Loss::Deadline),
+        (StopReason::TimedOut, Loss::KeyDeleted),
+    ] {
+        v.push(Phase::Draining {
+            token: TOKEN,
+            why,
+            lost: Some(lost),
+        });
+    }
     v
 }
 
@@ -171,6 +185,12 @@ fn check_transition(
     {
         if i != 0 || phase.token().is_none() || next.token().is_some() {
             return fail("an end record outside a term's end");
+        }
+    }
+    // A lost term never ends the run as a success (a cron line's run key, --attempts).
+    if let Phase::Done(exit) = next {
+        if actions.contains(&Action::RecordEnd(TermEnd::LeaseLost)) && exit.code() == 0 {
+            return fail("a lost term ended the run with 0");
         }
     }
     // A job's tokens come from its own election.

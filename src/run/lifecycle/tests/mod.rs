@@ -37,7 +37,19 @@ fn leading_phase() -> Phase {
 }
 
 fn draining_phase(why: StopReason) -> Phase {
-    Phase::Draining { token: TOKEN, why }
+    Phase::Draining {
+        token: TOKEN,
+        why,
+        lost: lost_of(why),
+    }
+}
+
+/// What a term draining for `why` alone knows of its loss.
+fn lost_of(why: StopReason) -> Option<Loss> {
+    match why {
+        StopReason::Lost(r) => Some(r),
+        _ => None,
+    }
 }
 
 /// Any event of any phase, so that one list of phases and one of events cover them all.
@@ -59,7 +71,7 @@ fn step(phase: Phase, ev: Any, p: &Policy) -> Option<Step<E>> {
         (Phase::Delaying { token }, Any::Delay(e)) => delaying(token, e, p),
         (Phase::Elected { token }, Any::Start(e)) => started(token, e, p),
         (Phase::Leading { token }, Any::Term(e)) => leading(token, e, p),
-        (Phase::Draining { token, why }, Any::Drain(e)) => draining(token, why, e, p),
+        (Phase::Draining { token, why, lost }, Any::Drain(e)) => draining(token, why, lost, e, p),
         _ => return None,
     })
 }
