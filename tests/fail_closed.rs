@@ -451,3 +451,46 @@ fn a_stop_while_a_lost_term_is_being_stopped_ends_the_run_as_lost() {
     let (_, history, _) = run(&["history", "loststop", "--endpoints", &f.ep, "-o", "json"]);
     assert!(history.contains("\"end\":\"lease lost\""), "{history}");
 }
+
+/// A term known lost while its job drains (its key deleted) leaves the leader watch alone:
+/// after a break (etcd restarted), a watch re-opened would find the key gone from a read each
+/// time and read again at once, thousands of requests a second for the rest of the grace.
+#[test]
+fn a_lost_term_that_drains_does_not_read_etcd_in_a_loop_after_a_broken_watch() {
+    let mut f = Fixture::new();
+    let job = script(
+        f.dir.path(),
+        "trap '' TERM; echo $$ > $D/pid; while :; do sleep 0.1; done",
+    );
+    let lease = ["--ttl", "30s", "--grace", "20s"];
+    let args = run_args_with(&lease, "drainloop", &f.ep, &[], &job);
+    let w = spawn(f.dir.path(), "w", &args);
+    let pid = wait_int(&f.dir.path().join("pid"), secs(10)) as i32;
+    w.wait_job_started();
+    w.signal(libc::SIGTERM);
+    let key = f.etcd.keys("lead-exec/elections/drainloop/").remove(0);
+    f.etcd.ctl(&["del", &key]);
+    w.wait_log("leadership lost: leader key deleted", secs(10));
+    f.etcd.members[0].restart();
+    let requests = || -> f64 {
+        let addr = f.ep.parse().expect("a host:port endpoint");
+        let text = scrape_addr(addr, secs(2), secs(2)).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with("grpc_server_started_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    // Reconnected: the lease's keepalives reach the new process.
+    assert!(
+        wait_until(secs(10), || requests() > 0.0),
+        "etcd did not come back"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let before = requests();
+    std::thread::sleep(Duration::from_secs(2));
+    let made = requests() - before;
+    eprintln!("{made} requests in 2 s of a lost term's drain, after etcd restarted");
+    assert!(alive(pid), "the job kept its grace");
+    assert!(made < 100.0, "{made} requests in 2 s\n{}", w.log_text());
+    w.signal(libc::SIGKILL);
+}

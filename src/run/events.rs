@@ -398,7 +398,16 @@ impl TermEvents {
     /// term (etcd says the lease or the key is gone: the grace is then cut short). Renewals no
     /// longer reach the watchdog, whose deadline holds whatever etcd says meanwhile; pauses,
     /// resign requests, handovers, the health check and `--timeout` no longer count.
-    pub async fn next_while_draining(&mut self, job: &mut RunningJob, a: Around<'_>) -> DrainEvent {
+    ///
+    /// `watch_key`: whether the key's deletion is still news. Once the term is known lost the
+    /// watch is left alone: a watch re-opened after a break would find the key gone from a
+    /// read each time, and read again at once. The lease's own news (gone) still comes.
+    pub async fn next_while_draining(
+        &mut self,
+        job: &mut RunningJob,
+        a: Around<'_>,
+        watch_key: bool,
+    ) -> DrainEvent {
         let s = self.settings;
         let shared = &mut self.shared;
         // Only the key's deletion counts from the watch now. Its other events were acted on
@@ -423,7 +432,7 @@ impl TermEvents {
                     LeaseUpdate::Lost(r) => r,
                     LeaseUpdate::Silent => Loss::Deadline,
                 },
-                ev = shared.watch.next(), if watch_rests_until.is_none() => match ev {
+                ev = shared.watch.next(), if watch_key && watch_rests_until.is_none() => match ev {
                     LeaderEvent::KeyDeleted => {
                         metrics::term_lost();
                         if a.lease.is_gone(s.ask_within).await {

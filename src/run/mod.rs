@@ -315,7 +315,11 @@ impl Driver {
                         lease: &c.lease,
                         signals: &mut self.process.signals,
                     };
-                    let ev = t.events.next_while_draining(&mut j, around).await;
+                    let watch_key = lost.is_none();
+                    let ev = t
+                        .events
+                        .next_while_draining(&mut j, around, watch_key)
+                        .await;
                     let step = lifecycle::draining(t.token, why, lost, ev, &policy);
                     if let DrainEvent::JobEnded { exit, by } = ev {
                         ended = Some(by);
