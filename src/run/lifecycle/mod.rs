@@ -21,7 +21,7 @@
 //! | `Delaying` | `--takeover-delay`, the term | [`DelayEnd`] | [`delaying`] |
 //! | `Elected` | the job's start | [`StartEnd`] | [`started`] |
 //! | `Leading` | the term, the job | [`TermEvent`] | [`leading`] |
-//! | `Draining` | the job's end | [`DrainEvent`] | [`draining`] |
+//! | `Draining` | the job's end, signals, the loss of its lease or key | [`DrainEvent`] | [`draining`] |
 //!
 //! Each step function matches every event of its phase and nothing else, so no arm answers
 //! "cannot happen", and a new event does not compile until its transition is decided. The
