@@ -124,6 +124,10 @@ pub struct LeaderWatch {
     /// the re-read and a watch from after it would. Any reopening reads again (the revision
     /// may be compacted, the endpoint changed).
     known: bool,
+    /// Only the key's deletion is news (the term's job is being stopped already): a re-read
+    /// after a break asks for the key alone, and then watches again whatever the pause switch
+    /// or a resign request say, which were acted on.
+    deletion_only: bool,
     stream: Option<WatchStream>,
     /// Pin moves of the etcd channel: the stream may sit on the endpoint just left.
     moves: tokio::sync::watch::Receiver<u64>,
@@ -144,9 +148,17 @@ impl LeaderWatch {
             preemptor: None,
             rev: token,
             known: at_creation,
+            deletion_only: false,
             stream: None,
             moves: ctx.router.moves(),
         }
+    }
+
+    /// From now on, only the key's deletion is news: a pause or a resign request already in
+    /// force is not reported again by a re-read after a break (which would otherwise answer at
+    /// once, from the read, each time it is asked).
+    pub fn deletion_only(&mut self) {
+        self.deletion_only = true;
     }
 
     /// Waits for the next event. Never fails: etcd trouble is retried, and the lease deadline
@@ -238,6 +250,20 @@ impl LeaderWatch {
         let timeout = self.timeout;
         if std::mem::take(&mut self.known) {
             let rev = self.rev;
+            return self.watch_from(rev).await;
+        }
+        if self.deletion_only {
+            let own = tokio::time::timeout(
+                timeout,
+                self.client
+                    .get(self.key.clone(), Some(GetOptions::new().with_count_only())),
+            )
+            .await
+            .map_err(|_| etcd_client::Error::WatchError("re-read timed out".into()))??;
+            if own.count() == 0 {
+                return Ok(Some(LeaderEvent::KeyDeleted));
+            }
+            let rev = own.header().map(|h| h.revision()).unwrap_or(self.rev);
             return self.watch_from(rev).await;
         }
         let read = async {

@@ -127,8 +127,12 @@ enum JobNews {
     TimedOut,
 }
 
-/// The lease's renewals and its loss, seen from a term.
-struct LeaseUpdates(watch::Receiver<LeaseState>);
+/// The lease's renewals and its loss, seen from a term; `ended` once the keepalive task is
+/// gone, which is news once.
+struct LeaseUpdates {
+    rx: watch::Receiver<LeaseState>,
+    ended: bool,
+}
 
 enum LeaseUpdate {
     Renewed(crate::clock::BootInstant),
@@ -139,10 +143,16 @@ enum LeaseUpdate {
 
 impl LeaseUpdates {
     async fn next(&mut self) -> LeaseUpdate {
-        if self.0.changed().await.is_err() {
+        if self.ended {
+            // Said already: asked again (a draining term waits on it), it would answer at
+            // once, each time.
+            return std::future::pending().await;
+        }
+        if self.rx.changed().await.is_err() {
+            self.ended = true;
             return LeaseUpdate::Silent;
         }
-        match *self.0.borrow_and_update() {
+        match *self.rx.borrow_and_update() {
             LeaseState::Alive { deadline } => LeaseUpdate::Renewed(deadline),
             LeaseState::Lost(r) => LeaseUpdate::Lost(r),
         }
@@ -222,9 +232,6 @@ fn job_ended(ended: JobEnd) -> (Exit, EndedBy) {
     (exit, by)
 }
 
-/// How long a draining term's watch rests after an event it no longer acts on.
-const WATCH_REST: Duration = Duration::from_millis(250);
-
 /// What a term's sources need from around it, lent for one wait.
 pub struct Around<'a> {
     pub ctx: &'a Ctx,
@@ -259,7 +266,10 @@ impl TermEvents {
         TermEvents {
             settings,
             shared: Shared {
-                lease: LeaseUpdates(lease.subscribe()),
+                lease: LeaseUpdates {
+                    rx: lease.subscribe(),
+                    ended: false,
+                },
                 watch,
                 health,
                 handover: Timer::default(),
@@ -399,29 +409,23 @@ impl TermEvents {
     /// longer reach the watchdog, whose deadline holds whatever etcd says meanwhile; pauses,
     /// resign requests, handovers, the health check and `--timeout` no longer count.
     ///
-    /// `watch_key`: whether the key's deletion is still news. Once the term is known lost the
-    /// watch is left alone: a watch re-opened after a break would find the key gone from a
-    /// read each time, and read again at once. The lease's own news (gone) still comes.
+    /// `known_lost`: the term is known lost already. The watch is then left alone (a watch
+    /// re-opened after a break would find the key gone from a read each time, and read again
+    /// at once), and so is the end of the keepalive task, which follows a loss it reported.
+    /// The lease's own news (gone) still comes.
     pub async fn next_while_draining(
         &mut self,
         job: &mut RunningJob,
         a: Around<'_>,
-        watch_key: bool,
+        known_lost: bool,
     ) -> DrainEvent {
         let s = self.settings;
         let shared = &mut self.shared;
-        // Only the key's deletion counts from the watch now. Its other events were acted on
-        // already (the stop under way), and a watch re-opened after a break reports a pause
-        // or a resign request again at once, from a read: the watch then rests a moment
-        // rather than read in a loop.
-        let mut watch_rests_until: Option<Instant> = None;
+        // Only the key's deletion counts from the watch now: its other events were acted on
+        // already (the stop under way).
+        shared.watch.deletion_only();
         loop {
             let lost = tokio::select! {
-                _ = tokio::time::sleep_until(watch_rests_until.unwrap_or_else(Instant::now)),
-                    if watch_rests_until.is_some() => {
-                    watch_rests_until = None;
-                    continue;
-                }
                 ended = job.job.wait() => {
                     let (exit, by) = job_ended(ended);
                     return DrainEvent::JobEnded { exit, by };
@@ -430,9 +434,10 @@ impl TermEvents {
                 update = shared.lease.next() => match update {
                     LeaseUpdate::Renewed(_) => continue,
                     LeaseUpdate::Lost(r) => r,
+                    LeaseUpdate::Silent if known_lost => continue,
                     LeaseUpdate::Silent => Loss::Deadline,
                 },
-                ev = shared.watch.next(), if watch_key && watch_rests_until.is_none() => match ev {
+                ev = shared.watch.next(), if !known_lost => match ev {
                     LeaderEvent::KeyDeleted => {
                         metrics::term_lost();
                         if a.lease.is_gone(s.ask_within).await {
@@ -441,10 +446,7 @@ impl TermEvents {
                             Loss::KeyDeleted
                         }
                     }
-                    _ => {
-                        watch_rests_until = Some(Instant::now() + WATCH_REST);
-                        continue;
-                    }
+                    _ => continue,
                 },
             };
             return DrainEvent::Lost(lost);
@@ -471,5 +473,22 @@ impl TermEvents {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keepalive task's end is news once: a draining term asks again after it, and an
+    /// answer at once each time was a busy loop until the job was reaped.
+    #[tokio::test]
+    async fn the_end_of_the_keepalive_task_is_news_once() {
+        let (tx, rx) = watch::channel(LeaseState::Lost(Loss::Expired));
+        let mut updates = LeaseUpdates { rx, ended: false };
+        drop(tx);
+        assert!(matches!(updates.next().await, LeaseUpdate::Silent));
+        let again = tokio::time::timeout(Duration::from_millis(50), updates.next()).await;
+        assert!(again.is_err(), "the end was news again");
     }
 }

@@ -315,10 +315,10 @@ impl Driver {
                         lease: &c.lease,
                         signals: &mut self.process.signals,
                     };
-                    let watch_key = lost.is_none();
+                    let known_lost = lost.is_some();
                     let ev = t
                         .events
-                        .next_while_draining(&mut j, around, watch_key)
+                        .next_while_draining(&mut j, around, known_lost)
                         .await;
                     let step = lifecycle::draining(t.token, why, lost, ev, &policy);
                     if let DrainEvent::JobEnded { exit, by } = ev {
