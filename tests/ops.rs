@@ -635,21 +635,54 @@ fn resign_does_not_report_success_when_its_watch_ends_early() {
     ];
     let _leader = spawn(f.dir.path(), "leader", &args);
     wait_int(&f.dir.path().join("t"), secs(10));
-    let mut resign = spawn(
-        f.dir.path(),
-        "resign",
-        &["resign", "rw", "--endpoints", &f.ep],
-    );
+    let resign_args = ["resign", "rw", "--endpoints", &f.ep, "--timeout", "5s"];
+    let mut resign = spawn(f.dir.path(), "resign", &resign_args);
     wait_line(&f.dir.path().join("resign.out"), secs(10), |l| {
         l.starts_with("asked ")
     });
-    // The watch ends before the leader steps down: that is no success.
+    // The watch ends before the leader steps down, and etcd stays away past the wait: that
+    // is no success.
     signal(f.etcd.members[0].pid(), libc::SIGTERM);
     let code = resign.code(secs(30));
     assert_eq!(code, 69, "{}", resign.log_text());
     assert!(!std::fs::read_to_string(f.dir.path().join("resign.out"))
         .unwrap()
         .contains("resigned"));
+}
+
+/// etcd restarts while `resign` waits for the leader to step down (its watch breaks): the
+/// wait goes on, and once the leader has stepped down `resign` says so and exits 0. It used
+/// to fail with 69 at the break, although the resign took effect.
+#[test]
+fn resign_rides_out_an_etcd_restart_while_it_waits() {
+    let mut f = Fixture::new();
+    // A job that ignores SIGTERM: the leader keeps its key for its grace.
+    let job = script(
+        f.dir.path(),
+        "trap '' TERM; echo $FENCING_TOKEN > $D/t; while :; do sleep 0.05; done",
+    );
+    let lease = ["--ttl", "30s", "--grace", "4s"];
+    let leader = spawn(
+        f.dir.path(),
+        "leader",
+        &run_args_with(&lease, "rr", &f.ep, &["-v"], &job),
+    );
+    wait_int(&f.dir.path().join("t"), secs(10));
+    leader.wait_job_started();
+    let mut resign = spawn(
+        f.dir.path(),
+        "resign",
+        &["resign", "rr", "--endpoints", &f.ep],
+    );
+    wait_line(&f.dir.path().join("resign.out"), secs(10), |l| {
+        l.starts_with("asked ")
+    });
+    leader.wait_log("leading -> draining", secs(10));
+    f.etcd.members[0].restart();
+    let code = resign.code(secs(40));
+    let out = std::fs::read_to_string(f.dir.path().join("resign.out")).unwrap();
+    assert_eq!(code, 0, "{out}{}\n{}", resign.log_text(), leader.log_text());
+    assert!(out.contains("resigned"), "{out}");
 }
 
 #[test]

@@ -21,7 +21,7 @@ use super::{Ctx, Entry, Holders};
 use crate::cli::ResignArgs;
 use crate::election::leader::request_txn;
 use crate::etcd::classify;
-use crate::exit::{fail, Exit};
+use crate::exit::{exit_of, fail, Exit};
 
 pub async fn run(a: ResignArgs) -> Result<Exit> {
     let ctx = Ctx::from_args(&a.election).await?;
@@ -134,40 +134,48 @@ fn pick<'a>(line: &'a Holders, token: Option<i64>, name: &str) -> Result<Option<
     }
 }
 
-/// Waits until the leader's key is deleted. A watch that is cancelled or closes says nothing
-/// about the leader: then the key is read again, and only its absence counts as success.
+/// Waits until the leader's key is deleted, for at most `timeout`. A watch that breaks (etcd
+/// restarted, a member left), is cancelled or closes says nothing about the leader: the key is
+/// read again, its absence counts as success, and its presence is watched again from that
+/// read, until `timeout`. Only a refusal (credentials, permissions) ends the wait early.
 async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<()> {
-    let mut c = ctx.client.clone();
-    let opts = WatchOptions::new()
-        .with_start_revision(rev + 1)
-        .with_filters([WatchFilterType::NoPut]);
-    let mut stream = ctx.bounded(c.watch(key, Some(opts))).await?;
-    let gone = async {
-        loop {
-            match stream.message().await {
-                Ok(Some(r))
-                    if r.events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete) =>
-                {
-                    return Ok(true)
-                }
-                Ok(Some(r)) if r.canceled() => return Ok(false),
-                Ok(Some(_)) => continue,
-                Ok(None) => return Ok(false),
-                Err(e) => return Err(classify(e)),
-            }
+    let until = tokio::time::Instant::now() + timeout;
+    let mut rev = rev;
+    loop {
+        match tokio::time::timeout_at(until, deleted_after(ctx, key, rev)).await {
+            Ok(Ok(true)) => return Ok(()),
+            Ok(Err(e)) if refused(&e) => return Err(e),
+            Ok(_) => {}
+            Err(_) => break,
         }
-    };
-    let deleted = match tokio::time::timeout(timeout, gone).await {
-        Ok(r) => r?,
-        Err(_) => false,
-    };
-    if deleted {
-        return Ok(());
+        match ctx
+            .bounded(
+                ctx.client
+                    .clone()
+                    .get(key, Some(GetOptions::new().with_count_only())),
+            )
+            .await
+        {
+            Ok(r) if r.count() == 0 => return Ok(()),
+            Ok(r) => rev = r.header().map(|h| h.revision()).unwrap_or(rev),
+            Err(e) if refused(&e) => return Err(e),
+            Err(e) => tracing::debug!("waiting for {key} to go: {e:#}"),
+        }
+        // Paced: etcd may be restarting.
+        if tokio::time::timeout_at(until, tokio::time::sleep(RETRY))
+            .await
+            .is_err()
+        {
+            break;
+        }
     }
+    // The last word is a read: the key may have gone as the wait ran out.
     let still = ctx
-        .bounded(c.get(key, Some(GetOptions::new().with_count_only())))
+        .bounded(
+            ctx.client
+                .clone()
+                .get(key, Some(GetOptions::new().with_count_only())),
+        )
         .await?
         .count()
         > 0;
@@ -177,8 +185,40 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
     Err(fail(
         Exit::Unavailable,
         format!(
-            "{key} still leads after {} or its watch ended; its lease ends it if it is stuck",
+            "{key} still leads after {}; its lease ends it if it is stuck",
             crate::clock::human(timeout)
         ),
     ))
+}
+
+/// Whether etcd refused us (credentials, permissions): no retry changes that.
+fn refused(e: &anyhow::Error) -> bool {
+    exit_of(e) == Exit::Auth
+}
+
+/// How long a broken wait rests before it reads the key again.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// Watches `key` from just after `rev` until it is deleted (`true`), or the watch is
+/// cancelled or closes (`false`).
+async fn deleted_after(ctx: &Ctx, key: &str, rev: i64) -> Result<bool> {
+    let mut c = ctx.client.clone();
+    let opts = WatchOptions::new()
+        .with_start_revision(rev + 1)
+        .with_filters([WatchFilterType::NoPut]);
+    let mut stream = ctx.bounded(c.watch(key, Some(opts))).await?;
+    loop {
+        match stream.message().await.map_err(classify)? {
+            Some(r)
+                if r.events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete) =>
+            {
+                return Ok(true)
+            }
+            Some(r) if r.canceled() => return Ok(false),
+            Some(_) => continue,
+            None => return Ok(false),
+        }
+    }
 }
