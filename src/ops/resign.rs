@@ -8,7 +8,8 @@
 //! queues again at the back; only then does the next candidate take over, so the two jobs
 //! never overlap. The request lives on the leader's lease and vanishes with the term; the
 //! leader acts on it only if it names the leader's own token. A paused election has no
-//! leader to resign, and a request that did not act (timeout, broken watch) is taken back.
+//! leader to resign, and a request that did not act within `--timeout` is taken back. A broken
+//! watch (etcd restarted, a member gone) is no answer: the key is read and watched again.
 
 use anyhow::Result;
 use std::time::Duration;
@@ -148,18 +149,15 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
             Ok(_) => {}
             Err(_) => break,
         }
-        match ctx
-            .bounded(
-                ctx.client
-                    .clone()
-                    .get(key, Some(GetOptions::new().with_count_only())),
-            )
-            .await
-        {
-            Ok(r) if r.count() == 0 => return Ok(()),
-            Ok(r) => rev = r.header().map(|h| h.revision()).unwrap_or(rev),
-            Err(e) if refused(&e) => return Err(e),
-            Err(e) => tracing::debug!("waiting for {key} to go: {e:#}"),
+        // Within the wait too: a hanging etcd must not stretch it.
+        let mut c = ctx.client.clone();
+        let read = ctx.bounded(c.get(key, Some(GetOptions::new().with_count_only())));
+        match tokio::time::timeout_at(until, read).await {
+            Ok(Ok(r)) if r.count() == 0 => return Ok(()),
+            Ok(Ok(r)) => rev = r.header().map(|h| h.revision()).unwrap_or(rev),
+            Ok(Err(e)) if refused(&e) => return Err(e),
+            Ok(Err(e)) => tracing::debug!("waiting for {key} to go: {e:#}"),
+            Err(_) => break,
         }
         // Paced: etcd may be restarting.
         if tokio::time::timeout_at(until, tokio::time::sleep(RETRY))
@@ -170,22 +168,23 @@ async fn wait_gone(ctx: &Ctx, key: &str, rev: i64, timeout: Duration) -> Result<
         }
     }
     // The last word is a read: the key may have gone as the wait ran out.
-    let still = ctx
+    let last = ctx
         .bounded(
             ctx.client
                 .clone()
                 .get(key, Some(GetOptions::new().with_count_only())),
         )
-        .await?
-        .count()
-        > 0;
-    if !still {
-        return Ok(());
-    }
+        .await;
+    let why = match last {
+        Ok(r) if r.count() == 0 => return Ok(()),
+        Ok(_) => "its lease ends it if it is stuck".to_string(),
+        Err(e) if refused(&e) => return Err(e),
+        Err(e) => format!("etcd did not answer the last read: {e:#}"),
+    };
     Err(fail(
         Exit::Unavailable,
         format!(
-            "{key} still leads after {}; its lease ends it if it is stuck",
+            "{key} still leads after {}: {why}",
             crate::clock::human(timeout)
         ),
     ))
