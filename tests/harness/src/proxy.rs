@@ -31,6 +31,8 @@ struct Shared {
     reset_on: Mutex<Option<Vec<u8>>>,
     /// How many requests `reset_on` dropped.
     resets_on: AtomicU64,
+    /// What each connection's client sent, in the order the connections came.
+    sent: Mutex<Vec<Vec<u8>>>,
 }
 
 pub struct Proxy {
@@ -49,6 +51,7 @@ impl Proxy {
             conns: Mutex::new(Vec::new()),
             reset_on: Mutex::new(None),
             resets_on: AtomicU64::new(0),
+            sent: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         std::thread::spawn(move || {
@@ -72,14 +75,19 @@ impl Proxy {
                     c.push(server.try_clone().unwrap());
                 }
                 let gen = s.generation.load(Ordering::SeqCst);
+                let conn = {
+                    let mut sent = s.sent.lock().unwrap();
+                    sent.push(Vec::new());
+                    sent.len() - 1
+                };
                 pump(
                     s.clone(),
                     client.try_clone().unwrap(),
                     server.try_clone().unwrap(),
                     gen,
-                    false,
+                    Some(conn),
                 );
-                pump(s.clone(), server, client, gen, true);
+                pump(s.clone(), server, client, gen, None);
             }
         });
         Proxy { port, shared }
@@ -108,6 +116,12 @@ impl Proxy {
     /// How many requests [`Proxy::reset_on`] dropped so far.
     pub fn resets_on(&self) -> u64 {
         self.shared.resets_on.load(Ordering::SeqCst)
+    }
+
+    /// The bytes each connection's client sent and the proxy passed on, one entry per
+    /// connection in the order they were accepted.
+    pub fn sent(&self) -> Vec<Vec<u8>> {
+        self.shared.sent.lock().unwrap().clone()
     }
 }
 
@@ -143,8 +157,10 @@ impl Drop for Proxy {
     }
 }
 
-/// Copies `from` to `to`; `replies` is the server-to-client direction.
-fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64, replies: bool) {
+/// Copies `from` to `to`: a client's requests when `requests` names its connection (what
+/// passes is kept in [`Shared::sent`]), else the server's replies.
+fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64, requests: Option<usize>) {
+    let replies = requests.is_none();
     std::thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
@@ -170,6 +186,9 @@ fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64, replie
                 if to.write_all(&held).is_err() {
                     break;
                 }
+                if let Some(conn) = requests {
+                    s.sent.lock().unwrap()[conn].extend_from_slice(&held);
+                }
                 held.clear();
             }
             match from.read(&mut buf) {
@@ -187,6 +206,9 @@ fn pump(s: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, gen: u64, replie
                     }
                     if to.write_all(&buf[..n]).is_err() {
                         break;
+                    }
+                    if let Some(conn) = requests {
+                        s.sent.lock().unwrap()[conn].extend_from_slice(&buf[..n]);
                     }
                 }
                 Err(e)
