@@ -100,7 +100,8 @@
 //!   it out. [`supervisor::wire`] is what the two pipes carry. Both sides reach the job's
 //!   processes through [`supervisor::procs`]: the process group and cgroup, and the tree of
 //!   the watchdog's descendants, everything a stop reaches and the term waits for.
-//!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own.
+//!   `src/bin/lead-exec-watchdog.rs` is the same watchdog as a small binary of its own (linked
+//!   statically in the package).
 //! - [`exit`], [`clock`], [`period`], [`metrics`], [`notify`], [`text`]: exit codes as a type,
 //!   CLOCK_BOOTTIME, `--every`'s periods in UTC, Prometheus, systemd, values made safe to
 //!   print; [`hooks`], the debug-build hooks by which tests force an order of events.

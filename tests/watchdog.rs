@@ -1519,3 +1519,67 @@ fn a_job_without_a_cgroup_is_warned_of_and_shown_in_status() {
     w.signal(libc::SIGTERM);
     w.wait(secs(10));
 }
+
+/// The watchdog ships statically linked (`.ci/package`, `harness::STATIC_WATCHDOG`), where the
+/// C library's name lookups (users, groups, hosts: NSS), `dlopen` and locales need the shared
+/// libraries of the very glibc it was linked with. So it calls none of them: read off the
+/// dynamic build's undefined symbols, a superset of what the static build links.
+#[test]
+fn the_watchdog_calls_nothing_a_static_c_library_cannot_do() {
+    let readelf = need_tool("readelf", "binutils");
+    let out = std::process::Command::new(readelf)
+        .args([
+            "--dyn-syms",
+            "--wide",
+            env!("CARGO_BIN_EXE_lead-exec-watchdog"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let imported: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" UND "))
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .map(|s| s.split('@').next().unwrap_or(s))
+        .collect();
+    assert!(imported.contains(&"waitid"), "no imports read: {text}");
+    // The families glibc warns about when linked statically, and dlopen, iconv, locales.
+    const NEED_SHARED: [&str; 22] = [
+        "getpw",
+        "getgr",
+        "getsp",
+        "getsg",
+        "gethostby",
+        "gethostent",
+        "getservby",
+        "getprotoby",
+        "getnetby",
+        "getrpcby",
+        "getaddrinfo",
+        "getnameinfo",
+        "initgroups",
+        "getgrouplist",
+        "getaliasby",
+        "innetgr",
+        "setnetgrent",
+        "ether_",
+        "dlopen",
+        "dlmopen",
+        "iconv_open",
+        "setlocale",
+    ];
+    let bad: Vec<&&str> = imported
+        .iter()
+        .filter(|s| NEED_SHARED.iter().any(|p| s.starts_with(p)) || **s == "newlocale")
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "the watchdog calls {bad:?}, which a statically linked C library can only do with \
+         the shared libraries of the glibc it was linked with"
+    );
+}
