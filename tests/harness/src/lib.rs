@@ -104,7 +104,8 @@ pub fn build_binaries(release: bool, ledger: bool) -> Result<PathBuf, String> {
 /// The rustc flags that link the watchdog statically, for `cargo rustc --bin
 /// lead-exec-watchdog -- FLAGS` (`.ci/package` builds it so too): it starts beside every job,
 /// and without the dynamic loader it starts in about 0.4 ms less CPU time. It looks up no
-/// names (no NSS), so a static C library costs it nothing.
+/// names (no NSS), so it behaves the same linked either way; what it costs is memory where few
+/// watchdogs run, and a new build for a glibc update (lead-exec-operations(7), "Install").
 pub const STATIC_WATCHDOG: [&str; 2] = ["-C", "target-feature=+crt-static"];
 
 /// Lease settings that keep tests fast and still pass the safety check: a 2 s window before
