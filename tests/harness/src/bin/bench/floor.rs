@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use harness::measure::report::{yes_no, Report, Row};
 use harness::measure::stats::{fmt_ms, median, ms, summary_ms};
-use harness::measure::worker::Tool;
+use harness::measure::worker::{self, Tool};
 
 use super::acquire::acquire_once;
 use super::{usage, Cx, TTL};
@@ -125,15 +125,23 @@ pub(crate) async fn grant_and_create(c: &mut etcd_client::Client, key: &str) -> 
 /// The bench binary's hidden mode for the bare client process of `floor`.
 pub(crate) const FLOOR_PROCESS: &str = "__floor-process";
 
+/// The bare client process: connect (with the tools' connection flags, `--tls`'s
+/// certificates), grant, create `key`, run `sh -c SCRIPT`, revoke.
+fn bare_command(cx: &Cx, key: &str, script: &str) -> Result<Command> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args([FLOOR_PROCESS, cx.etcd.endpoint.as_str(), key, script])
+        .args(worker::CONN_ARGS.get().map_or(&[][..], Vec::as_slice))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    Ok(cmd)
+}
+
 /// One bare client process, timed like `acquire_once`: spawn → the job's line.
 pub(crate) fn bare_process_once(cx: &Cx) -> Result<f64> {
     let mut fifo = cx.fifo(false)?;
     let key = cx.unique("floor/process");
     let script = format!("echo ok > \"{}\"", fifo.path.display());
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args([FLOOR_PROCESS, cx.etcd.endpoint.as_str(), &key, &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
+    let mut cmd = bare_command(cx, &key, &script)?;
     let t0 = Instant::now();
     let mut child = cmd.spawn().context("starting the bare client process")?;
     let (_, t1) = fifo.line(Duration::from_secs(10))?;
@@ -144,13 +152,29 @@ pub(crate) fn bare_process_once(cx: &Cx) -> Result<f64> {
     Ok(ms(t1 - t0))
 }
 
-/// In the bare client process: connect, grant, create the key, run the job, revoke.
+/// One whole run of the bare client process with `script` as the job, `setup` applied
+/// before it starts; returns once it has exited.
+pub(crate) fn bare_run(cx: &Cx, script: &str, setup: &dyn Fn(&mut Command)) -> Result<()> {
+    let key = cx.unique("floor/run");
+    let mut cmd = bare_command(cx, &key, script)?;
+    setup(&mut cmd);
+    let status = cmd.status().context("starting the bare client process")?;
+    if !status.success() {
+        bail!("the bare client process failed: {status}");
+    }
+    Ok(())
+}
+
+/// In the bare client process: connect, grant, create the key, run the job, revoke. After
+/// the three arguments, the connection flags of `worker::CONN_ARGS` (`--cacert F --cert F
+/// --key F`).
 pub(crate) fn floor_process(args: &[String]) -> ExitCode {
-    let [endpoint, key, script] = args else {
+    let [endpoint, key, script, conn @ ..] = args else {
         return usage();
     };
     let run = async {
-        let mut c = etcd_client::Client::connect([endpoint.as_str()], None).await?;
+        let mut c =
+            etcd_client::Client::connect([endpoint.as_str()], connect_options(conn)?).await?;
         let lease = grant_and_create(&mut c, key).await?;
         Command::new("sh").args(["-c", script]).status()?;
         c.lease_revoke(lease).await?;
@@ -168,4 +192,27 @@ pub(crate) fn floor_process(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Mutual TLS from `--cacert F --cert F --key F`, in any order; none for no flags.
+fn connect_options(flags: &[String]) -> Result<Option<etcd_client::ConnectOptions>> {
+    if flags.is_empty() {
+        return Ok(None);
+    }
+    let mut files = std::collections::BTreeMap::new();
+    for pair in flags.chunks(2) {
+        let [flag, path] = pair else {
+            bail!("connection flags come in pairs: {flags:?}");
+        };
+        let pem = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+        files.insert(flag.as_str(), pem);
+    }
+    let file = |f: &str| files.get(f).cloned().with_context(|| format!("no {f}"));
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(file("--cacert")?))
+        .identity(etcd_client::Identity::from_pem(
+            file("--cert")?,
+            file("--key")?,
+        ));
+    Ok(Some(etcd_client::ConnectOptions::new().with_tls(tls)))
 }

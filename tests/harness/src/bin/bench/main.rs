@@ -35,7 +35,8 @@
 //! - `counts`: requests by gRPC method and raft commits of one uncontended whole run of each
 //!   tool, from etcd's own `/metrics`.
 //! - `cpu`: CPU per whole run, every process of it counted (a cgroup it starts in), in runs
-//!   of their own.
+//!   of their own; beside the tools, `floor`'s bare client process making a run's three
+//!   commits and starting the job, the least a wrapper on etcd-client can spend.
 //! - `capacity`: what waiting candidates cost etcd (requests/s, watches, server memory per
 //!   candidate, from etcd's own `/metrics`), etcd's write capacity here, and how many candidates
 //!   one etcd serves before keepalives take a tenth of it.

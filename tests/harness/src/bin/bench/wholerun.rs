@@ -14,13 +14,13 @@ use super::Cx;
 pub(crate) fn wholerun(cx: &Cx) -> Result<Report> {
     let n = cx.n(100, 5);
     for t in TOOLS {
-        wholerun_once(cx, t, None)?;
+        wholerun_once(cx, t, None, true)?;
     }
     let mut total: [Vec<f64>; 2] = [vec![], vec![]];
     let mut phases: Vec<[f64; 5]> = Vec::new();
     for _ in 0..n {
         for t in TOOLS {
-            let (ms_total, p) = wholerun_once(cx, t, None)?;
+            let (ms_total, p) = wholerun_once(cx, t, None, true)?;
             total[t.idx()].push(ms_total);
             if let Some(p) = p {
                 phases.push(p);
@@ -67,15 +67,18 @@ pub(crate) fn wholerun(cx: &Cx) -> Result<Report> {
     Ok(Report { rows, notes })
 }
 
-/// One whole run: total ms, and for lead-exec the phase split from its log.
+/// One whole run: total ms, and with `split` lead-exec's phases from its log.
 pub(crate) fn wholerun_once(
     cx: &Cx,
     tool: Tool,
     setup: Option<&dyn Fn(&mut std::process::Command)>,
+    split: bool,
 ) -> Result<(f64, Option<[f64; 5]>)> {
     let election = cx.unique("whole");
-    // -v: the steps ("campaigning -> elected", "leading -> done") are debug lines.
-    let args = [&harness::FAST[..], &["-v"]].concat();
+    // -v: the steps ("campaigning -> elected", "leading -> done") are debug lines. Without
+    // the split, the run an operator makes: default verbosity.
+    let verbose: &[&str] = if split { &["-v"] } else { &[] };
+    let args = [&harness::FAST[..], verbose].concat();
     let spec = WorkerSpec {
         lead_exec_args: &args,
         setup,
@@ -87,7 +90,7 @@ pub(crate) fn wholerun_once(
     w.wait_exit(Duration::from_secs(10));
     let total = ms(t0.elapsed());
     let wall1 = wall0 + t0.elapsed();
-    if tool != Tool::LeadExec {
+    if tool != Tool::LeadExec || !split {
         return Ok((total, None));
     }
     let log = fs::read_to_string(&w.log)?;
