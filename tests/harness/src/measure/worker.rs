@@ -108,7 +108,8 @@ pub fn spawn(bin: &Path, logs: &Path, w: WorkerSpec) -> io::Result<Worker> {
     cmd.args(CONN_ARGS.get().map_or(&[][..], Vec::as_slice));
     cmd.args(["--", "sh", "-c", w.script]);
     for (k, _) in std::env::vars() {
-        if k.starts_with("LEAD_EXEC_") || k.starts_with("ETCDCTL_") {
+        // RUST_LOG too: it would change lead-exec's verbosity, and what its log costs.
+        if k.starts_with("LEAD_EXEC_") || k.starts_with("ETCDCTL_") || k == "RUST_LOG" {
             cmd.env_remove(k);
         }
     }
@@ -214,20 +215,30 @@ impl Worker {
         std::iter::once(self.pgid).chain(self.job_pgid).collect()
     }
 
-    /// Waits for a normal exit; kills the worker if it does not come. A blocking wait, so that
-    /// a timed run ends at the exit itself, not at the next turn of a polling loop.
+    /// Waits for a normal exit; kills the worker if it does not come.
     pub fn wait_exit(&mut self, limit: Duration) {
         let groups = self.groups();
-        let (done, timer) = std::sync::mpsc::channel::<()>();
-        let killer = thread::spawn(move || {
-            if timer.recv_timeout(limit).is_err() {
-                kill_groups(groups);
-            }
-        });
-        let _ = self.child.wait();
-        let _ = done.send(());
-        let _ = killer.join();
+        let _ = wait_or_kill(&mut self.child, groups, limit);
     }
+}
+
+/// Waits for `child`, and SIGKILLs `groups` if it has not exited within `limit`. A blocking
+/// wait, so that a timed run ends at the exit itself, not at the next turn of a polling loop.
+pub fn wait_or_kill(
+    child: &mut Child,
+    groups: Vec<i32>,
+    limit: Duration,
+) -> io::Result<std::process::ExitStatus> {
+    let (done, timer) = std::sync::mpsc::channel::<()>();
+    let killer = thread::spawn(move || {
+        if timer.recv_timeout(limit).is_err() {
+            kill_groups(groups);
+        }
+    });
+    let status = child.wait();
+    let _ = done.send(());
+    let _ = killer.join();
+    status
 }
 
 fn kill_groups(groups: Vec<i32>) {

@@ -205,8 +205,10 @@ pub(crate) fn cpu(cx: &Cx) -> Result<Report> {
          (wrapper, watchdog, `sh -c true`), from cpuacct.usage of a cgroup v1 (or cpu.stat of a \
          v2 one) that the wrapper starts in; medians {} against {} ms. The bare client is the \
          bench binary re-executed, as in `floor`: a current-thread runtime and etcd-client \
-         making the three commits of a run, and the job; what lead-exec spends beyond it is its \
-         watchdog, the job's cgroup, and its own checks and records.",
+         making three commits as a run does (grant, creating transaction, and a revoke where \
+         lead-exec closes with a transaction), and the job; what lead-exec spends beyond it is \
+         its watchdog, the job's cgroup, argument parsing, logging, its pre-run checks and \
+         records, and their requests.",
         fmt_ms(m(le)),
         fmt_ms(m(ctl))
     )];
@@ -216,11 +218,10 @@ pub(crate) fn cpu(cx: &Cx) -> Result<Report> {
 /// One whole run started in a fresh cgroup: of `tool`, or of the bare client process
 /// (`None`); its CPU time in ms once every process is gone.
 fn cpu_once(cx: &Cx, tool: Option<Tool>) -> Result<f64> {
-    let dir = cgroup_root()?.join(cx.unique("lead-exec-bench-cpu"));
-    fs::create_dir(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+    let dir = SampleCgroup::create(cgroup_root()?.join(cx.unique("lead-exec-bench-cpu")))?;
     let procs = fs::OpenOptions::new()
         .write(true)
-        .open(dir.join("cgroup.procs"))?;
+        .open(dir.0.join("cgroup.procs"))?;
     let fd = procs.as_raw_fd();
     let enter = move |cmd: &mut std::process::Command| {
         // SAFETY: write(2) to a descriptor opened before the fork: async-signal-safe.
@@ -238,18 +239,54 @@ fn cpu_once(cx: &Cx, tool: Option<Tool>) -> Result<f64> {
         None => bare_run(cx, "true", &enter),
     };
     drop(procs);
-    // The watchdog or the job may outlive the wrapper by a moment.
+    // The watchdog or the job may outlive the wrapper by a moment; a sample taken while one
+    // still runs would miss the rest of its CPU.
+    let mut left = String::new();
     for _ in 0..500 {
-        let p = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        if p.trim().is_empty() {
+        left = fs::read_to_string(dir.0.join("cgroup.procs")).unwrap_or_default();
+        if left.trim().is_empty() {
             break;
         }
         thread::sleep(Duration::from_millis(2));
     }
-    let used = usage_ms(&dir);
-    let _ = fs::remove_dir(&dir);
     r?;
-    used
+    if !left.trim().is_empty() {
+        for pid in left
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            // SAFETY: kill(2) of a process in the cgroup this sample made.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        bail!(
+            "processes of the run still in {} 1 s after it: {}",
+            dir.0.display(),
+            left.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
+    usage_ms(&dir.0)
+}
+
+/// The cgroup of one sample, removed on every way out (it can be, once its members are gone).
+struct SampleCgroup(PathBuf);
+
+impl SampleCgroup {
+    fn create(dir: PathBuf) -> Result<SampleCgroup> {
+        fs::create_dir(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+        Ok(SampleCgroup(dir))
+    }
+}
+
+impl Drop for SampleCgroup {
+    fn drop(&mut self) {
+        // Killed members (above) take a moment to leave it.
+        for _ in 0..50 {
+            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 fn cgroup_root() -> Result<PathBuf> {

@@ -1,9 +1,11 @@
 //! `floor`: the physical limit of an acquire on this etcd, against lead-exec's acquire.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use harness::measure::reap;
 use harness::measure::report::{yes_no, Report, Row};
 use harness::measure::stats::{fmt_ms, median, ms, summary_ms};
 use harness::measure::worker::{self, Tool};
@@ -153,14 +155,21 @@ pub(crate) fn bare_process_once(cx: &Cx) -> Result<f64> {
 }
 
 /// One whole run of the bare client process with `script` as the job, `setup` applied
-/// before it starts; returns once it has exited.
+/// before it starts; returns once it has exited. In a process group of its own, killed
+/// whole after 10 s or on the bench's way out, as the wrappers are.
 pub(crate) fn bare_run(cx: &Cx, script: &str, setup: &dyn Fn(&mut Command)) -> Result<()> {
     let key = cx.unique("floor/run");
     let mut cmd = bare_command(cx, &key, script)?;
+    cmd.process_group(0);
     setup(&mut cmd);
-    let status = cmd.status().context("starting the bare client process")?;
+    let mut child = cmd.spawn().context("starting the bare client process")?;
+    let pgid = child.id() as i32;
+    reap::add(pgid);
+    let status = worker::wait_or_kill(&mut child, vec![pgid], Duration::from_secs(10));
+    reap::remove(pgid);
+    let status = status?;
     if !status.success() {
-        bail!("the bare client process failed: {status}");
+        bail!("the bare client process failed or was killed after 10 s: {status}");
     }
     Ok(())
 }
@@ -194,25 +203,36 @@ pub(crate) fn floor_process(args: &[String]) -> ExitCode {
     }
 }
 
-/// Mutual TLS from `--cacert F --cert F --key F`, in any order; none for no flags.
+/// Mutual TLS from `--cacert F --cert F --key F`, in any order, each once; none for no flags.
 fn connect_options(flags: &[String]) -> Result<Option<etcd_client::ConnectOptions>> {
     if flags.is_empty() {
         return Ok(None);
     }
-    let mut files = std::collections::BTreeMap::new();
+    let (mut ca, mut cert, mut key) = (None, None, None);
     for pair in flags.chunks(2) {
         let [flag, path] = pair else {
             bail!("connection flags come in pairs: {flags:?}");
         };
-        let pem = std::fs::read(path).with_context(|| format!("reading {path}"))?;
-        files.insert(flag.as_str(), pem);
+        let slot = match flag.as_str() {
+            "--cacert" => &mut ca,
+            "--cert" => &mut cert,
+            "--key" => &mut key,
+            _ => bail!("unknown connection flag {flag}"),
+        };
+        if slot.is_some() {
+            bail!("{flag} given twice");
+        }
+        *slot = Some(path);
     }
-    let file = |f: &str| files.get(f).cloned().with_context(|| format!("no {f}"));
+    let read = |f: &str, p: Option<&String>| -> Result<Vec<u8>> {
+        let p = p.with_context(|| format!("no {f}"))?;
+        std::fs::read(p).with_context(|| format!("reading {p}"))
+    };
     let tls = etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(file("--cacert")?))
+        .ca_certificate(etcd_client::Certificate::from_pem(read("--cacert", ca)?))
         .identity(etcd_client::Identity::from_pem(
-            file("--cert")?,
-            file("--key")?,
+            read("--cert", cert)?,
+            read("--key", key)?,
         ));
     Ok(Some(etcd_client::ConnectOptions::new().with_tls(tls)))
 }
