@@ -1282,7 +1282,9 @@ fn a_failed_campaigns_phase_line_carries_no_backtrace() {
 
 /// Clients that send requests and never read the answers fill their connections' buffers;
 /// each connection then waits on a write that never completes. Every connection slot taken
-/// that way must come free again, or the endpoint is gone for as long as they stay.
+/// that way must come free again, or the endpoint is gone for as long as they stay. And the
+/// rendering they cause must not hold up the lease's renewals: on the run's own runtime it
+/// once did, and the term was lost at its deadline.
 #[test]
 fn clients_that_never_read_their_answers_do_not_lock_others_out_of_metrics() {
     use std::io::Write;
@@ -1328,6 +1330,11 @@ fn clients_that_never_read_their_answers_do_not_lock_others_out_of_metrics() {
         "no scrape answered while 32 clients did not read"
     );
     let text = got.unwrap();
+    assert_eq!(
+        metric(&text, "lead_exec_deadline_stops_total"),
+        Some(0.0),
+        "the job was stopped at the lease deadline:\n{text}"
+    );
     assert_eq!(metric(&text, "lead_exec_is_leader"), Some(1.0), "{text}");
     drop(hogs);
     w.signal(libc::SIGTERM);

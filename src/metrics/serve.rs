@@ -19,52 +19,71 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// milliseconds, and an idle keep-alive connection is closed after `HEADER_TIMEOUT` anyway.
 const CONNECTION_LIFE: Duration = Duration::from_secs(10);
 
-/// Binds now (so a bad address fails at start-up) and serves in the background, with hyper.
+/// Binds now (so a bad address fails at start-up) and serves in the background, with hyper,
+/// on a thread and runtime of its own.
 ///
-/// Each connection is a task of its own, so a slow or abusive client holds only that task,
-/// never the run loop; headers must arrive within 5 s, a connection lives at most 10 s, and at
-/// most 32 connections are served at once. Returns the file the jobs' `lead-exec check`
-/// counts its refusals in, if it could be made (see `metrics::refusals`).
-pub async fn serve(addr: SocketAddr) -> Result<Option<std::path::PathBuf>> {
+/// Each connection is a task of its own, so a slow or abusive client holds only that task;
+/// headers must arrive within 5 s, a connection lives at most 10 s, and at most 32
+/// connections are served at once. The thread is what keeps the lease's renewals out of
+/// reach: on the run's runtime, 32 clients that pipeline requests and never read the answers
+/// kept it busy rendering for long enough that a renewal came too late, and the term was
+/// lost (on a loaded 2-core machine, with a debug build). Returns the file the jobs'
+/// `lead-exec check` counts its refusals in, if it could be made (see `metrics::refusals`).
+pub fn serve(addr: SocketAddr) -> Result<Option<std::path::PathBuf>> {
     let refusals = create_check_file()
         .inspect_err(|e| tracing::warn!("cannot count the job's `lead-exec check` refusals: {e}"))
         .ok();
     // A taken port or a foreign address is a setting to fix, not an internal error.
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+    let cannot_listen = |e: std::io::Error| {
         crate::exit::fail(
             crate::exit::Exit::Usage,
             format!("--metrics-addr {addr}: cannot listen: {e}"),
         )
-    })?;
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(cannot_listen)?;
+    listener.set_nonblocking(true).map_err(cannot_listen)?;
     if let Ok(bound) = listener.local_addr() {
         tracing::info!("metrics at http://{bound}/metrics, the leader check at /leader");
     }
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::spawn(
-        async move {
-            loop {
-                let Ok(permit) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let Ok((sock, _)) = listener.accept().await else {
-                    continue;
-                };
-                tokio::spawn(async move {
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(HEADER_TIMEOUT)
-                        .serve_connection(
-                            hyper_util::rt::TokioIo::new(sock),
-                            hyper::service::service_fn(answer),
-                        );
-                    let _ = tokio::time::timeout(CONNECTION_LIFE, conn).await;
-                    drop(permit);
-                });
-            }
-        }
-        .in_current_span(),
-    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let span = tracing::Span::current();
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || rt.block_on(accept(listener).instrument(span)))?;
     Ok(refusals)
+}
+
+/// The accept loop, for as long as the process lives.
+async fn accept(listener: std::net::TcpListener) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("metrics endpoint off: {e}");
+            return;
+        }
+    };
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok((sock, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(sock),
+                    hyper::service::service_fn(answer),
+                );
+            let _ = tokio::time::timeout(CONNECTION_LIFE, conn).await;
+            drop(permit);
+        });
+    }
 }
 
 type Body = http_body_util::Full<hyper::body::Bytes>;

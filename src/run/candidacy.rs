@@ -167,7 +167,7 @@ const CONNECT_POLLS: usize = 4;
 pub async fn start_up(cfg: RunConfig) -> Result<Result<(Process, StartUp), Exit>> {
     metrics::describe(cfg.election.name(), &cfg.id, cfg.slots, cfg.grace);
     let refusals = match cfg.metrics_addr {
-        Some(addr) => metrics::serve(addr).await?,
+        Some(addr) => metrics::serve(addr)?,
         None => None,
     };
     // The first check runs while we connect.
