@@ -770,6 +770,51 @@ fn a_long_election_name_or_value_is_cut_in_the_error() {
     }
 }
 
+/// A health check may print without end until it is killed at the interval; lead-exec
+/// keeps only the end of it (what the warning shows), not the whole output in memory.
+#[test]
+fn a_health_check_that_prints_without_end_costs_only_its_last_lines() {
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "echo ran > $D/ran");
+    // 256 MiB of output, then the line the warning must show.
+    let check = "head -c 268435456 /dev/zero | tr '\\0' x; echo; echo the check ends here; exit 1";
+    let args = run_args(
+        "chatty",
+        &f.ep,
+        &[
+            "--health-cmd",
+            check,
+            "--health-interval",
+            "60s",
+            "--no-wait",
+        ],
+        &job,
+    );
+    // Reaped by the wait4 below, which gives its rusage: not by Child::wait.
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(bin())
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(f.dir.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: wait4 on our own child, into a status and a rusage we own.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let err = std::fs::read_to_string(f.dir.path().join("err")).unwrap();
+    assert_eq!(libc::WEXITSTATUS(status), 79, "{err}");
+    assert!(err.contains("the check ends here"), "{err}");
+    // ru_maxrss is in KiB: lead-exec, its guard and the check, the largest of them.
+    assert!(
+        usage.ru_maxrss < 64 * 1024,
+        "peak RSS {} KiB while a check printed 256 MiB",
+        usage.ru_maxrss
+    );
+    assert!(!f.dir.path().join("ran").exists());
+}
+
 /// A worker kept out by its own failing health check says so, in a warning and in its exit
 /// code: 79, not the conflict code (75), which means someone else leads. Nobody does here.
 #[test]

@@ -208,20 +208,38 @@ async fn run_once(check: &HealthCheck) -> Result<(), Failed> {
             )))
         }
     };
+    // stdout and stderr share one pipe, read as it fills and only its end kept: a check may
+    // print without end until it is killed at the interval, and lead-exec keeps the lease.
+    let (out_r, out_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(std::io::Error::from)
+        .and_then(|(r, w)| Ok((r, (w.try_clone()?, w))))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            return Err(Failed::new(format!(
+                "health check: cannot make a pipe: {e}"
+            )))
+        }
+    };
+    let mut out_r = std::fs::File::from(out_r);
     let mut cmd = std::process::Command::new("/proc/self/exe");
     cmd.arg0(GUARD_NAME)
         .arg(GUARD_ARG)
         .arg(&check.command)
         .stdin(Stdio::from(life_r))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::from(out_w.0))
+        .stderr(Stdio::from(out_w.1))
         // Out of lead-exec's group: a ^C or a signal to that group must not kill the guard
         // before it has killed the check.
         .process_group(0);
     for v in SECRET_ENV {
         cmd.env_remove(v);
     }
-    let child = match cmd.spawn() {
+    let spawned = cmd.spawn();
+    // Our copies of the write end, which the command holds: the read ends when the guard's
+    // group has closed theirs.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             return Err(Failed::new(format!(
@@ -231,7 +249,10 @@ async fn run_once(check: &HealthCheck) -> Result<(), Failed> {
     };
     // The check runs in its guard's process group, whose id is the guard's pid.
     let group = child.id() as i32;
-    let mut waited = tokio::task::spawn_blocking(move || child.wait_with_output());
+    let mut waited = tokio::task::spawn_blocking(move || {
+        let tail = read_tail(&mut out_r, OUTPUT_KEPT);
+        child.wait().map(|status| (status, tail))
+    });
     let result = match tokio::time::timeout(check.interval, &mut waited).await {
         Ok(r) => r,
         Err(_) => {
@@ -256,19 +277,19 @@ async fn run_once(check: &HealthCheck) -> Result<(), Failed> {
         // A guard killed by a signal (SIGKILL, the OOM killer) took only the shell with it
         // (PR_SET_PDEATHSIG): what the check started runs on in the group. While any of it
         // lives, the group's id cannot be reused.
-        if out.status.signal().is_some() {
+        if out.0.signal().is_some() {
             kill_group(group);
         }
     }
     match result {
-        Ok(Ok(out)) => {
-            let text = output_tail(&out.stdout, &out.stderr);
-            if out.status.success() {
+        Ok(Ok((status, output))) => {
+            let text = output_tail(&output);
+            if status.success() {
                 tracing::debug!(output = text, "health check passed");
                 Ok(())
             } else {
                 Err(Failed {
-                    what: format!("health check failed: {}", out.status),
+                    what: format!("health check failed: {status}"),
                     output: Some(text),
                 })
             }
@@ -455,13 +476,33 @@ fn wait_exit_or_eof(pid: i32) -> bool {
 }
 
 /// The end of a check's output, short enough for one log line.
-fn output_tail(stdout: &[u8], stderr: &[u8]) -> String {
+/// Bytes of a check's output kept: more than its log line shows (the last 400 characters,
+/// which may take 4 bytes each).
+const OUTPUT_KEPT: usize = 4096;
+
+/// Reads `r` to its end, keeping only the last `keep` bytes of it.
+fn read_tail(r: &mut impl std::io::Read, keep: usize) -> Vec<u8> {
+    let mut tail = Vec::with_capacity(2 * keep);
+    let mut chunk = [0u8; 8192];
+    loop {
+        match r.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&chunk[..n]);
+                if tail.len() > keep {
+                    tail.drain(..tail.len() - keep);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    tail
+}
+
+fn output_tail(output: &[u8]) -> String {
     const MAX: usize = 400;
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(stdout),
-        String::from_utf8_lossy(stderr)
-    );
+    let all = String::from_utf8_lossy(output);
     let all = all.trim();
     match all.char_indices().rev().nth(MAX) {
         Some((i, _)) => format!("…{}", &all[i..]),
@@ -522,8 +563,21 @@ mod tests {
     #[test]
     fn long_output_keeps_its_end() {
         let long = "x".repeat(1000) + "the end";
-        let t = output_tail(long.as_bytes(), b"");
+        let t = output_tail(long.as_bytes());
         assert!(t.ends_with("the end") && t.chars().count() <= 402, "{t}");
-        assert_eq!(output_tail(b" ok\n", b""), "ok");
+        assert_eq!(output_tail(b" ok\n"), "ok");
+    }
+
+    #[test]
+    fn only_the_end_of_endless_output_is_kept() {
+        let mut endless = std::io::Read::chain(
+            std::io::Read::take(std::io::repeat(b'x'), 10 * OUTPUT_KEPT as u64 + 7),
+            &b"the end"[..],
+        );
+        let tail = read_tail(&mut endless, OUTPUT_KEPT);
+        assert_eq!(tail.len(), OUTPUT_KEPT);
+        assert!(tail.ends_with(b"xthe end"));
+        let mut short = &b"short"[..];
+        assert_eq!(read_tail(&mut short, OUTPUT_KEPT), b"short");
     }
 }
