@@ -815,6 +815,64 @@ fn a_health_check_that_prints_without_end_costs_only_its_last_lines() {
     assert!(!f.dir.path().join("ran").exists());
 }
 
+/// A check that starts a process out of its group (`setsid`, a self-daemonising tool)
+/// leaves the output pipe held open; the check still ends when its guard does, and passes.
+#[test]
+fn a_check_whose_setsid_child_holds_its_output_still_passes_when_its_shell_does() {
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "echo ran > $D/ran");
+    let check = script(
+        f.dir.path(),
+        // The shell waits until the escaped process has left its group, or the guard's kill
+        // at the shell's exit could reach it first.
+        "setsid sh -c \"echo \\$\\$ > $D/esc.tmp; mv $D/esc.tmp $D/escaped; exec sleep 300\" & \
+         while [ ! -s $D/escaped ]; do sleep 0.01; done; echo ok",
+    );
+    let args = run_args(
+        "escaping",
+        &f.ep,
+        &[
+            "--health-cmd",
+            &check,
+            "--health-interval",
+            "2s",
+            "--no-wait",
+        ],
+        &job,
+    );
+    let (code, _, err) = run(&args);
+    let escaped = wait_int(&f.dir.path().join("escaped"), secs(5)) as i32;
+    // SAFETY: kill(2) of the sleep the check left, whose pid it wrote.
+    unsafe { libc::kill(escaped, libc::SIGKILL) };
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("timed out"), "{err}");
+    assert!(f.dir.path().join("ran").exists());
+}
+
+/// A check killed at the interval shows what it printed before it hung.
+#[test]
+fn a_check_that_times_out_shows_what_it_printed() {
+    let f = Fixture::new();
+    let job = script(f.dir.path(), "echo ran > $D/ran");
+    let args = run_args(
+        "hung",
+        &f.ep,
+        &[
+            "--health-cmd",
+            "echo the last words before it hung; exec sleep 30",
+            "--health-interval",
+            "500ms",
+            "--no-wait",
+        ],
+        &job,
+    );
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 79, "{err}");
+    assert!(err.contains("health check timed out after 500ms"), "{err}");
+    assert!(err.contains("the last words before it hung"), "{err}");
+    assert!(!f.dir.path().join("ran").exists());
+}
+
 /// A worker kept out by its own failing health check says so, in a warning and in its exit
 /// code: 79, not the conflict code (75), which means someone else leads. Nobody does here.
 #[test]

@@ -1341,6 +1341,47 @@ fn clients_that_never_read_their_answers_do_not_lock_others_out_of_metrics() {
     w.wait(secs(10));
 }
 
+/// Out of descriptors, the metrics endpoint cannot accept; it waits before it tries again
+/// instead of spinning a core, and serves again once connections close.
+#[test]
+fn the_metrics_endpoint_out_of_descriptors_does_not_spin() {
+    let f = Fixture::new();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let endpoints = f.etcd.endpoints();
+    let body = job(f.dir.path(), "w");
+    let args = run_args_with(
+        &FAST,
+        "nofds",
+        &endpoints,
+        &["--metrics-addr", &addr],
+        &body,
+    );
+    let limited = [&["--nofile=40", "--", bin()][..], &args].concat();
+    let mut w = spawn_program(
+        std::path::Path::new("/usr/bin/prlimit"),
+        f.dir.path(),
+        "w",
+        &limited,
+        &[],
+    );
+    wait_int(&f.dir.path().join("w.token"), secs(10));
+    assert!(scrape_within(port, secs(5)).is_some());
+    // More connections than descriptors left: the kernel queues them, accept fails (EMFILE).
+    let idle: Vec<std::net::TcpStream> = (0..60)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let start = cpu_ticks(w.pid()).expect("lead-exec running");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let used = cpu_ticks(w.pid()).expect("lead-exec running") - start;
+    assert!(used <= 50, "lead-exec used {} ms of CPU in 2 s", used * 10);
+    drop(idle);
+    let text = scrape_within(port, secs(10)).expect("no scrape once the connections closed");
+    assert_eq!(metric(&text, "lead_exec_is_leader"), Some(1.0), "{text}");
+    w.signal(libc::SIGTERM);
+    w.wait(secs(10));
+}
+
 /// An etcd that stops answering shows in `lead_exec_keepalive_failures_total` while the term
 /// still holds, not only after it is lost: an attempt counts as failed once it is overdue.
 #[test]

@@ -14,6 +14,8 @@ use super::render;
 const MAX_CONNECTIONS: usize = 32;
 /// A client that has not sent its request headers by then is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the accept loop waits after a failed accept.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// A connection's whole life, whatever it does: a client that sends requests but never reads
 /// the answers would otherwise keep its slot for as long as it likes. A scrape takes
 /// milliseconds, and an idle keep-alive connection is closed after `HEADER_TIMEOUT` anyway.
@@ -69,8 +71,16 @@ async fn accept(listener: std::net::TcpListener) {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Ok((sock, _)) = listener.accept().await else {
-            continue;
+        let sock = match listener.accept().await {
+            Ok((sock, _)) => sock,
+            Err(_) => {
+                // Out of descriptors (EMFILE), say: they come back only when connections
+                // close, and an accept tried again at once fails again at once, a core
+                // spinning until then.
+                drop(permit);
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
         };
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()

@@ -22,6 +22,7 @@
 
 use std::ffi::OsString;
 use std::io::Write as _;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
@@ -236,8 +237,7 @@ async fn run_once(check: &HealthCheck) -> Result<(), Failed> {
         cmd.env_remove(v);
     }
     let spawned = cmd.spawn();
-    // Our copies of the write end, which the command holds: the read ends when the guard's
-    // group has closed theirs.
+    // Our copies of the write end, which the command holds.
     drop(cmd);
     let mut child = match spawned {
         Ok(c) => c,
@@ -249,8 +249,10 @@ async fn run_once(check: &HealthCheck) -> Result<(), Failed> {
     };
     // The check runs in its guard's process group, whose id is the guard's pid.
     let group = child.id() as i32;
+    // Unreaped until the wait below, so the pid is the guard's.
+    let guard = crate::supervisor::procs::tree::pidfd_open(group).ok();
     let mut waited = tokio::task::spawn_blocking(move || {
-        let tail = read_tail(&mut out_r, OUTPUT_KEPT);
+        let tail = read_output(&mut out_r, guard);
         child.wait().map(|status| (status, tail))
     });
     let result = match tokio::time::timeout(check.interval, &mut waited).await {
@@ -264,11 +266,18 @@ async fn run_once(check: &HealthCheck) -> Result<(), Failed> {
                 kill_group(group);
             }
             drop(life_w);
-            let _ = tokio::time::timeout(Duration::from_secs(5), waited).await;
-            return Err(Failed::new(format!(
-                "health check timed out after {}; killed it",
-                crate::clock::human(check.interval)
-            )));
+            // What it printed before it was killed says why it hung.
+            let output = match tokio::time::timeout(Duration::from_secs(5), waited).await {
+                Ok(Ok(Ok((_, tail)))) => Some(output_tail(&tail)).filter(|t| !t.is_empty()),
+                _ => None,
+            };
+            return Err(Failed {
+                what: format!(
+                    "health check timed out after {}; killed it",
+                    crate::clock::human(check.interval)
+                ),
+                output,
+            });
         }
     };
     drop(life_w);
@@ -480,19 +489,77 @@ fn wait_exit_or_eof(pid: i32) -> bool {
 /// which may take 4 bytes each).
 const OUTPUT_KEPT: usize = 4096;
 
-/// Reads `r` to its end, keeping only the last `keep` bytes of it.
+/// Reads the check's output until the pipe's end, or until the guard (`guard`, a pidfd) has
+/// exited: a process the check started out of its group (`setsid`) may hold the pipe open
+/// for as long as it likes, and the guard's end is the check's. What the pipe holds then is
+/// read without waiting for more. Only the last [`OUTPUT_KEPT`] bytes are kept.
+fn read_output(out: &mut std::fs::File, guard: Option<OwnedFd>) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    let Some(guard) = guard else {
+        // No pidfd (Linux before 5.3): to the pipe's end.
+        return read_tail(out, OUTPUT_KEPT);
+    };
+    let mut tail = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: out.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: guard.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds is a valid array of two pollfd for the duration of the call.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if fds[1].revents != 0 {
+            break;
+        }
+        if fds[0].revents != 0 {
+            match std::io::Read::read(out, &mut chunk) {
+                Ok(0) => return tail,
+                Ok(n) => keep_tail(&mut tail, &chunk[..n], OUTPUT_KEPT),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return tail,
+            }
+        }
+    }
+    // The guard is gone: what is in the pipe, and no more.
+    let _ = nix::fcntl::fcntl(
+        out.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    );
+    let rest = read_tail(out, OUTPUT_KEPT);
+    keep_tail(&mut tail, &rest, OUTPUT_KEPT);
+    tail
+}
+
+/// Appends `bytes` to `tail`, keeping its last `keep` bytes.
+fn keep_tail(tail: &mut Vec<u8>, bytes: &[u8], keep: usize) {
+    tail.extend_from_slice(bytes);
+    if tail.len() > keep {
+        tail.drain(..tail.len() - keep);
+    }
+}
+
+/// Reads `r` to its end (or its first error: a non-blocking pipe's `WouldBlock`), keeping
+/// only the last `keep` bytes of it.
 fn read_tail(r: &mut impl std::io::Read, keep: usize) -> Vec<u8> {
     let mut tail = Vec::with_capacity(2 * keep);
     let mut chunk = [0u8; 8192];
     loop {
         match r.read(&mut chunk) {
             Ok(0) => break,
-            Ok(n) => {
-                tail.extend_from_slice(&chunk[..n]);
-                if tail.len() > keep {
-                    tail.drain(..tail.len() - keep);
-                }
-            }
+            Ok(n) => keep_tail(&mut tail, &chunk[..n], keep),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
