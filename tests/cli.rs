@@ -816,7 +816,8 @@ fn a_health_check_that_prints_without_end_costs_only_its_last_lines() {
 }
 
 /// A check that starts a process out of its group (`setsid`, a self-daemonising tool)
-/// leaves the output pipe held open; the check still ends when its guard does, and passes.
+/// leaves the output pipe held open, here by a process that writes without end; the check
+/// still ends when its guard does, and passes.
 #[test]
 fn a_check_whose_setsid_child_holds_its_output_still_passes_when_its_shell_does() {
     let f = Fixture::new();
@@ -825,7 +826,7 @@ fn a_check_whose_setsid_child_holds_its_output_still_passes_when_its_shell_does(
         f.dir.path(),
         // The shell waits until the escaped process has left its group, or the guard's kill
         // at the shell's exit could reach it first.
-        "setsid sh -c \"echo \\$\\$ > $D/esc.tmp; mv $D/esc.tmp $D/escaped; exec sleep 300\" & \
+        "setsid sh -c \"echo \\$\\$ > $D/esc.tmp; mv $D/esc.tmp $D/escaped; exec yes\" & \
          while [ ! -s $D/escaped ]; do sleep 0.01; done; echo ok",
     );
     let args = run_args(
@@ -842,7 +843,8 @@ fn a_check_whose_setsid_child_holds_its_output_still_passes_when_its_shell_does(
     );
     let (code, _, err) = run(&args);
     let escaped = wait_int(&f.dir.path().join("escaped"), secs(5)) as i32;
-    // SAFETY: kill(2) of the sleep the check left, whose pid it wrote.
+    // SAFETY: kill(2) of the `yes` the check left, whose pid it wrote (if the closed pipe
+    // has not ended it already).
     unsafe { libc::kill(escaped, libc::SIGKILL) };
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("timed out"), "{err}");

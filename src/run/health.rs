@@ -533,15 +533,19 @@ fn read_output(out: &mut std::fs::File, guard: Option<OwnedFd>) -> Vec<u8> {
             }
         }
     }
-    // The guard is gone: what is in the pipe, and no more.
+    // The guard is gone: what is in the pipe, and no more. Bounded too, since what holds the
+    // pipe open may still be writing (`setsid yes &`), as fast as we read.
     let _ = nix::fcntl::fcntl(
         out.as_raw_fd(),
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
     );
-    let rest = read_tail(out, OUTPUT_KEPT);
+    let rest = read_tail(&mut std::io::Read::take(out, DRAIN_AT_MOST), OUTPUT_KEPT);
     keep_tail(&mut tail, &rest, OUTPUT_KEPT);
     tail
 }
+
+/// What is read of a check's output after its guard exited: a pipe's worth, and more.
+const DRAIN_AT_MOST: u64 = 1 << 20;
 
 /// Appends `bytes` to `tail`, keeping its last `keep` bytes.
 fn keep_tail(tail: &mut Vec<u8>, bytes: &[u8], keep: usize) {
