@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::config::HealthCheck;
 use crate::metrics;
+use crate::supervisor::procs::pollin;
 
 /// What the checks say so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -437,18 +438,7 @@ fn wait_exit_or_eof(pid: i32) -> bool {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: 0,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: pidfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+        let mut fds = [pollin(0), pollin(pidfd)];
         // Without pidfds (before Linux 5.3), look for the exit every 20 ms.
         let (n, wait_ms) = if pidfd >= 0 { (2, -1) } else { (1, 20) };
         // SAFETY: `fds` holds `n` initialised pollfds and outlives the call.
@@ -484,7 +474,6 @@ fn wait_exit_or_eof(pid: i32) -> bool {
     }
 }
 
-/// The end of a check's output, short enough for one log line.
 /// Bytes of a check's output kept: more than its log line shows (the last 400 characters,
 /// which may take 4 bytes each).
 const OUTPUT_KEPT: usize = 4096;
@@ -502,18 +491,7 @@ fn read_output(out: &mut std::fs::File, guard: Option<OwnedFd>) -> Vec<u8> {
     let mut tail = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: out.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: guard.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+        let mut fds = [pollin(out.as_raw_fd()), pollin(guard.as_raw_fd())];
         // SAFETY: fds is a valid array of two pollfd for the duration of the call.
         if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
@@ -571,6 +549,7 @@ fn read_tail(r: &mut impl std::io::Read, keep: usize) -> Vec<u8> {
     tail
 }
 
+/// The end of a check's output, short enough for one log line.
 fn output_tail(output: &[u8]) -> String {
     const MAX: usize = 400;
     let all = String::from_utf8_lossy(output);

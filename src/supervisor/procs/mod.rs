@@ -53,6 +53,15 @@ unsafe fn default_action(sig: libc::c_int) {
     );
 }
 
+/// A `poll(2)` entry waiting for `fd` to be readable (for a pidfd: its process to exit).
+pub fn pollin(fd: std::os::fd::RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
 /// A sigset with every signal from 1 to SIGRTMAX, the C library's own included (its
 /// `sigaddset` refuses those): for posix_spawn's "default in the child" set.
 pub fn every_signal() -> libc::sigset_t {

@@ -27,6 +27,7 @@ mod spawn;
 use crate::clock::{BootInstant, BootTimer};
 use crate::exit::JobStatus;
 use crate::supervisor::procs::group::{Cgroup, Group};
+use crate::supervisor::procs::pollin;
 use crate::supervisor::procs::tree::ProcView;
 use crate::supervisor::wire::{decode_start_line, GroupEnd, Order, Report, StartLine};
 use crate::supervisor::CgroupMode;
@@ -324,15 +325,15 @@ fn supervise(
             .arm(w.enforcer.next_wake())
             .context("timerfd_settime")?;
 
-        let mut fds = vec![pollfd(io.wake_r.as_raw_fd()), pollfd(io.timer.as_raw_fd())];
+        let mut fds = vec![pollin(io.wake_r.as_raw_fd()), pollin(io.timer.as_raw_fd())];
         // An exited (unreaped) leader leaves its pidfd readable for good: polling it then
         // would return at once, every time.
         if w.exited.is_none() {
-            fds.push(pollfd(pidfd.as_raw_fd()));
+            fds.push(pollin(pidfd.as_raw_fd()));
         }
         let ctl_slot = fds.len();
         if ctl_open {
-            fds.push(pollfd(io.ctl.as_raw_fd()));
+            fds.push(pollin(io.ctl.as_raw_fd()));
         }
         // After the leader exits, other members leave no event we could wait on: look again
         // every 10 ms until they are gone.
@@ -513,14 +514,6 @@ fn set_nonblocking(fd: RawFd) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn pollfd(fd: RawFd) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }
 }
 
 fn drain(s: &mut UnixStream) {

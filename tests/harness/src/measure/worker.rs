@@ -257,19 +257,26 @@ impl Drop for Worker {
             reap::remove(pg);
         }
         if let Some(dir) = &self.cgroup {
-            // Its members may take a moment to be reaped after the SIGKILL.
-            for _ in 0..50 {
-                if !dir.exists() {
-                    return;
-                }
-                if fs::remove_dir(dir).is_ok() {
-                    LEAKED_CGROUPS.fetch_add(1, SeqCst);
-                    return;
-                }
-                thread::sleep(Duration::from_millis(10));
+            if remove_cgroup(dir) {
+                LEAKED_CGROUPS.fetch_add(1, SeqCst);
             }
         }
     }
+}
+
+/// Removes the cgroup `dir` once its members are gone, trying for half a second (killed
+/// members take a moment to be reaped); whether it removed it (false: it was not there).
+pub fn remove_cgroup(dir: &Path) -> bool {
+    for _ in 0..50 {
+        if !dir.exists() {
+            return false;
+        }
+        if fs::remove_dir(dir).is_ok() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    false
 }
 
 fn cgroup2_mount() -> Option<PathBuf> {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use harness::measure::report::{Report, Row};
 use harness::measure::stats::{fmt_ms, summary_p};
-use harness::measure::worker::{Tool, TOOLS};
+use harness::measure::worker::{self, Tool, TOOLS};
 
 use super::floor::bare_run;
 use super::wholerun::wholerun_once;
@@ -279,13 +279,7 @@ impl SampleCgroup {
 
 impl Drop for SampleCgroup {
     fn drop(&mut self) {
-        // Killed members (above) take a moment to leave it.
-        for _ in 0..50 {
-            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
+        worker::remove_cgroup(&self.0);
     }
 }
 
