@@ -31,6 +31,10 @@ enum Way {
     /// A process whose main thread exits while another thread goes on (`pthread_exit`), in a
     /// new session and deaf to SIGTERM: /proc shows it as a zombie ('Z') although it runs.
     MainThreadExited,
+    /// Into another cgroup and a session of its own, under a name that is not UTF-8: run
+    /// through a link whose name starts with byte 0xff, which /proc's `stat` and `status`
+    /// then show as its name (`comm`).
+    OddName,
     /// lead-exec itself in a PID namespace whose /proc is the host's (`unshare --pid --fork`
     /// without `--mount-proc`, a container that bind-mounts the host's /proc); the job's
     /// escapee a daemon.
@@ -169,6 +173,16 @@ fn escaping_job(way: Way, user: User, dir: &Path, other: Option<&Path>) -> Strin
         Way::Setsid => format!("setsid {esc} &"),
         Way::Setpgid => format!("perl -e 'setpgrp(0, 0); exec @ARGV' {esc} &"),
         Way::CgroupMove => format!("sh -c 'echo $$ > {} && exec {esc}' &", procs().display()),
+        Way::OddName => {
+            use std::os::unix::ffi::OsStrExt;
+            let link = dir.join(std::ffi::OsStr::from_bytes(b"\xffesc"));
+            std::os::unix::fs::symlink(&esc, link).unwrap();
+            format!(
+                "setsid sh -c 'echo $$ > {} && exec \"{}/$(printf \"\\377\")esc\"' &",
+                procs().display(),
+                dir.display()
+            )
+        }
         Way::DoubleFork | Way::ForeignProc => format!("setsid sh -c '{esc} & exit' &"),
         Way::SuPamSystemd => format!(
             "sh -c 'echo $$ > {} && exec setpriv --reuid=nobody --regid=nogroup --clear-groups {esc}' &",
@@ -234,7 +248,7 @@ fn cell(etcd: &Etcd, way: Way, user: User, mode: &str) {
     let d = dir.path();
     // The escapee may run as nobody, and so may lead-exec.
     chmod(d, 0o777);
-    let other = matches!(way, Way::CgroupMove | Way::SuPamSystemd)
+    let other = matches!(way, Way::CgroupMove | Way::SuPamSystemd | Way::OddName)
         .then(|| OtherCgroup::new(&format!("{way:?}-{mode}").to_lowercase()));
     let election = format!("esc-{way:?}-{user:?}-{mode}").to_lowercase();
     let ep = etcd.endpoints();
@@ -310,6 +324,13 @@ fn a_setpgid_escapee_dies_with_the_term() {
 #[test]
 fn an_escapee_moved_to_another_cgroup_dies_with_the_term() {
     row(Way::CgroupMove, &[User::Root]);
+}
+
+/// Only the tree reaches it, which read /proc's files as UTF-8: its name made them unreadable,
+/// and the walk passed it over.
+#[test]
+fn an_escapee_named_with_bytes_that_are_not_utf8_dies_with_the_term() {
+    row(Way::OddName, &[User::Root]);
 }
 
 #[test]

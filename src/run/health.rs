@@ -409,7 +409,7 @@ fn kill_group_but_me() {
             if pid == me {
                 continue;
             }
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            let Ok(stat) = crate::supervisor::procs::read_text(e.path().join("stat")) else {
                 continue;
             };
             // Fields after the command name, which may hold spaces and parentheses.

@@ -8,6 +8,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use std::collections::HashSet;
@@ -189,7 +190,7 @@ pub fn kill_dir(dir: &Path) -> bool {
 
 /// The members of the cgroup `dir`, as pids of our namespace.
 pub fn pids_in(dir: &Path) -> Vec<i32> {
-    fs::read_to_string(dir.join("cgroup.procs"))
+    super::read_text(dir.join("cgroup.procs"))
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }
@@ -280,14 +281,17 @@ fn sweep_stale(parent: &Path) {
 /// Name prefix of a job cgroup.
 const JOB: &str = "lead-exec-job-";
 
-/// The cgroup v2 directory this process is in.
+/// The cgroup v2 directory this process is in. Paths as bytes: a cgroup, or another mount
+/// on the host, may have a name that is not UTF-8.
 fn own_cgroup() -> std::io::Result<PathBuf> {
     let mount = cgroup2_mount()?;
-    let own = fs::read_to_string("/proc/self/cgroup")?
-        .lines()
-        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+    let own = super::read_bytes("/proc/self/cgroup")?;
+    let own = own
+        .split(|&b| b == b'\n')
+        .find_map(|l| l.strip_prefix(b"0::"))
         .ok_or_else(|| other("this process is in no cgroup v2"))?;
-    Ok(mount.join(own.trim_start_matches('/')))
+    let own = own.strip_prefix(b"/").unwrap_or(own);
+    Ok(mount.join(std::ffi::OsStr::from_bytes(own)))
 }
 
 fn other<E: std::fmt::Display>(e: E) -> std::io::Error {
@@ -297,15 +301,21 @@ fn other<E: std::fmt::Display>(e: E) -> std::io::Error {
 /// Where cgroup v2 is mounted: `/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on
 /// hybrid ones.
 fn cgroup2_mount() -> std::io::Result<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo")?;
-    info.lines()
+    let info = super::read_bytes("/proc/self/mountinfo")?;
+    info.split(|&b| b == b'\n')
         .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let fstype = right.split_whitespace().next()?;
-            let mount = left.split_whitespace().nth(4)?;
-            (fstype == "cgroup2").then(|| PathBuf::from(mount))
+            // The optional fields end at a lone "-"; then come the type and the source.
+            let sep = l.windows(3).position(|w| w == b" - ")?;
+            let mount = *words(&l[..sep]).get(4)?;
+            (*words(&l[sep + 3..]).first()? == b"cgroup2")
+                .then(|| PathBuf::from(std::ffi::OsStr::from_bytes(mount)))
         })
         .ok_or_else(|| other("no cgroup2 mount"))
+}
+
+/// The words of a part of a mountinfo line (whose paths have their spaces escaped).
+fn words(s: &[u8]) -> Vec<&[u8]> {
+    s.split(|&b| b == b' ').filter(|w| !w.is_empty()).collect()
 }
 
 /// The job: a process group led by `leader`, its cgroup when one could be made, and the tree

@@ -33,7 +33,7 @@ impl ProcView {
     /// no /proc, or one of a namespace in which this process does not exist (a sibling's, or
     /// a child's), where `/proc/self` names nobody.
     pub fn detect() -> Result<ProcView, String> {
-        let status = fs::read_to_string("/proc/self/status")
+        let status = super::read_text("/proc/self/status")
             .map_err(|e| format!("/proc/self/status cannot be read ({e})"))?;
         let ns = nspid(&status).ok_or("/proc/self/status has no NSpid line")?;
         let me = std::process::id() as i32;
@@ -59,7 +59,7 @@ impl ProcView {
         if self.depth == 0 {
             return Some(apid);
         }
-        let status = fs::read_to_string(format!("/proc/{apid}/status")).ok()?;
+        let status = super::read_text(format!("/proc/{apid}/status")).ok()?;
         nspid(&status)?.get(self.depth).copied()
     }
 
@@ -68,7 +68,7 @@ impl ProcView {
         if self.depth == 0 {
             return Some(std::process::id() as i32);
         }
-        stat(&fs::read_to_string("/proc/self/stat").ok()?).map(|s| s.pid)
+        stat(&super::read_text("/proc/self/stat").ok()?).map(|s| s.pid)
     }
 
     /// What /proc calls our child `pid` (in our numbering), found among our children.
@@ -122,7 +122,7 @@ fn has_live_thread(apid: i32) -> bool {
         return false;
     };
     tasks.flatten().any(|t| {
-        fs::read_to_string(t.path().join("stat"))
+        super::read_text(t.path().join("stat"))
             .ok()
             .and_then(|l| stat(&l))
             .is_some_and(|s| !matches!(s.state, 'Z' | 'X'))
@@ -130,7 +130,7 @@ fn has_live_thread(apid: i32) -> bool {
 }
 
 fn read_stat(apid: i32) -> Option<Stat> {
-    stat(&fs::read_to_string(format!("/proc/{apid}/stat")).ok()?)
+    stat(&super::read_text(format!("/proc/{apid}/stat")).ok()?)
 }
 
 /// The children of every thread of `apid`, in /proc's numbering.
@@ -144,7 +144,7 @@ fn children_of(apid: i32) -> Vec<i32> {
 fn children_checked(apid: i32) -> std::io::Result<Vec<i32>> {
     let mut out = Vec::new();
     for task in fs::read_dir(format!("/proc/{apid}/task"))? {
-        match fs::read_to_string(task?.path().join("children")) {
+        match super::read_text(task?.path().join("children")) {
             Ok(s) => out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok())),
             // The thread exited while we read.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -207,7 +207,7 @@ impl Member {
 /// like this until it is thawed, and then dies at once. Waiting for it would hold the term
 /// for as long as whoever froze it pleases.
 pub fn doomed(apid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{apid}/status")).is_ok_and(|s| sigkill_pending(&s))
+    super::read_text(format!("/proc/{apid}/status")).is_ok_and(|s| sigkill_pending(&s))
 }
 
 /// Whether a status file shows SIGKILL pending, for the thread or the whole process.
@@ -279,7 +279,13 @@ pub fn walk(view: &ProcView, root: Root) -> Walk {
                 }
             };
             // Pinned now; still the child we read (or re-parented to the root meanwhile)?
-            let Some(st) = read_stat(c) else { continue };
+            let Some(st) = read_stat(c) else {
+                // Gone since it was pinned, or its stat could not be read: then it may live.
+                if pidfd_send_signal(pidfd.as_raw_fd(), 0).is_ok() {
+                    complete = false;
+                }
+                continue;
+            };
             if st.ppid != parent && st.ppid != top {
                 continue;
             }
@@ -440,6 +446,15 @@ fn pidfd_send_signal(fd: RawFd, sig: i32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name that was not UTF-8 reaches the parser with replacement characters, and may
+    /// hold spaces and parentheses: the fields are read after the last ')'.
+    #[test]
+    fn a_stat_line_is_read_whatever_the_name() {
+        let line = "4242 (\u{fffd}a) b) (c) S 17 4242 4242 0 -1\n";
+        let st = stat(line).unwrap();
+        assert_eq!((st.pid, st.state, st.ppid), (4242, 'S', 17));
+    }
 
     #[test]
     fn nspid_lists_the_outer_namespace_first() {

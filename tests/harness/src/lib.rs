@@ -645,9 +645,16 @@ pub fn exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// A /proc file as text, whatever its bytes: a process's name (in `stat`) need not be UTF-8.
+fn proc_text(path: &str) -> Option<String> {
+    fs::read(path)
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
 /// Fields of `/proc/PID/stat` after the command name (field 3 is index 0).
 fn stat_fields(pid: i32) -> Option<Vec<String>> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let s = proc_text(&format!("/proc/{pid}/stat"))?;
     let rest = &s[s.rfind(')')? + 2..];
     Some(rest.split_whitespace().map(str::to_string).collect())
 }
@@ -800,15 +807,15 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
 
 pub fn alive(pid: i32) -> bool {
     // A zombie still answers kill(0): look at its state too.
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
+    match proc_text(&format!("/proc/{pid}/stat")) {
+        Some(s) => {
             let state = s
                 .rsplit(')')
                 .next()
                 .and_then(|r| r.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
-        Err(_) => false,
+        None => false,
     }
 }
 
