@@ -81,7 +81,8 @@ mod tests {
     fn config(flags: &[&str]) -> crate::config::RunConfig {
         use clap::Parser;
         let args = [&["lead-exec", "run", "x"], flags, &["--", "true"]].concat();
-        let crate::cli::Command::Run(a) = crate::cli::Cli::try_parse_from(args).unwrap().command
+        let crate::cli::Command::Run(crate::cli::Deferred(a)) =
+            crate::cli::Cli::try_parse_from(args).unwrap().command
         else {
             unreachable!()
         };

@@ -135,7 +135,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use anyhow::Result;
 use tracing::Instrument;
 
-use cli::{Cli, Command};
+use cli::{Cli, Command, Deferred};
 use exit::{exit_of, Exit};
 
 /// Whether fd 1 was closed when the process started. Rust's runtime opens /dev/null on a
@@ -182,7 +182,7 @@ pub fn parse(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, 
 
 fn cli_after_env(cli: &mut Cli, m: &clap::ArgMatches) -> std::result::Result<(), String> {
     match (&mut cli.command, m.subcommand()) {
-        (Command::Run(a), Some(("run", sub))) => cli::forget_outer_job(a, sub),
+        (Command::Run(Deferred(a)), Some(("run", sub))) => cli::forget_outer_job(a, sub),
         _ => Ok(()),
     }
 }
@@ -238,7 +238,7 @@ fn fatal(log: &logging::Log, json: bool, message: &str, exit: Exit) {
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
-        Command::Run(a) => {
+        Command::Run(Deferred(a)) => {
             let cfg = config::RunConfig::from_args(&a)?;
             // Every line of the run carries its election and id, from here to the error
             // that may end it (see `fatal`).
@@ -257,18 +257,15 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             .instrument(span)
             .await
         }
-        Command::Status(a) => ops::status::run(a).await,
-        Command::Watch(a) => ops::watch::run(a).await,
-        Command::Resign(a) => ops::resign::run(a).await,
-        Command::Pause(a) => ops::pause::pause(a).await,
-        Command::Resume(a) => ops::pause::resume(a).await,
-        Command::History(a) => ops::history::run(a).await,
-        Command::Check(a) => ops::check::run(a).await,
-        Command::Completions(a) => {
-            // Into memory first: clap_complete panics on a failed write.
-            let mut script = Vec::new();
-            clap_complete::generate(a.shell, &mut cli::command(), "lead-exec", &mut script);
-            ops::emit(&String::from_utf8_lossy(&script))?;
+        Command::Status(Deferred(a)) => ops::status::run(a).await,
+        Command::Watch(Deferred(a)) => ops::watch::run(a).await,
+        Command::Resign(Deferred(a)) => ops::resign::run(a).await,
+        Command::Pause(Deferred(a)) => ops::pause::pause(a).await,
+        Command::Resume(Deferred(a)) => ops::pause::resume(a).await,
+        Command::History(Deferred(a)) => ops::history::run(a).await,
+        Command::Check(Deferred(a)) => ops::check::run(a).await,
+        Command::Completions(Deferred(a)) => {
+            ops::emit(&cli::completion_script(a.shell))?;
             Ok(Exit::Ok)
         }
     }

@@ -141,7 +141,9 @@ fn man_pages_name_only_pages_that_exist_and_have_exit_status_and_examples() {
 /// names no flag that `run` does not have.
 #[test]
 fn the_run_flag_table_has_a_row_for_every_run_flag_and_no_other() {
-    let cmd = lead_exec::cli::command();
+    // Built, as help and the man pages are: a subcommand's flags are added when it is built.
+    let mut cmd = lead_exec::cli::command();
+    cmd.build();
     let run = cmd.find_subcommand("run").unwrap();
     let flags: BTreeSet<String> = run
         .get_arguments()

@@ -393,6 +393,55 @@ fn completions_are_generated_for_each_shell() {
     }
 }
 
+/// What bash offers after `lead-exec WORDS<TAB>`, from the generated script.
+fn bash_completes(words: &[&str]) -> Vec<String> {
+    let (code, script, _) = run(&["completions", "bash"]);
+    assert_eq!(code, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lead-exec.bash");
+    std::fs::write(&path, script).unwrap();
+    let line = words.join(" ");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; COMP_WORDS=(lead-exec {line}); COMP_CWORD={}; \
+             _lead__exec lead-exec \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            path.display(),
+            words.len()
+        ))
+        .output()
+        .expect("bash (Debian package bash)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// bash completes the flags of each subcommand, not only the top level's: clap_complete's
+/// script never matched a subcommand of a binary whose name has a hyphen.
+#[test]
+fn bash_completes_the_flags_of_each_subcommand() {
+    for (words, want) in [
+        (&["--ver"][..], "--verbose"),
+        (&["res"][..], "resign"),
+        (&["run", "--end"][..], "--endpoints"),
+        (&["run", "--on-l"][..], "--on-loss"),
+        (&["status", "--out"][..], "--output"),
+        (&["history", "--cou"][..], "--count"),
+        (&["resign", "--tok"][..], "--token"),
+        (&["run", "--log-format", ""][..], "json"),
+    ] {
+        let got = bash_completes(words);
+        assert!(got.iter().any(|w| w == want), "{words:?}: {got:?}");
+    }
+}
+
 #[test]
 fn metrics_addr_takes_a_host_name_and_a_taken_port_is_64_with_the_address() {
     let f = Fixture::new();

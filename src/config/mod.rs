@@ -458,7 +458,7 @@ mod tests {
         use clap::Parser;
         let args = [&["lead-exec", "run", "x"], flag, &["--", "true"]].concat();
         let cli = crate::cli::Cli::try_parse_from(args).unwrap();
-        let crate::cli::Command::Run(a) = cli.command else {
+        let crate::cli::Command::Run(crate::cli::Deferred(a)) = cli.command else {
             unreachable!()
         };
         RunConfig::from_args(&a).unwrap().wait
@@ -518,7 +518,7 @@ mod tests {
         ]
         .concat();
         let cli = crate::cli::Cli::try_parse_from(args).expect("parses");
-        let crate::cli::Command::Run(a) = cli.command else {
+        let crate::cli::Command::Run(crate::cli::Deferred(a)) = cli.command else {
             unreachable!()
         };
         RunConfig::from_args(&a)
