@@ -35,6 +35,11 @@ enum Way {
     /// through a link whose name starts with byte 0xff, which /proc's `stat` and `status`
     /// then show as its name (`comm`).
     OddName,
+    /// A session of its own, made non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`, as a setuid
+    /// program is), under a /proc mounted with `hidepid=2` (systemd's
+    /// `ProtectProc=invisible`): an unprivileged lead-exec and its watchdog cannot read its
+    /// /proc files, though its parent's list of children names it.
+    Undumpable,
     /// lead-exec itself in a PID namespace whose /proc is the host's (`unshare --pid --fork`
     /// without `--mount-proc`, a container that bind-mounts the host's /proc); the job's
     /// escapee a daemon.
@@ -152,6 +157,42 @@ int main(int argc, char **argv) {
     bin
 }
 
+/// A program that leaves the job's session, makes itself non-dumpable and beats every 50 ms;
+/// built with the system's C compiler.
+fn build_undumpable(dir: &Path) -> PathBuf {
+    const SOURCE: &str = r#"
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    setsid();
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    for (int i = 0; i < 1200; i++) { /* a minute at most */
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        FILE *f = fopen(argv[1], "a");
+        if (f) { fprintf(f, "%lld\n", t.tv_sec * 1000000000LL + t.tv_nsec); fclose(f); }
+        usleep(50000);
+    }
+    return 0;
+}
+"#;
+    let src = dir.join("undumpable.c");
+    let bin = dir.join("undumpable");
+    std::fs::write(&src, SOURCE).unwrap();
+    let status = std::process::Command::new(need_tool("cc", "gcc"))
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cc could not build {}", src.display());
+    chmod(&bin, 0o755);
+    bin
+}
+
 fn chmod(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -191,6 +232,11 @@ fn escaping_job(way: Way, user: User, dir: &Path, other: Option<&Path>) -> Strin
         Way::PidNamespace => format!("unshare {userns}--pid --fork --mount-proc {esc} &"),
         Way::ForkChain => format!("setsid {chain} & setsid {chain} & setsid {chain} &"),
         Way::MainThreadExited => format!("{} {}/hb &", threaded(), dir.display()),
+        Way::Undumpable => format!(
+            "{} {}/hb &",
+            build_undumpable(dir).display(),
+            dir.display()
+        ),
     };
     format!(
         "{start} while [ ! -s {d}/hb ]; do sleep 0.01; done; exit 0",
@@ -210,6 +256,18 @@ fn beats(dir: &Path) -> Vec<i128> {
 /// [`Way::ForeignProc`].
 fn command_for(user: User, way: Way) -> Vec<&'static str> {
     let mut v = Vec::new();
+    if way == Way::Undumpable {
+        // A /proc of its own mount namespace, as root, before the user changes.
+        v.extend([
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t proc -o hidepid=2 proc /proc && exec \"$0\" \"$@\"",
+        ]);
+    }
     if user == User::Nobody {
         // Without cargo's LD_LIBRARY_PATH, which may point into a directory only root can
         // read: the system's libraries are what an unprivileged user gets.
@@ -331,6 +389,13 @@ fn an_escapee_moved_to_another_cgroup_dies_with_the_term() {
 #[test]
 fn an_escapee_named_with_bytes_that_are_not_utf8_dies_with_the_term() {
     row(Way::OddName, &[User::Root]);
+}
+
+/// Only the tree reaches it, and /proc hides its files from lead-exec's user: its parent's
+/// list of children still names it once it is pinned, so it is signalled through its pidfd.
+#[test]
+fn an_undumpable_escapee_under_hidepid_dies_with_the_term() {
+    row(Way::Undumpable, &[User::Nobody]);
 }
 
 #[test]

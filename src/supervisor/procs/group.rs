@@ -308,9 +308,33 @@ fn cgroup2_mount() -> std::io::Result<PathBuf> {
             let sep = l.windows(3).position(|w| w == b" - ")?;
             let mount = *words(&l[..sep]).get(4)?;
             (*words(&l[sep + 3..]).first()? == b"cgroup2")
-                .then(|| PathBuf::from(std::ffi::OsStr::from_bytes(mount)))
+                .then(|| PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(mount))))
         })
         .ok_or_else(|| other("no cgroup2 mount"))
+}
+
+/// A mountinfo path as it is: the kernel writes a space, tab, newline or backslash in it as
+/// `\ooo` (octal).
+fn unescape(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        let octal = path
+            .get(i + 1..i + 4)
+            .filter(|d| path[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u32, |n, c| n * 8 + u32::from(c - b'0')));
+        match octal {
+            Some(n) if n <= 0xff => {
+                out.push(n as u8);
+                i += 4;
+            }
+            _ => {
+                out.push(path[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// The words of a part of a mountinfo line (whose paths have their spaces escaped).
@@ -477,6 +501,15 @@ impl Group {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// mountinfo writes a space in a path as `\040`: a cgroup2 mount at `/tmp/c g` is found
+    /// there, not at `/tmp/c\040g`.
+    #[test]
+    fn a_mountinfo_path_is_unescaped() {
+        assert_eq!(unescape(br"/tmp/c\040g"), b"/tmp/c g");
+        assert_eq!(unescape(br"/a\134b\011"), b"/a\\b\t");
+        assert_eq!(unescape(br"/plain/\9x\"), br"/plain/\9x\");
+    }
 
     /// A parent cgroup of the test's own, so that its sweeps see no other job.
     fn parent(name: &str) -> Option<PathBuf> {

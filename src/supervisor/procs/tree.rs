@@ -129,6 +129,14 @@ fn has_live_thread(apid: i32) -> bool {
     })
 }
 
+/// Whether the process of `pidfd` has exited (every thread of it).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut p = [super::pollin(pidfd.as_raw_fd())];
+    // SAFETY: poll on one entry that lives on our stack, without waiting.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 0) };
+    n > 0 && p[0].revents & libc::POLLIN != 0
+}
+
 fn read_stat(apid: i32) -> Option<Stat> {
     stat(&super::read_text(format!("/proc/{apid}/stat")).ok()?)
 }
@@ -279,25 +287,32 @@ pub fn walk(view: &ProcView, root: Root) -> Walk {
                 }
             };
             // Pinned now; still the child we read (or re-parented to the root meanwhile)?
-            let Some(st) = read_stat(c) else {
-                // Gone since it was pinned, or its stat could not be read: then it may live.
-                if pidfd_send_signal(pidfd.as_raw_fd(), 0).is_ok() {
-                    complete = false;
-                }
-                continue;
+            let st = read_stat(c);
+            let ours = match &st {
+                Some(st) => st.ppid == parent || st.ppid == top,
+                // No stat: gone since, or hidden (a /proc mounted with hidepid=2, systemd's
+                // ProtectProc=invisible, hides a process that cannot be ptraced, as one made
+                // non-dumpable or running a setuid program). Still listed as a child once
+                // pinned, it is the child that was read: a pid is not reused while its
+                // process is unreaped.
+                None => [parent, top].iter().any(|&p| children_of(p).contains(&c)),
             };
-            if st.ppid != parent && st.ppid != top {
+            if !ours {
                 continue;
             }
-            // A process whose main thread exited while others run shows 'Z' too: it is
-            // alive until its last thread is gone.
-            let zombie = matches!(st.state, 'Z' | 'X') && !has_live_thread(c);
+            let zombie = match &st {
+                // A process whose main thread exited while others run shows 'Z' too: it is
+                // alive until its last thread is gone.
+                Some(st) => matches!(st.state, 'Z' | 'X') && !has_live_thread(c),
+                // Its pidfd turns readable once the whole process has exited.
+                None => exited(&pidfd),
+            };
             out.push(Member {
                 pid,
                 apid: c,
                 pidfd: (!zombie).then_some(pidfd),
                 zombie,
-                exit_code: st.exit_code,
+                exit_code: st.map_or(0, |s| s.exit_code),
             });
             if !zombie {
                 queue.push(c);
