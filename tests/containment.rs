@@ -143,18 +143,7 @@ int main(int argc, char **argv) {
     pthread_exit(0);
 }
 "#;
-    let src = dir.join("threaded.c");
-    let bin = dir.join("threaded");
-    std::fs::write(&src, SOURCE).unwrap();
-    let status = std::process::Command::new(need_tool("cc", "gcc"))
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(status.success(), "cc could not build {}", src.display());
-    chmod(&bin, 0o755);
-    bin
+    build_c(dir, "threaded", SOURCE, &["-pthread"])
 }
 
 /// A program that leaves the job's session, makes itself non-dumpable and beats every 50 ms;
@@ -179,11 +168,18 @@ int main(int argc, char **argv) {
     return 0;
 }
 "#;
-    let src = dir.join("undumpable.c");
-    let bin = dir.join("undumpable");
-    std::fs::write(&src, SOURCE).unwrap();
+    build_c(dir, "undumpable", SOURCE, &[])
+}
+
+/// `dir/NAME`, built from `source` with the system's C compiler.
+fn build_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    std::fs::write(&src, source).unwrap();
     let status = std::process::Command::new(need_tool("cc", "gcc"))
-        .args(["-O2", "-o"])
+        .arg("-O2")
+        .args(flags)
+        .arg("-o")
         .arg(&bin)
         .arg(&src)
         .status()
