@@ -190,8 +190,9 @@ pub struct Member {
     pidfd: Option<OwnedFd>,
     /// Exited, not yet reaped: nothing to signal.
     pub zombie: bool,
-    /// For a zombie, its status in waitpid's form (0 if it could not be read).
-    exit_code: i32,
+    /// For a zombie, its status in waitpid's form: `None` when /proc hides it (`hidepid`),
+    /// 0 when its stat has no such field.
+    exit_code: Option<i32>,
 }
 
 impl Member {
@@ -312,7 +313,7 @@ pub fn walk(view: &ProcView, root: Root) -> Walk {
                 apid: c,
                 pidfd: (!zombie).then_some(pidfd),
                 zombie,
-                exit_code: st.map_or(0, |s| s.exit_code),
+                exit_code: st.map(|s| s.exit_code),
             });
             if !zombie {
                 queue.push(c);
@@ -336,7 +337,12 @@ pub fn pin_child(view: &ProcView, root: Root, pid: i32) -> Option<OwnedFd> {
         .into_iter()
         .find(|&c| view.here(c) == Some(pid))?;
     let fd = pidfd_open(pid).ok()?;
-    (read_stat(c)?.ppid == top).then_some(fd)
+    let ours = match read_stat(c) {
+        Some(st) => st.ppid == top,
+        // Hidden by /proc (hidepid=2): still listed once pinned, it is that child (see walk).
+        None => children_of(top).contains(&c),
+    };
+    ours.then_some(fd)
 }
 
 /// SIGKILLs every descendant of `root` except `spare` (pids), walking again until a walk
@@ -383,7 +389,7 @@ pub fn zombie_status(view: &ProcView, root: Root, pid: i32) -> Option<i32> {
         .members
         .into_iter()
         .find(|m| m.pid == pid && m.zombie)
-        .map(|m| m.exit_code)
+        .and_then(|m| m.exit_code)
 }
 
 /// Whether any child of ours is alive (zombies do not count). No /proc: waitid's ECHILD
