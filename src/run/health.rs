@@ -435,8 +435,9 @@ fn kill_group_but_me() {
 }
 
 fn wait_exit_or_eof(pid: i32) -> bool {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    use std::os::fd::AsRawFd;
+    let pinned = crate::supervisor::procs::tree::pidfd_open(pid).ok();
+    let pidfd = pinned.as_ref().map_or(-1, |fd| fd.as_raw_fd());
     loop {
         let mut fds = [pollin(0), pollin(pidfd)];
         // Without pidfds (before Linux 5.3), look for the exit every 20 ms.

@@ -129,6 +129,19 @@ fn has_live_thread(apid: i32) -> bool {
     })
 }
 
+/// Whether `apid`, just pinned, is still a child of one of `parents` (so the pin holds that
+/// child, not a process that took its pid since): by its stat's parent, or, with no stat,
+/// by the parents' lists of children. No stat means gone since, or hidden: a /proc mounted
+/// with hidepid=2 (systemd's ProtectProc=invisible) hides a process that cannot be ptraced,
+/// as one made non-dumpable or running a setuid program. Still listed once pinned, it is
+/// the child that was read: a pid is not reused while its process is unreaped.
+fn child_of(apid: i32, st: Option<&Stat>, parents: &[i32]) -> bool {
+    match st {
+        Some(st) => parents.contains(&st.ppid),
+        None => parents.iter().any(|&p| children_of(p).contains(&apid)),
+    }
+}
+
 /// Whether the process of `pidfd` has exited (every thread of it).
 fn exited(pidfd: &OwnedFd) -> bool {
     let mut p = [super::pollin(pidfd.as_raw_fd())];
@@ -289,16 +302,7 @@ pub fn walk(view: &ProcView, root: Root) -> Walk {
             };
             // Pinned now; still the child we read (or re-parented to the root meanwhile)?
             let st = read_stat(c);
-            let ours = match &st {
-                Some(st) => st.ppid == parent || st.ppid == top,
-                // No stat: gone since, or hidden (a /proc mounted with hidepid=2, systemd's
-                // ProtectProc=invisible, hides a process that cannot be ptraced, as one made
-                // non-dumpable or running a setuid program). Still listed as a child once
-                // pinned, it is the child that was read: a pid is not reused while its
-                // process is unreaped.
-                None => [parent, top].iter().any(|&p| children_of(p).contains(&c)),
-            };
-            if !ours {
+            if !child_of(c, st.as_ref(), &[parent, top]) {
                 continue;
             }
             let zombie = match &st {
@@ -337,12 +341,7 @@ pub fn pin_child(view: &ProcView, root: Root, pid: i32) -> Option<OwnedFd> {
         .into_iter()
         .find(|&c| view.here(c) == Some(pid))?;
     let fd = pidfd_open(pid).ok()?;
-    let ours = match read_stat(c) {
-        Some(st) => st.ppid == top,
-        // Hidden by /proc (hidepid=2): still listed once pinned, it is that child (see walk).
-        None => children_of(top).contains(&c),
-    };
-    ours.then_some(fd)
+    child_of(c, read_stat(c).as_ref(), &[top]).then_some(fd)
 }
 
 /// SIGKILLs every descendant of `root` except `spare` (pids), walking again until a walk
